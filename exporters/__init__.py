@@ -1,0 +1,1 @@
+"""Getting models out: capture (torch.export), the dist/ folder, and server layouts."""

@@ -1,0 +1,1 @@
+"""Server layouts: Triton Inference Server model repository (TorchServe, KServe, vLLM later)."""

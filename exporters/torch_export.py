@@ -1,0 +1,142 @@
+"""Capture: an ``nn.Module`` or TorchScript module into an ``ExportedProgram`` with torch.export.
+
+The InputSpec's symbolic dims become ``torch.export.Dim``s with their min/max, so the captured
+graph (and everything lowered from it) accepts the whole range. When capture fails, the error
+names the module and the source line that stopped it and says what to change.
+"""
+
+from __future__ import annotations
+
+import linecache
+import traceback
+from pathlib import Path
+
+from pydantic import Field
+
+from infopt.artifact import Artifact
+from infopt.errors import CaptureError
+from infopt.inputspec import InputSpec
+from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.sample_inputs import capture_feed, embedding_vocab
+
+
+class CaptureOptions(PassOptions):
+    strict: bool = Field(False, description="trace with TorchDynamo (strict) instead of the Python interpreter")
+    dynamic: bool = Field(True, description="keep the InputSpec's symbolic dims dynamic in the graph")
+
+
+def dynamic_shapes(spec: InputSpec):
+    """Per input (in order) a dict axis -> ``torch.export.Dim`` for each symbolic dim."""
+    from torch.export import Dim
+
+    dims = {name: Dim(name, min=r.min, max=r.max) for name, r in spec.dims.items()}
+    return tuple({i: dims[d] for i, d in enumerate(t.shape) if isinstance(d, str)} or None for t in spec.inputs)
+
+
+def example_tensors(spec: InputSpec, module=None) -> tuple:
+    import torch
+
+    feed = capture_feed(spec, int_high=embedding_vocab(module) or 2)
+    return tuple(torch.from_numpy(feed[n]) for n in spec.names)
+
+
+def export_module(module, spec: InputSpec, *, strict: bool = False, dynamic: bool = True):
+    """torch.export ``module`` for ``spec``; a capture failure becomes a ``CaptureError``."""
+    import torch
+
+    args = example_tensors(spec, module)
+    shapes = dynamic_shapes(spec) if dynamic else None
+    try:
+        if isinstance(module, torch.jit.ScriptModule):
+            from torch._export.converter import TS2EPConverter
+
+            module = TS2EPConverter(module, args).convert().module()
+        return torch.export.export(module, args, dynamic_shapes=shapes, strict=strict)
+    except Exception as exc:  # noqa: BLE001 - torch raises many types here; all mean capture failed
+        raise capture_error(exc, module, spec) from exc
+
+
+def run(artifact: Artifact, options: CaptureOptions, context: PassContext) -> PassOutcome:
+    program = export_module(artifact.obj, artifact.spec, strict=options.strict, dynamic=options.dynamic)
+    outputs = program.graph_signature.user_outputs
+    names = artifact.output_names or tuple("output" if len(outputs) == 1 else f"output_{i}" for i in range(len(outputs)))
+    notes = [f"{sum(1 for n in program.graph.nodes if n.op == 'call_function')} ops captured"]
+    return PassOutcome(artifact.derive("exported", obj=program, output_names=names), True, notes)
+
+
+PASS = Pass(
+    name="capture",
+    consumes="torch",
+    produces="exported",
+    run=run,
+    options=CaptureOptions,
+    description="torch.export the model with the InputSpec's dynamic dims",
+    ensures=("graph", "dynamic-dims"),
+)
+
+
+def capture_error(exc: Exception, module, spec: InputSpec) -> CaptureError:
+    """A CaptureError naming the user's module and source line, and what to change."""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    where = _user_frame(exc, module)
+    text = str(exc)
+    if "data-dependent" in text or "GuardOnDataDependent" in type(exc).__name__ or "data dependent" in text:
+        what = "the model branches on the values of a tensor (data-dependent control flow)"
+        fix = ("make the branch independent of tensor values (torch.where, masking), move it out of forward, "
+               "or express it with torch.cond")
+    elif "Constraints violated" in text or "specializ" in text:
+        what = f"a dim declared dynamic is fixed by the model's code ({message})"
+        fix = f"declare that dim as an int in --input, or remove the code that fixes it; the spec was {spec}"
+    else:
+        what = f"{type(exc).__name__}: {message[:300]}"
+        fix = "rewrite the construct torch.export cannot trace, or save the model as ONNX and build from that"
+    return CaptureError(f"torch.export could not capture the model: {what}", where=where, fix=fix)
+
+
+def _user_frame(exc: BaseException, module) -> str | None:
+    """The deepest frame outside torch and infopt: the user's module and line."""
+    import torch
+
+    torch_dir = str(Path(torch.__file__).parent)
+    infopt_dirs = _package_dirs()
+    names = {id(m): n or "(root)" for n, m in getattr(module, "named_modules", lambda: [])()}
+    best = None
+    for err in _chain(exc):
+        for frame, lineno in traceback.walk_tb(err.__traceback__):
+            filename = frame.f_code.co_filename
+            if filename.startswith((torch_dir, *infopt_dirs)) or "site-packages" in filename or filename.startswith("<"):
+                continue
+            owner = frame.f_locals.get("self")
+            path = names.get(id(owner))
+            label = f"{type(owner).__name__} at {path}" if path else frame.f_code.co_name
+            source = linecache.getline(filename, lineno).strip()
+            best = f"{label}, {filename}:{lineno}: {source}"
+    if best is None:
+        best = _line_from_message(str(exc))
+    return best
+
+
+def _package_dirs() -> tuple[str, ...]:
+    import importlib
+
+    names = ("infopt", "infopt.passes", "infopt.quantize", "infopt.kernels", "infopt.exporters", "infopt.validators")
+    return tuple(str(Path(importlib.import_module(n).__file__).resolve().parent) + "/" for n in names)
+
+
+def _chain(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def _line_from_message(text: str) -> str | None:
+    """torch often puts the user's frame in the message itself: 'File "x.py", line N'."""
+    import re
+
+    hits = re.findall(r'File "([^"]+)", line (\d+)', text)
+    for filename, lineno in reversed(hits):
+        if "/torch/" not in filename:
+            return f"{filename}:{lineno}: {linecache.getline(filename, int(lineno)).strip()}"
+    return None

@@ -1,0 +1,260 @@
+"""The Python API: ``build``, ``load`` and ``validate``. The CLI calls these and nothing else."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from infopt.errors import InputSpecError, UsageError, ValidationFailed
+from infopt.inputspec import InputSpec
+
+DEFAULT_MAX_VAL_SAMPLES = 256
+
+
+@dataclass
+class BuildResult:
+    """What a build made: the chosen artifact, its validation and where it was written."""
+
+    name: str
+    output_dir: Path
+    manifest: dict[str, Any]
+    artifact: Any
+    candidates: list[Any] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.manifest["validation"]["verdict"]["passed"])
+
+    @property
+    def drift(self) -> dict[str, Any]:
+        return self.manifest["validation"]["drift"]
+
+    @property
+    def latency(self) -> list[dict[str, Any]]:
+        return self.manifest["validation"]["latency"]
+
+    def load(self):
+        return load(self.output_dir, allow_failed=True)
+
+
+def _console(progress: bool | Any):
+    if progress is False or progress is None:
+        return None
+    if progress is True:
+        from rich.console import Console
+
+        return Console(stderr=True)
+    return progress
+
+
+def _resolve_spec(loaded, inputs, dims, example_inputs, val) -> InputSpec:
+    if isinstance(inputs, InputSpec):
+        spec = inputs
+    elif inputs:
+        spec = InputSpec.parse([inputs] if isinstance(inputs, str) else list(inputs))
+    elif example_inputs is not None:
+        examples = list(example_inputs) if isinstance(example_inputs, (list, tuple)) else [example_inputs]
+        spec = InputSpec.from_examples(examples, loaded.arg_names[: len(examples)] or None)
+    elif loaded.spec is not None:
+        spec = loaded.spec
+    elif val is not None:
+        from infopt.validators.data import spec_from_samples
+
+        spec = spec_from_samples(val, loaded.arg_names)
+    else:
+        raise InputSpecError(f"cannot tell what inputs {loaded.source or 'the model'} takes",
+                             fix='pass --input "name:dtype[batch,...]" (one per input), example inputs, or --val samples')
+    if dims:
+        from infopt.inputspec import parse_dim
+
+        parsed = dict(parse_dim(d) for d in dims) if not isinstance(dims, dict) else dims
+        spec = spec.with_dims(parsed)
+    if loaded.format == "onnx" and set(spec.names) != set(loaded.spec.names):
+        raise InputSpecError(f"the ONNX model's inputs are {', '.join(loaded.spec.names)}, the spec names {', '.join(spec.names)}",
+                             fix="use the model's own input names in --input")
+    return spec
+
+
+def _reference(loaded, spec):
+    from infopt.runner import OrtRunner, TorchRunner
+
+    if loaded.format == "onnx":
+        return OrtRunner(loaded.source, optimize=False)
+    return TorchRunner(loaded.module, spec.names)
+
+
+def _check_forward(reference, spec: InputSpec, module) -> list:
+    from infopt.sample_inputs import capture_feed, embedding_vocab
+
+    feed = capture_feed(spec, int_high=embedding_vocab(module) or 2)
+    try:
+        return reference.run(feed)
+    except Exception as exc:  # noqa: BLE001 - the user's forward
+        from infopt.exporters.torch_export import _user_frame
+
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputSpecError(f"the model's forward fails on inputs shaped by the spec {spec}: {type(exc).__name__}: {first}",
+                             where=_user_frame(exc, module) if module is not None else None,
+                             fix="check --input shapes and dtypes against what forward expects") from exc
+
+
+def _safe_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", text).strip("._") or "model"
+
+
+def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precision: str = "fp32",
+          backend: str = "auto", inputs: Sequence[str] | str | InputSpec | None = None,
+          dims: Sequence[str] | dict | None = None, val: str | Path | None = None,
+          batch_sizes: Sequence[int] | None = None, thresholds: dict[str, float] | None = None,
+          recipe: str | Path | None = None, name: str | None = None, output: str | Path | None = None,
+          force: bool = False, model_class: str | None = None, model_args: str | dict | None = None,
+          allow_pickle: bool = False, max_val_samples: int = DEFAULT_MAX_VAL_SAMPLES,
+          progress: bool | Any = True) -> BuildResult:
+    """Build, validate and emit a deployable artifact.
+
+    ``model`` is a path (TorchScript, ``.pt2``, state_dict with ``model_class``, ONNX, or a pickled
+    module with ``allow_pickle``) or an ``nn.Module``. The output goes to ``output`` (default
+    ``dist/<name>``), written to a temporary sibling and renamed into place at the end.
+    """
+    from infopt.loading import LoadedModel, _from_module, load_model
+    from infopt.recipe import find_recipe, load_recipe
+    from infopt.target import get_target
+
+    console = _console(progress)
+    target_obj = get_target(target)
+    chosen = load_recipe(recipe) if recipe else find_recipe(target_obj, precision, backend)
+    target_obj.require_precision(chosen.precision)
+    chosen = _with_overrides(chosen, thresholds, batch_sizes)
+
+    if isinstance(model, (str, Path)):
+        loaded = load_model(model, model_class=model_class, model_args=model_args, allow_pickle=allow_pickle)
+    else:
+        loaded = _from_module(model.eval(), "module", None)
+        loaded.source = None
+    assert isinstance(loaded, LoadedModel)
+    spec = _resolve_spec(loaded, inputs, dims, example_inputs, val)
+    name = _safe_name(name or (Path(loaded.source).stem if loaded.source else type(model).__name__.lower()))
+    out = Path(output) if output else Path("dist") / name
+    from infopt.exporters.dist import check_output
+
+    check_output(out, force)
+    artifact = loaded.with_spec(spec)
+    reference = _reference(loaded, spec)
+    probe = _check_forward(reference, spec, loaded.module)
+    if not artifact.output_names:
+        artifact.output_names = ("output",) if len(probe) == 1 else tuple(f"output_{i}" for i in range(len(probe)))
+
+    with tempfile.TemporaryDirectory(prefix="infopt-build-") as work:
+        return _build_in(Path(work), loaded, artifact, reference, spec, chosen, target_obj, name, out, force,
+                         val, max_val_samples, console)
+
+
+def _with_overrides(recipe, thresholds, batch_sizes):
+    if not thresholds and not batch_sizes:
+        return recipe
+    data = recipe.to_json()
+    for key, value in (thresholds or {}).items():
+        if key == "max_p99_ms":
+            data["validation"]["latency"][key] = value
+        elif key in data["validation"]["drift"]:
+            data["validation"]["drift"][key] = value
+        else:
+            raise UsageError(f"unknown threshold {key!r}",
+                             fix=f"use one of: {', '.join(list(data['validation']['drift']) + ['max_p99_ms'])}")
+    if batch_sizes:
+        data["validation"]["latency"]["batch_sizes"] = list(batch_sizes)
+    return type(recipe).from_json(data)
+
+
+def _validation_batches(spec, val, max_samples, module):
+    from infopt.sample_inputs import embedding_vocab, random_feed
+    from infopt.validators.data import load_batches
+
+    if val is not None:
+        return load_batches(val, spec, max_samples), str(val)
+    vocab = embedding_vocab(module) or 2
+    return [random_feed(spec, seed=seed, int_high=vocab) for seed in range(4)], "random"
+
+
+def _latency_feeds(spec, recipe, module):
+    from infopt.sample_inputs import embedding_vocab, random_feed
+
+    batch = spec.batch_symbol
+    sizes = recipe.validation.latency.batch_sizes
+    vocab = embedding_vocab(module) or 2
+    if batch is None:
+        return {0: random_feed(spec, int_high=vocab)}
+    r = spec.dims[batch]
+    sizes = sizes or sorted({r.min, r.opt})
+    bad = [b for b in sizes if not r.min <= b <= r.max]
+    if bad:
+        raise UsageError(f"batch sizes {bad} are outside the batch range {r.min}..{r.max}",
+                         fix=f"pass --batch-sizes within it, or widen it with --dim {batch}=MIN:OPT:MAX")
+    return {b: random_feed(spec, int_high=vocab, **{batch: b}) for b in sizes}
+
+
+def _build_in(work, loaded, artifact, reference, spec, recipe, target, name, out, force, val, max_samples, console):
+    from infopt.emit import base_manifest, onnx_outputs, source_info, store_samples, write_output
+    from infopt.exporters.dist import staged_output
+    from infopt.pipeline import Pipeline
+    from infopt.runner import OrtRunner
+    from infopt.validators import drift as drift_mod
+    from infopt.validators import latency as latency_mod
+    from infopt.validators.data import split_batches
+    from infopt.validators.verdict import judge
+
+    batches, source = _validation_batches(spec, val, max_samples, loaded.module)
+    final = Pipeline(recipe, target, work, console=console).run(artifact)
+    candidate = OrtRunner(final.path)
+    outputs = onnx_outputs(final.path)
+    names = tuple(o[0] for o in outputs)
+    max_batch = spec.dims[spec.batch_symbol].max if spec.batch_symbol else 1
+    batches = list(split_batches(batches, spec, max_batch))
+    status = console.status("validating: drift against the eager reference") if console else None
+    if status:
+        status.start()
+    try:
+        ref_out = drift_mod.run_all(reference, batches)
+        drift = drift_mod.compare(ref_out, drift_mod.run_all(candidate, batches), names, source)
+        if status:
+            status.update("validating: latency")
+        lat_cfg = recipe.validation.latency
+        timings = latency_mod.measure({"eager": reference.run, "infopt": candidate.run},
+                                      _latency_feeds(spec, recipe, loaded.module), lat_cfg.warmup, lat_cfg.iterations)
+    finally:
+        if status:
+            status.stop()
+    verdict = judge(recipe.validation, drift.worst, [t.p99_ms for t in timings if t.runner == "infopt"])
+    notes = []
+    if target.device != "cpu":
+        notes.append(f"target {target.name} is a {target.device} device; drift and latency were measured on this "
+                     "machine's CPU with ONNX Runtime's CPUExecutionProvider, not on the target")
+    validation = {"device": "cpu (onnxruntime CPUExecutionProvider)", "notes": notes, "drift": drift.to_json(),
+                  "latency": [t.to_json() for t in timings], "verdict": verdict.to_json()}
+    manifest = base_manifest(name, source_info(loaded.source, loaded.format), target, recipe, spec, outputs,
+                             final.lineage, validation)
+    with staged_output(out, force) as stage:
+        stored = store_samples(stage / "validation" / "samples.npz", batches, ref_out, names, spec.batch_symbol is not None)
+        manifest["validation"]["stored_samples"] = stored
+        manifest = write_output(stage, manifest, final.path, spec, target.device, recipe.emit)
+    return BuildResult(name, out, manifest, final, [final])
+
+
+def load(dist_dir: str | Path, *, allow_failed: bool = False):
+    """A callable runner for an output folder's model; refuses one whose validation failed."""
+    from infopt.exporters.dist import read_manifest, sha256
+    from infopt.runner import OrtRunner
+
+    root = Path(dist_dir)
+    manifest = read_manifest(root)
+    if not manifest["validation"]["verdict"]["passed"] and not allow_failed:
+        raise ValidationFailed(f"{root} failed validation: {'; '.join(manifest['validation']['verdict']['reasons'])}",
+                               fix="rebuild it, or pass allow_failed=True to load it anyway")
+    rel = manifest["artifacts"]["model"]
+    path = root / rel
+    if not path.is_file() or sha256(path) != manifest["files"][rel]["sha256"]:
+        raise ValidationFailed(f"{path} is missing or differs from the manifest's sha256", fix="rebuild the artifact")
+    return OrtRunner(path)

@@ -1,0 +1,103 @@
+"""Writing a build's output folder: model, server layouts, validation samples, report, manifest."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import shutil
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from infopt.exporters.dist import file_table, sha256, write_manifest
+from infopt.exporters.servers.triton import write_repository
+from infopt.report import to_markdown
+
+SAMPLES_FILE = "validation/samples.npz"
+MAX_STORED_SAMPLES = 64
+"""Validation inputs and reference outputs kept in the output folder for ``infopt validate``."""
+
+
+def tool_versions() -> dict[str, str]:
+    found = {"python": platform.python_version(), "platform": platform.platform()}
+    for pkg in ("infopt", "torch", "onnx", "onnxscript", "onnxruntime", "numpy"):
+        try:
+            found[pkg] = version(pkg)
+        except PackageNotFoundError:
+            found[pkg] = "not installed"
+    return found
+
+
+def onnx_outputs(path: Path) -> list[tuple[str, str, tuple]]:
+    """(name, dtype, shape) of each graph output, dynamic dims as their symbol names."""
+    import onnx
+
+    from infopt.loading import _ONNX_DTYPES
+
+    model = onnx.load(str(path), load_external_data=False)
+    outs = []
+    for value in model.graph.output:
+        kind = value.type.tensor_type
+        shape = tuple(d.dim_param if d.dim_param else d.dim_value if d.HasField("dim_value") else f"d{i}"
+                      for i, d in enumerate(kind.shape.dim))
+        outs.append((value.name, _ONNX_DTYPES.get(kind.elem_type, "float32"), shape))
+    return outs
+
+
+def store_samples(path: Path, batches: list[dict[str, np.ndarray]], reference: list[list[np.ndarray]],
+                  output_names: tuple[str, ...], batched: bool) -> int:
+    """Save up to MAX_STORED_SAMPLES inputs and the reference outputs for them."""
+    if batched:
+        inputs = {k: np.concatenate([b[k] for b in batches])[:MAX_STORED_SAMPLES] for k in batches[0]}
+        outputs = {n: np.concatenate([r[i] for r in reference])[:MAX_STORED_SAMPLES] for i, n in enumerate(output_names)}
+    else:
+        inputs = dict(batches[0])
+        outputs = {n: reference[0][i] for i, n in enumerate(output_names)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, **{f"input.{k}": v for k, v in inputs.items()},
+                        **{f"reference.{k}": v for k, v in outputs.items()})
+    return int(next(iter(inputs.values())).shape[0]) if batched else 1
+
+
+def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, device: str,
+                 emit: list[str]) -> dict[str, Any]:
+    """Fill ``stage`` and return the completed manifest (files and their sha256 included)."""
+    name = manifest["name"]
+    (stage / "model").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(model_file, stage / "model" / "model.onnx")
+    artifacts = {"model": "model/model.onnx"}
+    if "triton" in emit:
+        folder = write_repository(stage / "servers" / "triton", name, model_file, spec,
+                                  [(o["name"], o["dtype"], tuple(o["shape"])) for o in manifest["outputs"]], device)
+        artifacts["triton"] = folder.relative_to(stage).as_posix()
+    manifest["artifacts"] = artifacts
+    manifest["files"] = file_table(stage, skip=("manifest.json", "report.md"))
+    (stage / "report.md").write_text(to_markdown(manifest))
+    write_manifest(stage, manifest)
+    return manifest
+
+
+def base_manifest(name: str, source: dict[str, Any], target, recipe, spec, outputs, passes, validation) -> dict[str, Any]:
+    return {
+        "schema": "infopt.manifest/1",
+        "name": name,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "source": source,
+        "target": target.model_dump(mode="json"),
+        "precision": recipe.precision,
+        "backend": recipe.backend,
+        "inputs": spec.to_json(),
+        "outputs": [{"name": n, "dtype": d, "shape": list(s)} for n, d, s in outputs],
+        "recipe": recipe.to_json(),
+        "passes": [p.to_json() for p in passes],
+        "validation": validation,
+        "versions": tool_versions(),
+    }
+
+
+def source_info(path: Path | None, fmt: str) -> dict[str, Any]:
+    if path is None:
+        return {"path": "(in-memory module)", "format": fmt, "sha256": None}
+    return {"path": str(path), "format": fmt, "sha256": sha256(path)}

@@ -1,0 +1,327 @@
+"""Loading a model file into an Artifact, without unpickling anything the user did not allow.
+
+Formats, told apart by their contents rather than their names: an ONNX file; a ``torch.export``
+``.pt2`` archive; a TorchScript archive; a ``torch.save`` state dict (with ``--model-class``);
+and a fully pickled ``nn.Module``, which is loaded only with ``allow_pickle=True`` because
+unpickling runs code named by the file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pickletools
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from infopt.artifact import Artifact
+from infopt.errors import InputSpecError, ModelLoadError, UnsafePickleError, UsageError
+from infopt.inputspec import DimRange, InputSpec, TensorSpec, dtype_name
+
+SAFE_GLOBAL_PREFIXES = ("torch._utils.", "torch.storage.", "collections.OrderedDict", "torch.", "builtins.", "__builtin__.",
+                        "_codecs.encode")
+"""Globals a plain tensor/state-dict pickle references (the rest name user or module classes)."""
+
+
+@dataclass
+class LoadedModel:
+    """A model as loaded: its first artifact, its format and the eager reference to validate against."""
+
+    artifact: Artifact | None
+    format: str
+    source: Path
+    module: Any = None
+    """The eager module (``nn.Module``, ``ScriptModule``) or ``None`` for ONNX."""
+    arg_names: tuple[str, ...] = ()
+    spec: InputSpec | None = None
+
+    def with_spec(self, spec: InputSpec) -> Artifact:
+        kind = "onnx" if self.format == "onnx" else "exported" if self.format == "pt2" else "torch"
+        obj = None if self.format == "onnx" else self.artifact.obj if self.artifact else self.module
+        path = self.source if self.format == "onnx" else None
+        names = self.artifact.output_names if self.artifact else ()
+        self.artifact = Artifact(kind, spec, path=path, obj=obj, output_names=names)
+        self.spec = spec
+        return self.artifact
+
+
+def sniff(path: Path) -> str:
+    """Which format a file holds: onnx, pt2, torchscript, torch-save, torch-save-legacy."""
+    if not path.exists():
+        raise ModelLoadError(f"model file not found: {path}", fix="check the path; it is relative to the current folder")
+    if path.is_dir():
+        raise ModelLoadError(f"{path} is a folder, not a model file",
+                             fix="pass a .pt/.pt2/.onnx file; Hugging Face folders come with the llm extra")
+    head = path.read_bytes()[:4] if path.stat().st_size else b""
+    if not head:
+        raise ModelLoadError(f"{path} is empty (0 bytes)", fix="re-save the model; the file was not written completely")
+    if zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+                bad = archive.testzip()
+        except (zipfile.BadZipFile, OSError, EOFError) as exc:
+            raise _corrupt(path, exc) from exc
+        if bad is not None:
+            raise _corrupt(path, f"entry {bad} fails its checksum")
+        if any(n.endswith("/archive_format") or n.endswith("serialized_exported_program.json") for n in names):
+            return "pt2"
+        if any("/code/" in n for n in names) and any(n.endswith("constants.pkl") for n in names):
+            return "torchscript"
+        if any(n.endswith("data.pkl") for n in names):
+            return "torch-save"
+        raise ModelLoadError(f"{path} is a zip archive but not a PyTorch or ONNX model", fix=_FORMATS_HINT)
+    if head[:2] == b"PK":
+        raise _corrupt(path, "the zip archive is truncated")
+    if head[:1] == b"\x80":
+        return "torch-save-legacy"
+    if path.suffix.lower() == ".onnx" or head[:1] == b"\x08":
+        return "onnx"
+    raise ModelLoadError(f"{path} is not a model file infopt can read", fix=_FORMATS_HINT)
+
+
+_FORMATS_HINT = ("save the model as TorchScript (torch.jit.save), torch.export (.pt2), a state_dict "
+                 "(torch.save(model.state_dict()) with --model-class) or ONNX")
+
+
+def _corrupt(path: Path, why: Any) -> ModelLoadError:
+    return ModelLoadError(f"{path} is corrupt or truncated: {why}",
+                          fix="re-save or re-download the file; compare its size and checksum with the original")
+
+
+def load_model(path: str | Path, *, model_class: str | None = None, model_args: str | dict | None = None,
+               allow_pickle: bool = False) -> LoadedModel:
+    path = Path(path)
+    fmt = sniff(path)
+    if fmt == "onnx":
+        return _load_onnx(path)
+    import torch
+
+    if fmt == "pt2":
+        try:
+            program = torch.export.load(str(path))
+        except Exception as exc:  # noqa: BLE001 - any failure here means the archive is unusable
+            raise _corrupt(path, f"torch.export.load: {exc}") from exc
+        spec = spec_from_exported(program)
+        module = program.module()
+        art = Artifact("exported", spec, obj=program, output_names=_output_names(program))
+        return LoadedModel(art, "pt2", path, module, spec.names, spec)
+    if fmt == "torchscript":
+        try:
+            module = torch.jit.load(str(path), map_location="cpu").eval()
+        except Exception as exc:  # noqa: BLE001
+            raise _corrupt(path, f"torch.jit.load: {exc}") from exc
+        names = tuple(a.name for a in module.forward.schema.arguments[1:])
+        return LoadedModel(None, "torchscript", path, module, names)
+    return _load_torch_save(path, fmt, model_class, model_args, allow_pickle)
+
+
+def _load_onnx(path: Path) -> LoadedModel:
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+        onnx.checker.check_model(model)
+    except Exception as exc:  # noqa: BLE001 - protobuf and checker errors
+        raise ModelLoadError(f"{path} is not a valid ONNX model: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                             fix="re-export it, or run onnx.checker.check_model on it for details") from exc
+    spec = spec_from_onnx(model)
+    art = Artifact("onnx", spec, path=path, output_names=tuple(o.name for o in model.graph.output))
+    return LoadedModel(art, "onnx", path, None, spec.names, spec)
+
+
+def _load_torch_save(path, fmt, model_class, model_args, allow_pickle) -> LoadedModel:
+    import torch
+
+    if allow_pickle:
+        try:
+            obj = torch.load(str(path), map_location="cpu", weights_only=False)
+        except Exception as exc:  # noqa: BLE001
+            raise _corrupt(path, f"torch.load: {exc}") from exc
+        if isinstance(obj, torch.nn.Module):
+            return _from_module(obj.eval(), "pickle", path)
+        if not _is_state_dict(obj):
+            raise ModelLoadError(f"{path} holds a {type(obj).__name__}, not a model or a state_dict", fix=_FORMATS_HINT)
+    else:
+        classes = pickled_classes(path) if fmt == "torch-save" else []
+        if classes:
+            raise _refuse_pickle(path, classes)
+        try:
+            obj = torch.load(str(path), map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - restricted unpickler refused or file is bad
+            if "weights_only" in str(exc) or "Unsupported global" in str(exc):
+                raise _refuse_pickle(path, []) from None
+            raise _corrupt(path, f"torch.load: {str(exc).splitlines()[0]}") from exc
+    state = _state_dict_of(obj)
+    if state is None:
+        raise ModelLoadError(f"{path} holds a {type(obj).__name__}, not a state_dict of tensors", fix=_FORMATS_HINT)
+    if not model_class:
+        raise UsageError(f"{path} is a state_dict: weights without the model's code",
+                         fix="pass --model-class pkg.module:Class (and --model-args JSON for its constructor)")
+    module = instantiate(model_class, model_args)
+    missing, unexpected = _load_state(module, state)
+    if missing or unexpected:
+        raise ModelLoadError(
+            f"state_dict does not fit {model_class}: missing {', '.join(missing[:5]) or 'none'}; "
+            f"unexpected {', '.join(unexpected[:5]) or 'none'}",
+            where=str(path), fix="check --model-class and --model-args match the model that saved the weights")
+    return _from_module(module.eval(), "state_dict", path)
+
+
+def _from_module(module, fmt: str, path: Path) -> LoadedModel:
+    import inspect
+
+    try:
+        names = tuple(p for p in inspect.signature(module.forward).parameters if p not in ("args", "kwargs"))
+    except (TypeError, ValueError):
+        names = ()
+    return LoadedModel(None, fmt, path, module, names)
+
+
+def _refuse_pickle(path: Path, classes: list[str]) -> UnsafePickleError:
+    named = f" (it pickles {', '.join(classes[:4])})" if classes else ""
+    return UnsafePickleError(
+        f"{path} is a pickled Python object{named}; unpickling it would run code named by the file",
+        fix="if you trust the file, pass --allow-pickle; better, re-save the model as TorchScript "
+            "(torch.jit.save), torch.export (.pt2), or torch.save(model.state_dict()) and pass --model-class",
+    )
+
+
+def pickled_classes(path: Path) -> list[str]:
+    """The globals a torch.save archive's pickle references beyond plain tensors, found by
+    reading its opcodes (nothing is executed)."""
+    with zipfile.ZipFile(path) as archive:
+        name = next(n for n in archive.namelist() if n.endswith("data.pkl"))
+        data = archive.read(name)
+    found: list[str] = []
+    strings: list[Any] = []
+    memo: dict[int, Any] = {}
+    try:
+        for op, arg, _ in pickletools.genops(data):
+            if op.name == "GLOBAL":
+                found.append(arg.replace(" ", "."))
+            elif op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
+                strings.append(arg)
+            elif op.name == "MEMOIZE":
+                memo[len(memo)] = strings[-1] if strings else None
+            elif op.name in ("BINPUT", "LONG_BINPUT", "PUT"):
+                memo[arg] = strings[-1] if strings else None
+            elif op.name in ("BINGET", "LONG_BINGET", "GET"):
+                strings.append(memo.get(arg))
+            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                found.append(f"{strings[-2]}.{strings[-1]}")
+    except Exception as exc:  # noqa: BLE001 - a broken pickle stream
+        raise _corrupt(path, f"its pickle stream is broken ({exc})") from exc
+    unsafe = []
+    for ref in found:
+        if ref.startswith("torch.nn.") or not ref.startswith(SAFE_GLOBAL_PREFIXES):
+            if ref not in unsafe:
+                unsafe.append(ref)
+    return unsafe
+
+
+def _is_state_dict(obj) -> bool:
+    return _state_dict_of(obj) is not None
+
+
+def _state_dict_of(obj):
+    import torch
+
+    if isinstance(obj, dict):
+        for key in ("state_dict", "model_state_dict", "model"):
+            if isinstance(obj.get(key), dict):
+                obj = obj[key]
+                break
+        if obj and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
+            return obj
+    return None
+
+
+def _load_state(module, state) -> tuple[list[str], list[str]]:
+    result = module.load_state_dict(state, strict=False)
+    return list(result.missing_keys), list(result.unexpected_keys)
+
+
+def instantiate(model_class: str, model_args: str | dict | None):
+    """Import ``pkg.module:Class`` (the current folder is importable) and build it with ``model_args``."""
+    if ":" not in model_class:
+        raise UsageError(f"--model-class {model_class!r} is not of the form pkg.module:Class",
+                         fix="for example --model-class mypkg.models:ResNet")
+    module_name, _, attr = model_class.partition(":")
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"cannot import {model_class}: {exc}",
+                         fix="make sure the module is importable from the current folder or installed") from exc
+    if isinstance(model_args, str):
+        try:
+            model_args = json.loads(model_args)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"--model-args is not valid JSON: {exc}", fix='for example --model-args \'{"num_classes": 10}\'') from exc
+    kwargs = model_args or {}
+    if not isinstance(kwargs, dict):
+        raise UsageError("--model-args must be a JSON object of constructor keyword arguments")
+    try:
+        return cls(**kwargs)
+    except Exception as exc:  # noqa: BLE001 - user constructor
+        raise UsageError(f"{model_class}(**{kwargs}) failed: {type(exc).__name__}: {exc}",
+                         fix="check --model-args against the class's constructor") from exc
+
+
+def _output_names(program) -> tuple[str, ...]:
+    outs = program.graph_signature.user_outputs
+    return tuple(f"output_{i}" if len(outs) > 1 else "output" for i in range(len(outs)))
+
+
+def spec_from_exported(program) -> InputSpec:
+    """The spec of an ExportedProgram: user inputs' fake shapes, symbols with their ranges."""
+    import torch
+
+    user = set(program.graph_signature.user_inputs)
+    tensors, symbols = [], {}
+    for node in program.graph.nodes:
+        if node.op != "placeholder" or node.name not in user:
+            continue
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            raise InputSpecError(f"input {node.name} of the .pt2 is not a tensor", fix="pass --input to describe the inputs")
+        shape = []
+        for i, d in enumerate(val.shape):
+            if isinstance(d, int):
+                shape.append(d)
+                continue
+            expr = d.node.expr
+            name = symbols.get(expr) or ("batch" if i == 0 else f"d{len(symbols)}")
+            symbols[expr] = name
+            shape.append(name)
+        tensors.append(TensorSpec(node.name, dtype_name(val.dtype), tuple(shape)))
+    dims = {}
+    for expr, name in symbols.items():
+        rng = program.range_constraints.get(expr)
+        lo = max(1, int(rng.lower)) if rng is not None else 1
+        hi = int(rng.upper) if rng is not None and rng.upper.is_finite else max(lo, 64)
+        hi = min(hi, 4096)
+        dims[name] = DimRange(lo, min(max(lo, 8), hi), hi)
+    return InputSpec(tuple(tensors), dims)
+
+
+_ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16", 11: "float64", 7: "int64", 6: "int32",
+                5: "int16", 3: "int8", 2: "uint8", 9: "bool"}
+
+
+def spec_from_onnx(model) -> InputSpec:
+    initializers = {i.name for i in model.graph.initializer}
+    tensors = []
+    for value in model.graph.input:
+        if value.name in initializers:
+            continue
+        kind = value.type.tensor_type
+        shape = tuple(d.dim_param or d.dim_value or f"d{i}" for i, d in enumerate(kind.shape.dim))
+        tensors.append(TensorSpec(value.name, _ONNX_DTYPES.get(kind.elem_type, "float32"),
+                                  tuple(s if isinstance(s, int) else s.replace("-", "_") for s in shape)))
+    return InputSpec(tuple(tensors))

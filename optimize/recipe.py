@@ -1,0 +1,132 @@
+"""Recipe: a target's pass pipeline for one precision, with validation thresholds and emitters.
+
+Recipes are YAML files in ``recipes/pipelines/`` named ``<precision>-<backend>.yaml``. Loading
+one validates it into typed config (each pass's options against that pass's option model) and
+it round-trips to JSON; the manifest records the recipe a build used.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from infopt.errors import RecipeError
+from infopt.target import Backend, Precision, Target
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PassStep(_Strict):
+    name: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class DriftThresholds(_Strict):
+    """Limits on the candidate's drift from the eager reference; ``None`` means unchecked."""
+
+    max_abs: float | None = Field(None, description="largest absolute difference")
+    mean_abs: float | None = Field(None, description="mean absolute difference")
+    max_rel: float | None = Field(None, description="largest relative difference")
+    min_cosine: float | None = Field(None, description="smallest cosine similarity per sample")
+    min_sqnr_db: float | None = Field(None, description="smallest signal-to-quantization-noise ratio, dB")
+    min_top1: float | None = Field(None, description="smallest top-1 agreement for classifier outputs")
+
+
+class LatencyConfig(_Strict):
+    warmup: int = Field(10, ge=0, description="untimed runs before timing")
+    iterations: int = Field(50, ge=1, description="timed runs per batch size")
+    batch_sizes: list[int] | None = Field(None, description="batch sizes to time; default 1 and the batch dim's opt")
+    max_p99_ms: float | None = Field(None, description="fail if p99 latency at any batch size exceeds this")
+
+
+class Validation(_Strict):
+    drift: DriftThresholds = Field(default_factory=DriftThresholds)
+    latency: LatencyConfig = Field(default_factory=LatencyConfig)
+
+
+class Recipe(_Strict):
+    name: str
+    precision: Precision
+    backend: Backend
+    description: str = ""
+    passes: list[PassStep]
+    validation: Validation = Field(default_factory=Validation)
+    emit: list[Literal["onnx", "triton"]] = Field(default_factory=lambda: ["onnx", "triton"])
+
+    @model_validator(mode="after")
+    def _check_passes(self) -> "Recipe":
+        from infopt.artifact import STAGE
+        from infopt.registry import get_pass
+
+        previous = None
+        for step in self.passes:
+            definition = get_pass(step.name)
+            definition.parse_options(step.options)
+            if previous is not None and definition.consumes != previous.produces:
+                raise RecipeError(
+                    f"recipe {self.name}: pass {step.name} consumes {definition.consumes} "
+                    f"but {previous.name} produces {previous.produces}",
+                    fix="order the passes so each consumes what the one before produces",
+                )
+            if STAGE[definition.produces] < STAGE[definition.consumes]:
+                raise RecipeError(f"pass {step.name} moves the model back up the flow")
+            previous = definition
+        return self
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | str) -> "Recipe":
+        return _validated(json.loads(data) if isinstance(data, str) else data, "JSON")
+
+
+def _validated(data: Any, where: str) -> Recipe:
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'recipe'}: {e['msg']}" for e in exc.errors())
+        raise RecipeError(f"invalid recipe: {problems}", where=where) from exc
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise RecipeError(f"cannot read recipe: {exc.strerror}", where=str(path)) from exc
+    except yaml.YAMLError as exc:
+        raise RecipeError(f"recipe is not valid YAML: {exc}", where=str(path)) from exc
+    return _validated(data, str(path))
+
+
+def bundled_recipes() -> dict[str, Path]:
+    from infopt.recipes import PIPELINES_DIR
+
+    return {p.stem: p for p in sorted(PIPELINES_DIR.glob("*.yaml"))}
+
+
+def find_recipe(target: Target, precision: str, backend: str = "auto") -> Recipe:
+    """The bundled recipe for a target and precision: the first of the target's backends that has one."""
+    target.require_precision(precision)
+    bundled = bundled_recipes()
+    order = target.backends if backend == "auto" else (backend,)
+    if backend != "auto" and backend not in target.backends:
+        raise RecipeError(
+            f"target {target.name} does not list backend {backend}",
+            fix=f"use --backend auto or one of: {', '.join(target.backends)}",
+        )
+    for candidate in order:
+        if f"{precision}-{candidate}" in bundled:
+            return load_recipe(bundled[f"{precision}-{candidate}"])
+    have = ", ".join(bundled) or "(none)"
+    raise RecipeError(
+        f"no recipe builds {precision} for target {target.name} with backend {backend}",
+        fix=f"bundled recipes are: {have}; pass one of those precisions, or --recipe FILE",
+    )

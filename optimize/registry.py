@@ -1,0 +1,106 @@
+"""The Pass contract and the registry of passes by name.
+
+A pass is a function of its input artifact and typed options. It declares what representation
+it consumes and produces, whether it needs calibration data, and what it requires of its input
+and ensures of its output. A recipe names passes; the registry resolves the names.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from infopt.errors import RecipeError
+
+if TYPE_CHECKING:
+    from infopt.artifact import Artifact
+    from infopt.target import Target
+
+PASS_MODULES: tuple[str, ...] = (
+    "infopt.exporters.torch_export",
+    "infopt.passes.fx.remove_noops",
+    "infopt.passes.fx.fold_batchnorm",
+    "infopt.passes.lower.onnx_export",
+    "infopt.passes.onnx.ort_optimize",
+)
+"""Modules that each define one ``PASS``; importing them is cheap (torch loads on first run)."""
+
+
+class PassOptions(BaseModel):
+    """Base of every pass's options: typed fields, each with a default and a description."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass
+class PassContext:
+    """What a pass may use besides its input: the target, a scratch folder, calibration data."""
+
+    target: "Target"
+    workdir: Path
+    calibration: Any = None
+
+
+@dataclass
+class PassOutcome:
+    artifact: "Artifact"
+    changed: bool
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Pass:
+    name: str
+    consumes: str
+    produces: str
+    run: Callable[["Artifact", Any, PassContext], PassOutcome]
+    options: type[PassOptions] = PassOptions
+    description: str = ""
+    needs_calibration: bool = False
+    mutates_input: bool = False
+    requires: tuple[str, ...] = ()
+    ensures: tuple[str, ...] = ()
+
+    def parse_options(self, raw: dict[str, Any] | None) -> PassOptions:
+        try:
+            return self.options(**(raw or {}))
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise RecipeError(
+                f"bad options for pass {self.name}: {problems}",
+                fix=f"see `infopt recipes --passes` for the options of {self.name}",
+            ) from exc
+
+    def describe_options(self) -> list[dict[str, Any]]:
+        return [
+            {"name": name, "type": getattr(f.annotation, "__name__", str(f.annotation)),
+             "default": f.default, "description": f.description or ""}
+            for name, f in self.options.model_fields.items()
+        ]
+
+
+@cache
+def _registry() -> dict[str, Pass]:
+    found: dict[str, Pass] = {}
+    for module_name in PASS_MODULES:
+        definition: Pass = importlib.import_module(module_name).PASS
+        if definition.name in found:
+            raise RuntimeError(f"pass {definition.name} is defined twice")
+        found[definition.name] = definition
+    return found
+
+
+def passes() -> dict[str, Pass]:
+    return dict(_registry())
+
+
+def get_pass(name: str) -> Pass:
+    known = _registry()
+    if name not in known:
+        raise RecipeError(f"unknown pass {name!r}", fix=f"use one of: {', '.join(known)}")
+    return known[name]

@@ -1,0 +1,139 @@
+"""The build report: tables a person reads, made from the manifest.
+
+The same sections render as ``report.md`` and as rich tables in the terminal, so the two never
+disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Section:
+    title: str
+    headers: list[str] = field(default_factory=list)
+    rows: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _num(value: Any, fmt: str = ".4g") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    return format(value, fmt)
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def summary(manifest: dict[str, Any]) -> Section:
+    v = manifest["validation"]
+    verdict = "PASS" if v["verdict"]["passed"] else "FAIL"
+    target = manifest["target"]
+    rows = [["verdict", verdict], ["target", f"{target['name']} ({target.get('description', '')})"],
+            ["precision", manifest["precision"]], ["backend", manifest["backend"]],
+            ["recipe", manifest["recipe"]["name"]], ["source", f"{manifest['source']['path']} ({manifest['source']['format']})"],
+            ["validated on", v["device"]]]
+    notes = [f"failed: {r}" for r in v["verdict"]["reasons"]]
+    notes += v.get("notes", [])
+    return Section(f"infopt build: {manifest['name']}", ["", ""], rows, notes)
+
+
+def io_section(manifest: dict[str, Any]) -> Section:
+    rows = [["input", i["name"], i["dtype"], str(i["shape"])] for i in manifest["inputs"]["inputs"]]
+    rows += [["output", o["name"], o["dtype"], str(o["shape"])] for o in manifest["outputs"]]
+    dims = manifest["inputs"].get("dims", {})
+    notes = [f"{k}: min {d['min']}, opt {d['opt']}, max {d['max']}" for k, d in dims.items()]
+    return Section("Inputs and outputs", ["", "name", "dtype", "shape"], rows, notes)
+
+
+def passes_section(manifest: dict[str, Any]) -> Section:
+    rows = []
+    for p in manifest["passes"]:
+        status = "skipped" if p["skipped"] else ("changed" if p["changed"] else "no change")
+        rows.append([p["name"], f"{p['consumes']} -> {p['produces']}", f"{p['seconds']:.2f}", _bytes(p["size_bytes"]),
+                     status, "; ".join(p["notes"])])
+    return Section("Passes", ["pass", "representation", "seconds", "size", "result", "notes"], rows)
+
+
+def drift_section(manifest: dict[str, Any]) -> Section:
+    drift = manifest["validation"]["drift"]
+    rows = [[name, _num(o["max_abs"]), _num(o["mean_abs"]), _num(o["max_rel"]), _num(o["cosine_min"], ".6f"),
+             _num(o["sqnr_db"], ".1f"), _num(o["top1"])] for name, o in drift["outputs"].items()]
+    notes = [f"{drift['samples']} samples from {drift['source']}"]
+    if drift["random_inputs"]:
+        notes.append("WARNING: no --val data was given; drift was measured on random inputs, which may not "
+                     "exercise the model as real data does. Pass --val PATH for a real figure.")
+    return Section("Drift against the eager reference", ["output", "max_abs", "mean_abs", "max_rel", "cosine (min)",
+                                                          "SQNR dB", "top-1 agree"], rows, notes)
+
+
+def latency_section(manifest: dict[str, Any]) -> Section:
+    latency = manifest["validation"]["latency"]
+    base = {r["batch"]: r for r in latency if r["runner"] == "eager"}
+    rows = []
+    for r in latency:
+        ref = base.get(r["batch"])
+        ratio = f"{ref['p50_ms'] / r['p50_ms']:.2f}x" if ref and r["runner"] != "eager" and r["p50_ms"] > 0 else "1.00x" if r["runner"] == "eager" else "-"
+        rows.append([str(r["batch"]), r["runner"], f"{r['p50_ms']:.3f}", f"{r['p90_ms']:.3f}", f"{r['p99_ms']:.3f}",
+                     f"{r['mean_ms']:.3f}", f"{r['throughput']:.1f}", ratio])
+    notes = [f"{latency[0]['iterations']} timed runs per row after warm-up, runners interleaved; "
+             "speedup is eager p50 / candidate p50"] if latency else []
+    return Section("Latency (ms)", ["batch", "runner", "p50", "p90", "p99", "mean", "samples/s", "speedup"], rows, notes)
+
+
+def files_section(manifest: dict[str, Any]) -> Section:
+    rows = [[rel, _bytes(info["bytes"]), info["sha256"][:16]] for rel, info in manifest.get("files", {}).items()]
+    return Section("Files", ["path", "size", "sha256 (first 16)"], rows, ["report.md and manifest.json are not listed"])
+
+
+def versions_section(manifest: dict[str, Any]) -> Section:
+    return Section("Versions", ["tool", "version"], [[k, str(v)] for k, v in manifest["versions"].items()])
+
+
+def sections(manifest: dict[str, Any]) -> list[Section]:
+    return [summary(manifest), io_section(manifest), passes_section(manifest), drift_section(manifest),
+            latency_section(manifest), files_section(manifest), versions_section(manifest)]
+
+
+def to_markdown(manifest: dict[str, Any]) -> str:
+    out = []
+    for i, section in enumerate(sections(manifest)):
+        out.append(("# " if i == 0 else "## ") + section.title + "\n")
+        if section.rows:
+            headers = section.headers if any(section.headers) else ["item", "value"]
+            out.append("| " + " | ".join(headers) + " |")
+            out.append("|" + "|".join(" --- " for _ in headers) + "|")
+            for row in section.rows:
+                out.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+            out.append("")
+        for note in section.notes:
+            out.append(f"- {note}")
+        if section.notes:
+            out.append("")
+    return "\n".join(out)
+
+
+def print_sections(console, chosen: list[Section]) -> None:
+    from rich.table import Table
+
+    for section in chosen:
+        table = Table(title=section.title, title_justify="left", show_header=any(section.headers))
+        for header in section.headers or ["", ""]:
+            table.add_column(header)
+        for row in section.rows:
+            table.add_row(*row)
+        console.print(table)
+        for note in section.notes:
+            style = "bold red" if note.startswith(("failed", "WARNING")) else "dim"
+            console.print(f"  {note}", style=style, markup=False)

@@ -1,0 +1,1 @@
+"""Graph passes: FX/ExportedProgram passes, ONNX passes, and lowering passes (ONNX export)."""

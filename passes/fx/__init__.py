@@ -1,0 +1,1 @@
+"""Passes over a ``torch.export`` ExportedProgram's FX graph."""

@@ -1,0 +1,1 @@
+"""Lowering passes: from one representation to the next (ExportedProgram -> ONNX)."""

@@ -1,0 +1,102 @@
+"""Lower an ExportedProgram to ONNX with the dynamo exporter.
+
+The saved model passes ``onnx.checker`` and carries inferred shapes. Dynamic dims are named
+after the InputSpec's symbols (``batch``, ``seq``), so servers and later passes see the same
+names the user gave.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+from pathlib import Path
+
+from pydantic import Field
+
+from infopt.artifact import Artifact
+from infopt.errors import BuildError
+from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
+
+EXTERNAL_DATA_BYTES = 1_800_000_000
+"""Past this many bytes of weights, they go to ``model.onnx.data`` (protobuf's 2 GB limit)."""
+
+
+class OnnxExportOptions(PassOptions):
+    opset: int = Field(18, ge=17, le=23, description="ONNX opset version to emit")
+    optimize: bool = Field(True, description="run the exporter's own graph optimizer (constant folding, CSE)")
+
+
+def export_onnx(program, path: Path, input_names, output_names, opset: int = 18, optimize: bool = True) -> None:
+    """Export, save, check and infer shapes; exporter chatter is kept off the user's terminal."""
+    import onnx
+    import torch
+
+    quiet = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "onnxscript")]
+    levels = [lg.level for lg in quiet]
+    for lg in quiet:
+        lg.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            onnx_program = torch.onnx.export(program, (), dynamo=True, input_names=list(input_names),
+                                             output_names=list(output_names), opset_version=opset,
+                                             optimize=optimize, verbose=False)
+            big = sum(t.numel() * t.element_size() for t in program.state_dict.values()) > EXTERNAL_DATA_BYTES
+            onnx_program.save(str(path), external_data=big)
+    finally:
+        for lg, level in zip(quiet, levels):
+            lg.setLevel(level)
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+        onnx.shape_inference.infer_shapes_path(str(path), str(path))
+    except Exception as exc:  # noqa: BLE001 - checker raises several types
+        raise BuildError(f"the exported ONNX model fails onnx.checker: {str(exc).splitlines()[0]}",
+                         where=str(path), fix="report the model; try --recipe with another opset") from exc
+
+
+def rename_dims(path: Path, spec) -> dict[str, str]:
+    """Rename the exporter's dim symbols (``s77``) to the InputSpec's (``batch``) in place."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    mapping: dict[str, str] = {}
+    by_name = {t.name: t for t in spec.inputs}
+    for value in model.graph.input:
+        tensor = by_name.get(value.name)
+        if tensor is None:
+            continue
+        for dim, want in zip(value.type.tensor_type.shape.dim, tensor.shape):
+            if dim.dim_param and isinstance(want, str):
+                mapping[dim.dim_param] = want
+    if mapping:
+        for value in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
+            for dim in value.type.tensor_type.shape.dim:
+                if dim.dim_param in mapping:
+                    dim.dim_param = mapping[dim.dim_param]
+        onnx.save(model, str(path))
+    return mapping
+
+
+def run(artifact: Artifact, options: OnnxExportOptions, context: PassContext) -> PassOutcome:
+    import onnx
+
+    path = context.workdir / "exported.onnx"
+    export_onnx(artifact.obj, path, artifact.spec.names, artifact.output_names, options.opset, options.optimize)
+    renamed = rename_dims(path, artifact.spec)
+    model = onnx.load(str(path), load_external_data=False)
+    notes = [f"opset {options.opset}, {len(model.graph.node)} nodes"]
+    if renamed:
+        notes.append("dims named " + ", ".join(f"{a}->{b}" for a, b in renamed.items()))
+    return PassOutcome(artifact.derive("onnx", path=path, obj=None), True, notes)
+
+
+PASS = Pass(
+    name="onnx_export",
+    consumes="exported",
+    produces="onnx",
+    run=run,
+    options=OnnxExportOptions,
+    description="export to ONNX with the dynamo exporter; onnx.checker and shape inference",
+    requires=("graph",),
+    ensures=("onnx-checked", "onnx-shapes"),
+)

@@ -1,0 +1,1 @@
+"""Judging an artifact: drift against the eager reference, latency, and the verdict."""

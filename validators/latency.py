@@ -1,0 +1,56 @@
+"""Latency: warm up, then time each runner at each batch size, side by side in one run.
+
+Runs of the runners are interleaved round by round so that both see the same machine state;
+results are p50/p90/p99 and mean in milliseconds, and throughput in samples per second.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass
+class LatencyStats:
+    runner: str
+    batch: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    throughput: float
+    """samples per second at the mean latency"""
+    iterations: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def summarize(runner: str, batch: int, seconds: list[float]) -> LatencyStats:
+    ms = np.asarray(seconds) * 1e3
+    p50, p90, p99 = np.percentile(ms, [50, 90, 99])
+    mean = float(ms.mean())
+    return LatencyStats(runner, batch, float(p50), float(p90), float(p99), mean, batch / (mean / 1e3), len(ms))
+
+
+def measure(runners: dict[str, Callable[[dict], object]], feeds: dict[int, dict[str, np.ndarray]],
+            warmup: int = 10, iterations: int = 50, on_step: Callable[[], None] | None = None) -> list[LatencyStats]:
+    """Time every runner (name -> callable taking a feed) at every batch size in ``feeds``."""
+    results = []
+    for batch, feed in feeds.items():
+        for fn in runners.values():
+            for _ in range(warmup):
+                fn(feed)
+        times: dict[str, list[float]] = {name: [] for name in runners}
+        for _ in range(iterations):
+            for name, fn in runners.items():
+                start = time.perf_counter()
+                fn(feed)
+                times[name].append(time.perf_counter() - start)
+            if on_step:
+                on_step()
+        results.extend(summarize(name, batch, t) for name, t in times.items())
+    return results

@@ -1,0 +1,96 @@
+"""Drift metrics between a reference output and a candidate output.
+
+The validators and the tests use these same functions. Each takes the reference first.
+
+- ``max_abs``  = max |r - c|
+- ``mean_abs`` = mean |r - c|
+- ``max_rel``  = max |r - c| / max(|r|, 1e-3 * max|r|): relative error, with a floor so that
+  near-zero reference values do not dominate
+- ``cosine``   = per sample (first axis), r . c / (|r| |c|); reported as min and mean
+- ``sqnr_db``  = 10 log10(sum r^2 / sum (r - c)^2), signal-to-quantization-noise ratio
+  (as torchao's ``compute_error``); infinite when the outputs are identical
+- ``top1``     = share of samples whose argmax over the last axis agrees (classifier outputs)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def _pair(reference, candidate) -> tuple[np.ndarray, np.ndarray]:
+    r = np.asarray(reference, dtype=np.float64)
+    c = np.asarray(candidate, dtype=np.float64)
+    if r.shape != c.shape:
+        raise ValueError(f"shapes differ: reference {r.shape}, candidate {c.shape}")
+    return r, c
+
+
+def max_abs(reference, candidate) -> float:
+    r, c = _pair(reference, candidate)
+    return float(np.max(np.abs(r - c))) if r.size else 0.0
+
+
+def mean_abs(reference, candidate) -> float:
+    r, c = _pair(reference, candidate)
+    return float(np.mean(np.abs(r - c))) if r.size else 0.0
+
+
+def max_rel(reference, candidate) -> float:
+    r, c = _pair(reference, candidate)
+    if not r.size:
+        return 0.0
+    floor = max(1e-3 * float(np.max(np.abs(r))), 1e-12)
+    return float(np.max(np.abs(r - c) / np.maximum(np.abs(r), floor)))
+
+
+def cosine_per_sample(reference, candidate) -> np.ndarray:
+    r, c = _pair(reference, candidate)
+    r = r.reshape(r.shape[0], -1) if r.ndim > 1 else r.reshape(1, -1)
+    c = c.reshape(c.shape[0], -1) if c.ndim > 1 else c.reshape(1, -1)
+    norms = np.linalg.norm(r, axis=1) * np.linalg.norm(c, axis=1)
+    dots = np.sum(r * c, axis=1)
+    same = np.all(r == c, axis=1)
+    return np.where(same, 1.0, dots / np.maximum(norms, 1e-30))
+
+
+def cosine(reference, candidate) -> float:
+    """Mean per-sample cosine similarity."""
+    return float(np.mean(cosine_per_sample(reference, candidate)))
+
+
+def sqnr_db(reference, candidate) -> float:
+    r, c = _pair(reference, candidate)
+    noise = float(np.sum((r - c) ** 2))
+    signal = float(np.sum(r ** 2))
+    if noise == 0.0:
+        return math.inf
+    if signal == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(signal / noise)
+
+
+def is_classifier_output(array) -> bool:
+    """A float [batch, classes] output with more than one class."""
+    a = np.asarray(array)
+    return a.ndim == 2 and a.shape[1] > 1 and np.issubdtype(a.dtype, np.floating)
+
+
+def top1_agreement(reference, candidate) -> float:
+    r, c = _pair(reference, candidate)
+    return float(np.mean(np.argmax(r, axis=-1) == np.argmax(c, axis=-1)))
+
+
+def drift(reference, candidate) -> dict[str, float | None]:
+    """Every metric for one output."""
+    cos = cosine_per_sample(reference, candidate)
+    return {
+        "max_abs": max_abs(reference, candidate),
+        "mean_abs": mean_abs(reference, candidate),
+        "max_rel": max_rel(reference, candidate),
+        "cosine_min": float(np.min(cos)),
+        "cosine_mean": float(np.mean(cos)),
+        "sqnr_db": sqnr_db(reference, candidate),
+        "top1": top1_agreement(reference, candidate) if is_classifier_output(reference) else None,
+    }
