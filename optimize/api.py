@@ -258,3 +258,40 @@ def load(dist_dir: str | Path, *, allow_failed: bool = False):
     if not path.is_file() or sha256(path) != manifest["files"][rel]["sha256"]:
         raise ValidationFailed(f"{path} is missing or differs from the manifest's sha256", fix="rebuild the artifact")
     return OrtRunner(path)
+
+
+def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None,
+             batch_sizes: Sequence[int] | None = None, progress: bool | Any = True) -> dict[str, Any]:
+    """Re-check an output folder: file integrity against the manifest, drift of its model against
+    the stored reference outputs, latency, and the verdict against the recipe's thresholds."""
+    import numpy as np
+
+    from infopt.emit import SAMPLES_FILE
+    from infopt.exporters.dist import read_manifest, verify_files
+    from infopt.recipe import Recipe
+    from infopt.runner import OrtRunner
+    from infopt.validators import drift as drift_mod
+    from infopt.validators import latency as latency_mod
+    from infopt.validators.verdict import judge
+
+    root = Path(dist_dir)
+    manifest = read_manifest(root)
+    recipe = _with_overrides(Recipe.from_json(manifest["recipe"]), thresholds, batch_sizes)
+    spec = InputSpec.from_json(manifest["inputs"])
+    problems = verify_files(root, manifest)
+    result: dict[str, Any] = {"dist": str(root), "name": manifest["name"], "integrity": problems or "ok"}
+    if problems:
+        result["verdict"] = {"passed": False, "reasons": [f"file check: {p}" for p in problems], "checks": []}
+        return result
+    runner = OrtRunner(root / manifest["artifacts"]["model"])
+    with np.load(root / SAMPLES_FILE, allow_pickle=False) as data:
+        inputs = {k.split(".", 1)[1]: data[k] for k in data.files if k.startswith("input.")}
+        reference = [[data[f"reference.{o['name']}"] for o in manifest["outputs"]]]
+    drift = drift_mod.compare(reference, [runner.run(inputs)], tuple(o["name"] for o in manifest["outputs"]),
+                              f"{SAMPLES_FILE} (stored at build)")
+    feeds = _latency_feeds(spec, recipe, None)
+    lat = recipe.validation.latency
+    timings = latency_mod.measure({"infopt": runner.run}, feeds, lat.warmup, lat.iterations)
+    verdict = judge(recipe.validation, drift.worst, [t.p99_ms for t in timings])
+    result.update({"drift": drift.to_json(), "latency": [t.to_json() for t in timings], "verdict": verdict.to_json()})
+    return result

@@ -1,0 +1,34 @@
+# Two commands: `make demo` trains a small example model and builds it; `make test` runs the tests.
+# Each creates .venv on first use and installs infopt with the CPU build of torch pinned in
+# constraints.txt (installed first, so nothing pulls a CUDA build).
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt torch
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m examples.train --out examples/out
+	$(VENV)/bin/infopt build examples/out/digits_cnn.pt --input "x:float32[batch,1,8,8]" \
+		--val examples/out/digits_val.npz --output dist/digits_cnn --force
+	cat dist/digits_cnn/report.md
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_fp32_eager_vs_ort.py --markdown benchmarks/results/fp32_eager_vs_ort.md
+
+clean:
+	rm -rf $(VENV) dist examples/out .pytest_cache

@@ -1,0 +1,1 @@
+"""The ``infopt`` command line: thin typer commands over the Python API."""

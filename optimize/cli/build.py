@@ -1,0 +1,71 @@
+"""``infopt build``: model file in, validated output folder out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from infopt.cli import options as o
+from infopt.cli.output import print_json, stderr, stdout
+
+PRECISION_FLAGS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
+
+
+def build(
+    model: Annotated[Path, typer.Argument(help="Model file: TorchScript .pt, torch.export .pt2, state_dict .pt, or .onnx.")],
+    target: Annotated[str, typer.Option("--target", "-t", help="Target to build for (see `infopt targets`).")] = "cpu",
+    precision: Annotated[Optional[str], typer.Option("--precision", "-p", help="fp32, fp16, bf16, fp8, int8 or int4.")] = None,
+    fp32: Annotated[bool, typer.Option("--fp32", help="Same as --precision fp32.")] = False,
+    fp16: Annotated[bool, typer.Option("--fp16", help="Same as --precision fp16.")] = False,
+    bf16: Annotated[bool, typer.Option("--bf16", help="Same as --precision bf16.")] = False,
+    fp8: Annotated[bool, typer.Option("--fp8", help="Same as --precision fp8.")] = False,
+    int8: Annotated[bool, typer.Option("--int8", help="Same as --precision int8.")] = False,
+    int4: Annotated[bool, typer.Option("--int4", help="Same as --precision int4.")] = False,
+    backend: Annotated[str, typer.Option("--backend", help="auto, onnxruntime, tensorrt or inductor.")] = "auto",
+    inputs: o.Inputs = None,
+    dims: o.Dims = None,
+    val: o.Val = None,
+    batch_sizes: o.BatchSizes = None,
+    max_abs: o.MaxAbs = None,
+    min_cosine: o.MinCosine = None,
+    min_top1: o.MinTop1 = None,
+    min_sqnr_db: o.MinSqnr = None,
+    max_p99_ms: o.MaxP99 = None,
+    recipe: Annotated[Optional[Path], typer.Option("--recipe", help="A recipe YAML file instead of the bundled one.")] = None,
+    name: Annotated[Optional[str], typer.Option("--name", help="Model name (default: the file's stem).")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output folder (default: dist/<name>).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")] = False,
+    model_class: o.ModelClass = None,
+    model_args: o.ModelArgs = None,
+    allow_pickle: o.AllowPickle = False,
+    as_json: o.Json = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
+) -> None:
+    """Build, validate and emit a deployable artifact for a target."""
+    from infopt.api import build as run_build
+    from infopt.errors import UsageError
+    from infopt.report import drift_section, latency_section, passes_section, print_sections, summary
+
+    chosen = [p for p, flag in zip(PRECISION_FLAGS, (fp32, fp16, bf16, fp8, int8, int4)) if flag]
+    if precision:
+        chosen.append(precision)
+    if len(set(chosen)) > 1:
+        raise UsageError(f"more than one precision given: {', '.join(chosen)}", fix="pass one of --fp32/--fp16/--bf16/--fp8/--int8/--int4")
+    result = run_build(
+        model, target=target, precision=chosen[0] if chosen else "fp32", backend=backend, inputs=inputs, dims=dims,
+        val=val, batch_sizes=o.parse_batch_sizes(batch_sizes),
+        thresholds=o.thresholds(max_abs=max_abs, min_cosine=min_cosine, min_top1=min_top1,
+                                min_sqnr_db=min_sqnr_db, max_p99_ms=max_p99_ms),
+        recipe=recipe, name=name, output=output, force=force, model_class=model_class, model_args=model_args,
+        allow_pickle=allow_pickle, progress=False if quiet else stderr(),
+    )
+    if as_json:
+        print_json({"output_dir": str(result.output_dir), **result.manifest})
+    else:
+        m = result.manifest
+        print_sections(stdout(), [summary(m), passes_section(m), drift_section(m), latency_section(m)])
+        stdout().print(f"wrote {result.output_dir}/ (report.md, manifest.json)", markup=False)
+    if not result.passed:
+        raise typer.Exit(1)

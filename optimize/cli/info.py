@@ -1,0 +1,65 @@
+"""``infopt targets``, ``infopt recipes`` and ``infopt doctor``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from infopt.cli import options as o
+from infopt.cli.output import print_json, stdout, table
+
+
+def targets(as_json: o.Json = False) -> None:
+    """List the targets and what they run."""
+    from infopt.target import targets as all_targets
+
+    found = all_targets()
+    if as_json:
+        print_json({n: t.model_dump(mode="json") for n, t in found.items()})
+        return
+    rows = [[t.name, t.device, t.arch, t.description, ", ".join(t.precisions), ", ".join(t.backends),
+             "-" if t.memory_bandwidth_gbs is None else f"{t.memory_bandwidth_gbs:g}",
+             "-" if t.price_per_hour is None else f"{t.price_per_hour:g}"] for t in found.values()]
+    stdout().print(table("Targets", ["name", "device", "arch", "description", "precisions", "backends",
+                                     "GB/s", "USD/h"], rows))
+
+
+def recipes(
+    show_passes: Annotated[bool, typer.Option("--passes", help="Also list every pass with its options.")] = False,
+    as_json: o.Json = False,
+) -> None:
+    """List the bundled recipes (and passes)."""
+    from infopt.recipe import bundled_recipes, load_recipe
+    from infopt.registry import passes
+
+    loaded = {name: load_recipe(path) for name, path in bundled_recipes().items()}
+    registry = passes()
+    if as_json:
+        data = {"recipes": {n: r.to_json() for n, r in loaded.items()}}
+        if show_passes:
+            data["passes"] = {n: {"consumes": p.consumes, "produces": p.produces, "description": p.description,
+                                  "needs_calibration": p.needs_calibration, "requires": list(p.requires),
+                                  "ensures": list(p.ensures), "options": p.describe_options()} for n, p in registry.items()}
+        print_json(data)
+        return
+    console = stdout()
+    rows = [[n, r.precision, r.backend, " -> ".join(s.name for s in r.passes), r.description] for n, r in loaded.items()]
+    console.print(table("Recipes", ["name", "precision", "backend", "passes", "description"], rows))
+    if show_passes:
+        rows = [[n, f"{p.consumes} -> {p.produces}", p.description,
+                 "; ".join(f"{x['name']}={x['default']!r}: {x['description']}" for x in p.describe_options())]
+                for n, p in registry.items()]
+        console.print(table("Passes", ["pass", "representation", "what it does", "options"], rows))
+
+
+def doctor(as_json: o.Json = False) -> None:
+    """Which backends and devices are available here, and why not."""
+    from infopt.doctor import checks
+
+    found = checks()
+    if as_json:
+        print_json(found)
+        return
+    rows = [[c["component"], "yes" if c["ok"] else "no", c["detail"], c["fix"]] for c in found]
+    stdout().print(table("infopt doctor", ["component", "available", "detail", "to get it"], rows))

@@ -1,0 +1,40 @@
+"""Option types shared by the commands, declared once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (progress stays on stderr).")]
+Inputs = Annotated[Optional[list[str]], typer.Option("--input", "-i", help='Input spec, e.g. "x:float32[batch,3,224,224]"; repeat per input.')]
+Dims = Annotated[Optional[list[str]], typer.Option("--dim", help="Range of a symbolic dim as name=min:opt:max, e.g. batch=1:8:64.")]
+ModelClass = Annotated[Optional[str], typer.Option("--model-class", help="pkg.module:Class to load a state_dict into.")]
+ModelArgs = Annotated[Optional[str], typer.Option("--model-args", help="JSON object of keyword arguments for --model-class.")]
+AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Allow unpickling a fully pickled nn.Module (runs code from the file).")]
+Val = Annotated[Optional[Path], typer.Option("--val", help="Validation samples: a folder or file of .npy/.npz/.pt.")]
+BatchSizes = Annotated[Optional[str], typer.Option("--batch-sizes", help="Comma-separated batch sizes to time, e.g. 1,8,32.")]
+MaxAbs = Annotated[Optional[float], typer.Option("--max-abs", help="Fail if max absolute drift exceeds this.")]
+MinCosine = Annotated[Optional[float], typer.Option("--min-cosine", help="Fail if the smallest per-sample cosine is below this.")]
+MinTop1 = Annotated[Optional[float], typer.Option("--min-top1", help="Fail if top-1 agreement is below this (classifiers).")]
+MinSqnr = Annotated[Optional[float], typer.Option("--min-sqnr-db", help="Fail if SQNR in dB is below this.")]
+MaxP99 = Annotated[Optional[float], typer.Option("--max-p99-ms", help="Fail if p99 latency in ms exceeds this at any batch size.")]
+
+
+def parse_batch_sizes(text: str | None) -> list[int] | None:
+    from infopt.errors import UsageError
+
+    if not text:
+        return None
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise UsageError(f"--batch-sizes {text!r} is not a comma-separated list of ints", fix="for example --batch-sizes 1,8,32") from None
+    if not sizes or any(s < 1 for s in sizes):
+        raise UsageError(f"--batch-sizes {text!r} must list positive ints", fix="for example --batch-sizes 1,8,32")
+    return sizes
+
+
+def thresholds(**values: float | None) -> dict[str, float]:
+    return {k: v for k, v in values.items() if v is not None}

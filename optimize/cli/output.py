@@ -1,0 +1,35 @@
+"""Consoles and printing helpers: results on stdout, progress and errors on stderr."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def stdout():
+    from rich.console import Console
+
+    return Console(soft_wrap=False)
+
+
+def stderr():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def print_json(data: Any) -> None:
+    from infopt.exporters.dist import jsonable
+
+    print(json.dumps(jsonable(data), indent=2, default=str))
+
+
+def table(title: str, headers: list[str], rows: list[list[str]]):
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left")
+    for h in headers:
+        t.add_column(h)
+    for row in rows:
+        t.add_row(*[str(c) for c in row])
+    return t
