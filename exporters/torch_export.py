@@ -16,6 +16,7 @@ from pydantic import Field
 from infopt.artifact import Artifact
 from infopt.errors import CaptureError
 from infopt.inputspec import InputSpec
+from infopt.logs import quiet_third_party
 from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
 from infopt.sample_inputs import capture_feed, embedding_vocab
 
@@ -47,11 +48,12 @@ def export_module(module, spec: InputSpec, *, strict: bool = False, dynamic: boo
     args = example_tensors(spec, module)
     shapes = dynamic_shapes(spec) if dynamic else None
     try:
-        if isinstance(module, torch.jit.ScriptModule):
-            from torch._export.converter import TS2EPConverter
+        with quiet_third_party():
+            if isinstance(module, torch.jit.ScriptModule):
+                from torch._export.converter import TS2EPConverter
 
-            module = TS2EPConverter(module, args).convert().module()
-        return torch.export.export(module, args, dynamic_shapes=shapes, strict=strict)
+                module = TS2EPConverter(module, args).convert().module()
+            return torch.export.export(module, args, dynamic_shapes=shapes, strict=strict)
     except Exception as exc:  # noqa: BLE001 - torch raises many types here; all mean capture failed
         raise capture_error(exc, module, spec) from exc
 

@@ -162,7 +162,12 @@ def _load_torch_save(path, fmt, model_class, model_args, allow_pickle) -> Loaded
         raise UsageError(f"{path} is a state_dict: weights without the model's code",
                          fix="pass --model-class pkg.module:Class (and --model-args JSON for its constructor)")
     module = instantiate(model_class, model_args)
-    missing, unexpected = _load_state(module, state)
+    try:
+        missing, unexpected = _load_state(module, state)
+    except RuntimeError as exc:  # shape mismatches raise even with strict=False
+        detail = "; ".join(line.strip() for line in str(exc).splitlines()[1:4])
+        raise ModelLoadError(f"state_dict does not fit {model_class}: {detail}", where=str(path),
+                             fix="check --model-class and --model-args match the model that saved the weights") from exc
     if missing or unexpected:
         raise ModelLoadError(
             f"state_dict does not fit {model_class}: missing {', '.join(missing[:5]) or 'none'}; "

@@ -7,15 +7,13 @@ names the user gave.
 
 from __future__ import annotations
 
-import contextlib
-import io
-import logging
 from pathlib import Path
 
 from pydantic import Field
 
 from infopt.artifact import Artifact
 from infopt.errors import BuildError
+from infopt.logs import quiet_third_party
 from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
 
 EXTERNAL_DATA_BYTES = 1_800_000_000
@@ -32,20 +30,12 @@ def export_onnx(program, path: Path, input_names, output_names, opset: int = 18,
     import onnx
     import torch
 
-    quiet = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "onnxscript")]
-    levels = [lg.level for lg in quiet]
-    for lg in quiet:
-        lg.setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            onnx_program = torch.onnx.export(program, (), dynamo=True, input_names=list(input_names),
-                                             output_names=list(output_names), opset_version=opset,
-                                             optimize=optimize, verbose=False)
-            big = sum(t.numel() * t.element_size() for t in program.state_dict.values()) > EXTERNAL_DATA_BYTES
-            onnx_program.save(str(path), external_data=big)
-    finally:
-        for lg, level in zip(quiet, levels):
-            lg.setLevel(level)
+    with quiet_third_party():
+        onnx_program = torch.onnx.export(program, (), dynamo=True, input_names=list(input_names),
+                                         output_names=list(output_names), opset_version=opset,
+                                         optimize=optimize, verbose=False)
+        big = sum(t.numel() * t.element_size() for t in program.state_dict.values()) > EXTERNAL_DATA_BYTES
+        onnx_program.save(str(path), external_data=big)
     try:
         onnx.checker.check_model(str(path), full_check=True)
         onnx.shape_inference.infer_shapes_path(str(path), str(path))

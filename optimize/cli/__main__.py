@@ -1,0 +1,5 @@
+"""``python -m infopt.cli`` runs the same command as ``infopt``."""
+
+from infopt.cli.app import main
+
+main()

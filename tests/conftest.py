@@ -1,0 +1,64 @@
+"""Shared fixtures: the example models, trained once per session, saved in every format."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from examples.models import DigitsCNN, TinyEncoder
+from examples.train import train_digits, train_encoder
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def digits():
+    """A DigitsCNN trained on scikit-learn's digits, with its held-out split."""
+    model, data = train_digits()
+    assert data["accuracy"] >= 0.95
+    return model, data
+
+
+@pytest.fixture(scope="session")
+def encoder():
+    model, data = train_encoder()
+    assert data["accuracy"] >= 0.9
+    return model, data
+
+
+@pytest.fixture(scope="session")
+def files(tmp_path_factory, digits, encoder):
+    """The example models saved the ways users save them, and their validation samples."""
+    out = tmp_path_factory.mktemp("models")
+    cnn, data = digits
+    xte, yte = data["val"]
+    torch.jit.save(torch.jit.trace(cnn, torch.from_numpy(xte[:2])), str(out / "cnn_ts.pt"))
+    torch.save(cnn.state_dict(), out / "cnn_sd.pt")
+    torch.save(cnn, out / "cnn_pickled.pt")
+    np.savez(out / "digits_val.npz", x=xte, labels=yte)
+    enc, edata = encoder
+    ids, _ = edata["val"]
+    from torch.export import Dim
+
+    program = torch.export.export(enc, (torch.from_numpy(ids[:4]),),
+                                  dynamic_shapes=({0: Dim("batch", min=1, max=64), 1: Dim("seq", min=2, max=64)},))
+    torch.export.save(program, str(out / "encoder.pt2"))
+    torch.save(enc.state_dict(), out / "encoder_sd.pt")
+    np.savez(out / "encoder_val.npz", input_ids=ids)
+    return out
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run the installed ``infopt`` command as a user would."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "infopt.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+__all__ = ["DigitsCNN", "TinyEncoder", "run_cli", "ROOT"]

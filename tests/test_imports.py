@@ -1,0 +1,66 @@
+"""Packaging: every module under the mapped folders imports as infopt.*, and --help stays light."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import subprocess
+import sys
+
+import pytest
+
+import infopt
+
+PACKAGES = ["infopt", "infopt.passes", "infopt.quantize", "infopt.kernels", "infopt.exporters",
+            "infopt.validators", "infopt.recipes"]
+
+
+def all_modules() -> list[str]:
+    names = []
+    for pkg_name in PACKAGES:
+        pkg = importlib.import_module(pkg_name)
+        names.append(pkg_name)
+        for info in pkgutil.walk_packages(pkg.__path__, prefix=pkg_name + "."):
+            if info.name.endswith("__main__"):
+                continue
+            names.append(info.name)
+    return sorted(set(names))
+
+
+def test_walk_finds_every_folder():
+    found = all_modules()
+    for expected in ("infopt.api", "infopt.cli.app", "infopt.passes.fx.fold_batchnorm", "infopt.passes.lower.onnx_export",
+                     "infopt.exporters.servers.triton", "infopt.validators.metrics"):
+        assert expected in found
+
+
+@pytest.mark.parametrize("name", all_modules())
+def test_module_imports(name):
+    module = importlib.import_module(name)
+    assert module.__name__ == name
+
+
+def test_no_top_level_modules_leak():
+    for leaked in ("passes", "kernels", "validators", "exporters", "quantize", "optimize"):
+        spec = importlib.util.find_spec(leaked)
+        assert spec is None or "site-packages" not in str(spec.origin or ""), leaked
+
+
+def test_recipes_are_package_data():
+    from infopt.recipes import PIPELINES_DIR, TARGETS_FILE
+
+    assert TARGETS_FILE.is_file()
+    assert list(PIPELINES_DIR.glob("*.yaml"))
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys\nsys.argv=['infopt','--help']\nfrom infopt.cli.app import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "heavy=[m for m in ('torch','onnx','onnxruntime','numpy') if m in sys.modules]\nprint('HEAVY', heavy)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "Usage" in out.stdout
+    assert "HEAVY []" in out.stdout, out.stdout[-300:]
+
+
+def test_version_attribute():
+    assert isinstance(infopt.__version__, str) and infopt.__version__
