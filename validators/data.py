@@ -14,7 +14,7 @@ from typing import Iterator
 import numpy as np
 
 from infopt.errors import InputSpecError, UsageError
-from infopt.inputspec import InputSpec, TensorSpec
+from infopt.inputspec import DEFAULT_RANGE, DimRange, InputSpec, TensorSpec
 
 EXTENSIONS = (".npy", ".npz", ".pt")
 
@@ -127,7 +127,9 @@ def _batch_size(batch: dict[str, np.ndarray], spec: InputSpec) -> int:
 
 
 def spec_from_samples(path: str | Path, names: tuple[str, ...]) -> InputSpec:
-    """An InputSpec read off the first sample file (leading dim taken as the batch dim)."""
+    """An InputSpec read off the first sample file: the leading dim is the batch dim, with the
+    default range (a file's sample count says nothing about the batch sizes to serve)."""
     file = sample_files(Path(path))[0]
     feed = read_file(file, names or ("input",))
-    return InputSpec.from_examples(list(feed.values()), list(feed), dynamic_batch=True)
+    spec = InputSpec.from_examples(list(feed.values()), list(feed), dynamic_batch=True)
+    return spec.with_dims({"batch": DimRange(*DEFAULT_RANGE)}) if spec.batch_symbol else spec

@@ -1,0 +1,18 @@
+"""Models that fail in the ways users' models fail, importable by --model-class in CLI tests."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class DataDependent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        if y.mean() > 0:
+            return torch.relu(y)
+        return y

@@ -1,0 +1,34 @@
+"""The Python API in a training repo: build from an nn.Module and example inputs, then load."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import infopt
+from infopt.errors import ValidationFailed
+
+
+def test_build_from_module_and_load(digits, tmp_path):
+    model, data = digits
+    x = torch.from_numpy(data["val"][0][:8])
+    result = infopt.build(model, example_inputs=(x,), target="cpu", precision="fp32",
+                          output=tmp_path / "cnn", progress=False, batch_sizes=[1, 4])
+    assert isinstance(result, infopt.BuildResult)
+    assert result.passed and result.output_dir == tmp_path / "cnn"
+    assert result.drift["random_inputs"] is True  # no val data given: flagged
+    assert "random inputs" in (tmp_path / "cnn" / "report.md").read_text()
+    runner = infopt.load(result.output_dir)
+    expected = model(x).detach().numpy()
+    np.testing.assert_allclose(runner(x), expected, atol=1e-4)
+    assert runner.input_names == ("x",)
+
+
+def test_load_refuses_non_dist(tmp_path):
+    try:
+        infopt.load(tmp_path)
+    except infopt.errors.UsageError as exc:  # type: ignore[attr-defined]
+        assert "manifest.json" in str(exc)
+    else:
+        raise AssertionError("load accepted a folder without a manifest")
+    assert issubclass(ValidationFailed, Exception)

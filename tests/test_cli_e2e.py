@@ -1,0 +1,140 @@
+"""`infopt build` end to end through the installed command, on the trained example models."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from google.protobuf import text_format
+
+import infopt
+from tests.conftest import run_cli
+
+model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
+
+
+@pytest.fixture(scope="module")
+def cnn_dist(files, tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist") / "digits"
+    proc = run_cli("build", str(files / "cnn_ts.pt"), "--input", "x:float32[batch,1,8,8]", "--dim", "batch=1:8:64",
+                   "--val", str(files / "digits_val.npz"), "--batch-sizes", "1,16", "--name", "digits", "--output", str(out),
+                   "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out, json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def encoder_dist(files, tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist") / "encoder"
+    proc = run_cli("build", str(files / "encoder.pt2"), "--val", str(files / "encoder_val.npz"), "--output", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out, proc.stdout
+
+
+def test_cnn_layout_and_manifest(cnn_dist):
+    out, printed = cnn_dist
+    for rel in ("manifest.json", "report.md", "model/model.onnx", "servers/triton/digits/config.pbtxt",
+                "servers/triton/digits/1/model.onnx", "validation/samples.npz"):
+        assert (out / rel).is_file(), rel
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert printed["name"] == manifest["name"] == "digits"
+    assert manifest["target"]["name"] == "cpu" and manifest["precision"] == "fp32"
+    assert [p["name"] for p in manifest["passes"]] == ["capture", "remove_noops", "fold_batchnorm", "onnx_export", "ort_optimize"]
+    assert all(p["seconds"] > 0 and p["size_bytes"] > 0 for p in manifest["passes"])
+    assert manifest["recipe"]["name"] == "fp32-onnxruntime"
+    assert set(manifest["files"]) == {"model/model.onnx", "servers/triton/digits/config.pbtxt",
+                                      "servers/triton/digits/1/model.onnx", "validation/samples.npz"}
+    assert {"torch", "onnx", "onnxruntime", "python"} <= set(manifest["versions"])
+    drift = manifest["validation"]["drift"]
+    assert drift["random_inputs"] is False and drift["samples"] == 256
+    assert drift["worst"]["max_abs"] <= 1e-4 and drift["worst"]["top1"] == 1.0
+    latency = manifest["validation"]["latency"]
+    assert sorted({(r["runner"], r["batch"]) for r in latency}) == [("eager", 1), ("eager", 16), ("infopt", 1), ("infopt", 16)]
+    assert all(0 < r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"] for r in latency)
+    assert manifest["validation"]["verdict"]["passed"] is True
+
+
+def test_cnn_report_and_triton_config(cnn_dist):
+    out, _ = cnn_dist
+    report = (out / "report.md").read_text()
+    for heading in ("## Passes", "## Drift against the eager reference", "## Latency (ms)", "| fold_batchnorm |"):
+        assert heading in report
+    cfg = text_format.Parse((out / "servers/triton/digits/config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert cfg.max_batch_size == 64 and cfg.HasField("dynamic_batching")
+    assert list(cfg.input[0].dims) == [1, 8, 8] and list(cfg.output[0].dims) == [10]
+    onnx.checker.check_model(str(out / "servers/triton/digits/1/model.onnx"))
+
+
+def test_built_cnn_keeps_its_accuracy(cnn_dist, digits):
+    """The deployable ONNX model classifies held-out digits as well as the trained model."""
+    out, _ = cnn_dist
+    runner = infopt.load(out)
+    x, y = digits[1]["val"]
+    logits = np.concatenate([runner(x[i:i + 64]) for i in range(0, len(x), 64)])
+    accuracy = float((logits.argmax(1) == y).mean())
+    assert accuracy >= 0.95
+    assert accuracy == pytest.approx(digits[1]["accuracy"], abs=1 / len(y))
+
+
+def test_encoder_pt2_dynamic_batch(encoder_dist, encoder):
+    out, printed = encoder_dist
+    assert "PASS" in printed and "Latency" in printed
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["inputs"]["inputs"][0]["shape"][0] == "batch"
+    assert manifest["validation"]["drift"]["worst"]["max_abs"] <= 1e-4
+    model = onnx.load(str(out / "model/model.onnx"))
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    runner = infopt.load(out)
+    ids = encoder[1]["val"][0]
+    for n in (1, 3, 50):
+        assert runner(ids[:n]).shape == (n, 2)
+
+
+def test_validate_passes_then_catches_tampering(encoder_dist, tmp_path):
+    import shutil
+
+    out, _ = encoder_dist
+    proc = run_cli("validate", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["integrity"] == "ok" and result["verdict"]["passed"]
+    assert result["drift"]["worst"]["max_abs"] <= 1e-4
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    with open(copy / "model/model.onnx", "ab") as handle:
+        handle.write(b"\0")
+    proc = run_cli("validate", str(copy))
+    assert proc.returncode == 1 and "sha256" in proc.stdout
+
+
+def test_validation_failure_exits_1_and_load_refuses(files, tmp_path):
+    out = tmp_path / "strict"
+    proc = run_cli("build", str(files / "cnn_ts.pt"), "--val", str(files / "digits_val.npz"), "--min-sqnr-db", "400",
+                   "--output", str(out), "-q")
+    assert proc.returncode == 1, proc.stderr
+    assert "FAIL" in proc.stdout and "min_sqnr_db" in proc.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["validation"]["verdict"]["passed"] is False
+    with pytest.raises(infopt.errors.ValidationFailed if hasattr(infopt, "errors") else Exception, match="failed validation"):
+        infopt.load(out)
+
+
+def test_inspect_targets_recipes_doctor_version(files):
+    proc = run_cli("inspect", str(files / "cnn_ts.pt"), "--val", str(files / "digits_val.npz"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["format"] == "torchscript" and info["parameters"] > 5000
+    assert info["ops"].get("conv2d.default", 0) + info["ops"].get("convolution.default", 0) == 2
+    assert info["inputs"]["dims"]["batch"] == {"min": 1, "opt": 8, "max": 64}
+    assert info["outputs"][0]["shape_at_opt"][1] == 10
+    proc = run_cli("targets", "--json")
+    assert set(json.loads(proc.stdout)) >= {"cpu", "h100", "h200", "a100", "l4", "t4"}
+    proc = run_cli("recipes", "--passes", "--json")
+    assert "fold_batchnorm" in json.loads(proc.stdout)["passes"]
+    proc = run_cli("doctor", "--json")
+    checks = {c["component"]: c for c in json.loads(proc.stdout)}
+    assert checks["onnxruntime"]["ok"] and checks["torch"]["ok"]
+    proc = run_cli("--version")
+    assert proc.returncode == 0 and proc.stdout.startswith("infopt ")
