@@ -1,7 +1,9 @@
 """Latency: warm up, then time each runner at each batch size, side by side in one run.
 
-Runs of the runners are interleaved round by round so that both see the same machine state;
-results are p50/p90/p99 and mean in milliseconds, and throughput in samples per second.
+Each runner gets its own warm-up and timed block at each batch size, one runner after the other,
+so that neither runtime's idle worker threads (ONNX Runtime spins its pool between runs, torch's
+OpenMP pool does too) steal cores from the other's runs. Results are p50/p90/p99 and mean in
+milliseconds, and throughput in samples per second.
 """
 
 from __future__ import annotations
@@ -41,16 +43,15 @@ def measure(runners: dict[str, Callable[[dict], object]], feeds: dict[int, dict[
     """Time every runner (name -> callable taking a feed) at every batch size in ``feeds``."""
     results = []
     for batch, feed in feeds.items():
-        for fn in runners.values():
+        for name, fn in runners.items():
             for _ in range(warmup):
                 fn(feed)
-        times: dict[str, list[float]] = {name: [] for name in runners}
-        for _ in range(iterations):
-            for name, fn in runners.items():
+            times = []
+            for _ in range(iterations):
                 start = time.perf_counter()
                 fn(feed)
-                times[name].append(time.perf_counter() - start)
-            if on_step:
-                on_step()
-        results.extend(summarize(name, batch, t) for name, t in times.items())
+                times.append(time.perf_counter() - start)
+                if on_step:
+                    on_step()
+            results.append(summarize(name, batch, times))
     return results
