@@ -119,7 +119,7 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     module with ``allow_pickle``) or an ``nn.Module``. The output goes to ``output`` (default
     ``dist/<name>``), written to a temporary sibling and renamed into place at the end.
     """
-    from infopt.loading import LoadedModel, _from_module, load_model
+    from infopt.loading import _from_module, load_model
     from infopt.recipe import find_recipe, load_recipe
     from infopt.target import get_target
 
@@ -134,7 +134,6 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     else:
         loaded = _from_module(model.eval(), "module", None)
         loaded.source = None
-    assert isinstance(loaded, LoadedModel)
     spec = _resolve_spec(loaded, inputs, dims, example_inputs, val)
     name = _safe_name(name or (Path(loaded.source).stem if loaded.source else type(model).__name__.lower()))
     out = Path(output) if output else Path("dist") / name

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from infopt.errors import InputSpecError
 
@@ -192,11 +192,3 @@ def dtype_name(dtype: Any) -> str:
     if text not in DTYPES:
         raise InputSpecError(f"inputs of dtype {dtype} are not supported", fix=f"use one of {', '.join(DTYPES)}")
     return text
-
-
-def merge_names(spec: InputSpec, names: Iterable[str]) -> InputSpec:
-    """Rename the spec's inputs, in order, to the model's own argument names."""
-    names = list(names)
-    if len(names) != len(spec.inputs):
-        return spec
-    return InputSpec(tuple(TensorSpec(n, t.dtype, t.shape) for n, t in zip(names, spec.inputs)), spec.dims)

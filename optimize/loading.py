@@ -21,9 +21,9 @@ from infopt.artifact import Artifact
 from infopt.errors import InputSpecError, ModelLoadError, UnsafePickleError, UsageError
 from infopt.inputspec import DimRange, InputSpec, TensorSpec, dtype_name
 
-SAFE_GLOBAL_PREFIXES = ("torch._utils.", "torch.storage.", "collections.OrderedDict", "torch.", "builtins.", "__builtin__.",
-                        "_codecs.encode")
-"""Globals a plain tensor/state-dict pickle references (the rest name user or module classes)."""
+SAFE_GLOBAL_PREFIXES = ("torch.", "collections.OrderedDict", "builtins.", "__builtin__.", "_codecs.encode")
+"""Globals a plain tensor/state-dict pickle references; ``torch.nn.*`` and everything else name
+module classes, which only a pickled object holds."""
 
 
 @dataclass
@@ -143,7 +143,7 @@ def _load_torch_save(path, fmt, model_class, model_args, allow_pickle) -> Loaded
             raise _corrupt(path, f"torch.load: {exc}") from exc
         if isinstance(obj, torch.nn.Module):
             return _from_module(obj.eval(), "pickle", path)
-        if not _is_state_dict(obj):
+        if _state_dict_of(obj) is None:
             raise ModelLoadError(f"{path} holds a {type(obj).__name__}, not a model or a state_dict", fix=_FORMATS_HINT)
     else:
         classes = pickled_classes(path) if fmt == "torch-save" else []
@@ -226,10 +226,6 @@ def pickled_classes(path: Path) -> list[str]:
             if ref not in unsafe:
                 unsafe.append(ref)
     return unsafe
-
-
-def _is_state_dict(obj) -> bool:
-    return _state_dict_of(obj) is not None
 
 
 def _state_dict_of(obj):

@@ -7,6 +7,7 @@ skipped and recorded as such. A pass that raises stops the build with an error t
 from __future__ import annotations
 
 import logging
+import re
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -86,7 +87,7 @@ class Pipeline:
 
 
 def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
     return text.splitlines()[0][:400] if text else "(no message)"
 
 

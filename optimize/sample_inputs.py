@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from infopt.errors import InputSpecError
 from infopt.inputspec import InputSpec
 
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "float64": np.float64, "int64": np.int64,
@@ -22,7 +23,8 @@ def random_feed(spec: InputSpec, *, seed: int = 0, int_high: int = 2, pick: str 
         if tensor.dtype in ("float32", "float16", "float64"):
             feed[tensor.name] = rng.standard_normal(shape).astype(NUMPY_DTYPES[tensor.dtype])
         elif tensor.dtype == "bfloat16":
-            raise NotImplementedError("numpy has no bfloat16; give bfloat16 inputs as float32 samples")
+            raise InputSpecError(f"input {tensor.name} is bfloat16, which numpy cannot hold",
+                                 fix="declare it float32 in --input and cast inside the model")
         elif tensor.dtype == "bool":
             feed[tensor.name] = rng.integers(0, 2, shape).astype(np.bool_)
         else:

@@ -13,7 +13,6 @@ from infopt.errors import RecipeError
 
 Precision = Literal["fp32", "fp16", "bf16", "fp8", "int8", "int4"]
 Backend = Literal["onnxruntime", "tensorrt", "inductor"]
-PRECISIONS: tuple[str, ...] = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
 
 
 class Target(BaseModel):

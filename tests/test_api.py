@@ -32,3 +32,15 @@ def test_load_refuses_non_dist(tmp_path):
     else:
         raise AssertionError("load accepted a folder without a manifest")
     assert issubclass(ValidationFailed, Exception)
+
+
+def test_build_from_onnx_file(digits, tmp_path):
+    """An ONNX file skips capture; the reference is the ONNX model run unoptimized."""
+    model, data = digits
+    x = torch.from_numpy(data["val"][0][:8])
+    first = infopt.build(model, example_inputs=(x,), output=tmp_path / "a", progress=False)
+    second = infopt.build(first.output_dir / "model" / "model.onnx", output=tmp_path / "b", progress=False)
+    passes = second.manifest["passes"]
+    assert [p["skipped"] for p in passes] == [True, True, True, True, False]
+    assert second.manifest["source"]["format"] == "onnx" and second.passed
+    assert second.drift["worst"]["max_abs"] <= 1e-4

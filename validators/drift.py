@@ -69,7 +69,3 @@ def _concat(arrays: list[np.ndarray]) -> np.ndarray:
     if len(arrays) == 1 or arrays[0].ndim == 0:
         return arrays[0] if len(arrays) == 1 else np.stack(arrays)
     return np.concatenate(arrays, axis=0)
-
-
-def measure(reference, candidate, batches: list[dict[str, np.ndarray]], output_names, source: str) -> DriftReport:
-    return compare(run_all(reference, batches), run_all(candidate, batches), tuple(output_names), source)

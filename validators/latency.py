@@ -39,7 +39,7 @@ def summarize(runner: str, batch: int, seconds: list[float]) -> LatencyStats:
 
 
 def measure(runners: dict[str, Callable[[dict], object]], feeds: dict[int, dict[str, np.ndarray]],
-            warmup: int = 10, iterations: int = 50, on_step: Callable[[], None] | None = None) -> list[LatencyStats]:
+            warmup: int = 10, iterations: int = 50) -> list[LatencyStats]:
     """Time every runner (name -> callable taking a feed) at every batch size in ``feeds``."""
     results = []
     for batch, feed in feeds.items():
@@ -51,7 +51,5 @@ def measure(runners: dict[str, Callable[[dict], object]], feeds: dict[int, dict[
                 start = time.perf_counter()
                 fn(feed)
                 times.append(time.perf_counter() - start)
-                if on_step:
-                    on_step()
             results.append(summarize(name, batch, times))
     return results

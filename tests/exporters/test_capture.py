@@ -6,25 +6,14 @@ from torch import nn
 
 from infopt.errors import CaptureError
 from infopt.inputspec import InputSpec
+from tests.bad_models import DataDependent
 from tests.passes.helpers import capture
-
-
-class Branchy(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(4, 4)
-
-    def forward(self, x):
-        y = self.lin(x)
-        if y.sum() > 0:  # data-dependent control flow
-            return y * 2
-        return y
 
 
 class Outer(nn.Module):
     def __init__(self):
         super().__init__()
-        self.inner = Branchy()
+        self.inner = DataDependent()
 
     def forward(self, x):
         return self.inner(x) + 1
@@ -35,8 +24,8 @@ def test_data_dependent_branch_names_module_and_line():
         capture(Outer(), "x:float32[batch,4]")
     text = str(err.value)
     assert "data-dependent control flow" in text
-    assert "Branchy at inner" in text
-    assert "test_capture.py" in text and "if y.sum() > 0" in text
+    assert "DataDependent at inner" in text
+    assert "bad_models.py" in text and "if y.mean() > 0" in text
     assert "torch.cond" in text or "torch.where" in text
 
 
