@@ -80,7 +80,7 @@ PASS = Pass(
 def capture_error(exc: Exception, module, spec: InputSpec) -> CaptureError:
     """A CaptureError naming the user's module and source line, and what to change."""
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    where = _user_frame(exc, module)
+    where = user_frame(exc, module)
     text = str(exc)
     if "data-dependent" in text or "GuardOnDataDependent" in type(exc).__name__ or "data dependent" in text:
         what = "the model branches on the values of a tensor (data-dependent control flow)"
@@ -95,7 +95,7 @@ def capture_error(exc: Exception, module, spec: InputSpec) -> CaptureError:
     return CaptureError(f"torch.export could not capture the model: {what}", where=where, fix=fix)
 
 
-def _user_frame(exc: BaseException, module) -> str | None:
+def user_frame(exc: BaseException, module) -> str | None:
     """The deepest frame outside torch and infopt: the user's module and line."""
     import torch
 

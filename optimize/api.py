@@ -50,7 +50,7 @@ def _console(progress: bool | Any):
     return progress
 
 
-def _resolve_spec(loaded, inputs, dims, example_inputs, val) -> InputSpec:
+def resolve_spec(loaded, inputs, dims, example_inputs, val) -> InputSpec:
     if isinstance(inputs, InputSpec):
         spec = inputs
     elif inputs:
@@ -78,7 +78,7 @@ def _resolve_spec(loaded, inputs, dims, example_inputs, val) -> InputSpec:
     return spec
 
 
-def _reference(loaded, spec):
+def reference_runner(loaded, spec):
     from infopt.runner import OrtRunner, TorchRunner
 
     if loaded.format == "onnx":
@@ -86,18 +86,18 @@ def _reference(loaded, spec):
     return TorchRunner(loaded.module, spec.names)
 
 
-def _check_forward(reference, spec: InputSpec, module) -> list:
+def check_forward(reference, spec: InputSpec, module) -> list:
     from infopt.sample_inputs import capture_feed, embedding_vocab
 
     feed = capture_feed(spec, int_high=embedding_vocab(module) or 2)
     try:
         return reference.run(feed)
     except Exception as exc:  # noqa: BLE001 - the user's forward
-        from infopt.exporters.torch_export import _user_frame
+        from infopt.exporters.torch_export import user_frame
 
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputSpecError(f"the model's forward fails on inputs shaped by the spec {spec}: {type(exc).__name__}: {first}",
-                             where=_user_frame(exc, module) if module is not None else None,
+                             where=user_frame(exc, module) if module is not None else None,
                              fix="check --input shapes and dtypes against what forward expects") from exc
 
 
@@ -134,15 +134,15 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     else:
         loaded = _from_module(model.eval(), "module", None)
         loaded.source = None
-    spec = _resolve_spec(loaded, inputs, dims, example_inputs, val)
+    spec = resolve_spec(loaded, inputs, dims, example_inputs, val)
     name = _safe_name(name or (Path(loaded.source).stem if loaded.source else type(model).__name__.lower()))
     out = Path(output) if output else Path("dist") / name
     from infopt.exporters.dist import check_output
 
     check_output(out, force)
     artifact = loaded.with_spec(spec)
-    reference = _reference(loaded, spec)
-    probe = _check_forward(reference, spec, loaded.module)
+    reference = reference_runner(loaded, spec)
+    probe = check_forward(reference, spec, loaded.module)
     if not artifact.output_names:
         artifact.output_names = ("output",) if len(probe) == 1 else tuple(f"output_{i}" for i in range(len(probe)))
 

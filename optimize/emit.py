@@ -34,7 +34,7 @@ def onnx_outputs(path: Path) -> list[tuple[str, str, tuple]]:
     """(name, dtype, shape) of each graph output, dynamic dims as their symbol names."""
     import onnx
 
-    from infopt.loading import _ONNX_DTYPES
+    from infopt.loading import ONNX_DTYPES
 
     model = onnx.load(str(path), load_external_data=False)
     outs = []
@@ -42,7 +42,7 @@ def onnx_outputs(path: Path) -> list[tuple[str, str, tuple]]:
         kind = value.type.tensor_type
         shape = tuple(d.dim_param if d.dim_param else d.dim_value if d.HasField("dim_value") else f"d{i}"
                       for i, d in enumerate(kind.shape.dim))
-        outs.append((value.name, _ONNX_DTYPES.get(kind.elem_type, "float32"), shape))
+        outs.append((value.name, ONNX_DTYPES.get(kind.elem_type, "float32"), shape))
     return outs
 
 

@@ -10,12 +10,12 @@ from typing import Any, Sequence
 def inspect_model(path: str | Path, *, inputs: Sequence[str] | None = None, dims: Sequence[str] | None = None,
                   model_class: str | None = None, model_args: str | None = None, allow_pickle: bool = False,
                   val: str | Path | None = None) -> dict[str, Any]:
-    from infopt.api import _check_forward, _reference, _resolve_spec
+    from infopt.api import check_forward, reference_runner, resolve_spec
     from infopt.loading import load_model
 
     loaded = load_model(path, model_class=model_class, model_args=model_args, allow_pickle=allow_pickle)
-    spec = _resolve_spec(loaded, inputs, dims, None, val)
-    outputs = _check_forward(_reference(loaded, spec), spec, loaded.module)
+    spec = resolve_spec(loaded, inputs, dims, None, val)
+    outputs = check_forward(reference_runner(loaded, spec), spec, loaded.module)
     info: dict[str, Any] = {"path": str(path), "format": loaded.format, "inputs": spec.to_json(),
                             "outputs": [{"name": n, "dtype": str(o.dtype), "shape_at_opt": list(o.shape)}
                                         for n, o in zip(_names(loaded, len(outputs)), outputs)]}

@@ -311,7 +311,7 @@ def spec_from_exported(program) -> InputSpec:
     return InputSpec(tuple(tensors), dims)
 
 
-_ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16", 11: "float64", 7: "int64", 6: "int32",
+ONNX_DTYPES = {1: "float32", 10: "float16", 16: "bfloat16", 11: "float64", 7: "int64", 6: "int32",
                 5: "int16", 3: "int8", 2: "uint8", 9: "bool"}
 
 
@@ -323,6 +323,6 @@ def spec_from_onnx(model) -> InputSpec:
             continue
         kind = value.type.tensor_type
         shape = tuple(d.dim_param or d.dim_value or f"d{i}" for i, d in enumerate(kind.shape.dim))
-        tensors.append(TensorSpec(value.name, _ONNX_DTYPES.get(kind.elem_type, "float32"),
+        tensors.append(TensorSpec(value.name, ONNX_DTYPES.get(kind.elem_type, "float32"),
                                   tuple(s if isinstance(s, int) else s.replace("-", "_") for s in shape)))
     return InputSpec(tuple(tensors))

@@ -10,6 +10,7 @@ import pytest
 from google.protobuf import text_format
 
 import infopt
+from infopt.errors import ValidationFailed
 from tests.conftest import run_cli
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
@@ -117,7 +118,7 @@ def test_validation_failure_exits_1_and_load_refuses(files, tmp_path):
     assert "FAIL" in proc.stdout and "min_sqnr_db" in proc.stdout
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["validation"]["verdict"]["passed"] is False
-    with pytest.raises(infopt.errors.ValidationFailed if hasattr(infopt, "errors") else Exception, match="failed validation"):
+    with pytest.raises(ValidationFailed, match="failed validation"):
         infopt.load(out)
 
 
