@@ -112,12 +112,18 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
           recipe: str | Path | None = None, name: str | None = None, output: str | Path | None = None,
           force: bool = False, model_class: str | None = None, model_args: str | dict | None = None,
           allow_pickle: bool = False, max_val_samples: int = DEFAULT_MAX_VAL_SAMPLES,
+          calibration: Any = None, calib_samples: int | None = 128, calib_seed: int = 0, tokenizer: str | None = None,
+          max_drift: str | None = None, pass_options: dict[str, dict[str, Any]] | None = None,
           progress: bool | Any = True) -> BuildResult:
     """Build, validate and emit a deployable artifact.
 
     ``model`` is a path (TorchScript, ``.pt2``, state_dict with ``model_class``, ONNX, or a pickled
     module with ``allow_pickle``) or an ``nn.Module``. The output goes to ``output`` (default
     ``dist/<name>``), written to a temporary sibling and renamed into place at the end.
+
+    ``calibration`` (a path, an iterable or DataLoader, or ``"module:function"``) makes INT8
+    static; ``max_drift`` (``"cosine_mean=0.995"``) is the budget the INT8 fallback holds and the
+    verdict checks; ``pass_options`` overrides recipe options by pass name.
     """
     from infopt.loading import _from_module, load_model
     from infopt.recipe import find_recipe, load_recipe
@@ -127,7 +133,14 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     target_obj = get_target(target)
     chosen = load_recipe(recipe) if recipe else find_recipe(target_obj, precision, backend)
     target_obj.require_precision(chosen.precision)
-    chosen = _with_overrides(chosen, thresholds, batch_sizes)
+    budget = None
+    if max_drift is not None:
+        from infopt.quantize.sensitivity import Budget
+
+        budget = Budget.parse(max_drift)
+        thresholds = {**(thresholds or {}), budget.threshold_name: budget.threshold}
+    chosen = _with_overrides(chosen, thresholds, batch_sizes, pass_options)
+    _check_int8_inputs(chosen, target_obj, calibration)
 
     if isinstance(model, (str, Path)):
         loaded = load_model(model, model_class=model_class, model_args=model_args, allow_pickle=allow_pickle)
@@ -146,15 +159,41 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     if not artifact.output_names:
         artifact.output_names = ("output",) if len(probe) == 1 else tuple(f"output_{i}" for i in range(len(probe)))
 
+    calib = None
+    if calibration is not None:
+        from infopt.quantize.calib_data import load_calibration
+
+        calib = load_calibration(calibration, spec, samples=calib_samples, seed=calib_seed, tokenizer=tokenizer)
     with tempfile.TemporaryDirectory(prefix="infopt-build-") as work:
         return _build_in(Path(work), loaded, artifact, reference, spec, chosen, target_obj, name, out, force,
-                         val, max_val_samples, console)
+                         val, max_val_samples, console, calib, budget)
 
 
-def _with_overrides(recipe, thresholds, batch_sizes):
-    if not thresholds and not batch_sizes:
+def _check_int8_inputs(recipe, target, calibration) -> None:
+    """Fail before any slow work when the recipe's INT8 pass cannot run as asked."""
+    step = next((s for s in recipe.passes if s.name == "quantize_int8"), None)
+    if step is None:
+        return
+    from infopt.passes.onnx.quantize_int8 import choose_mode
+    from infopt.registry import get_pass
+
+    options = get_pass("quantize_int8").parse_options(step.options)
+    placement = options.placement if options.placement != "auto" else (
+        "tensorrt" if target.device == "cuda" else "onnxruntime")
+    choose_mode(options.mode, placement, calibration is not None, target.name)
+
+
+def _with_overrides(recipe, thresholds, batch_sizes, pass_options=None):
+    if not thresholds and not batch_sizes and not pass_options:
         return recipe
     data = recipe.to_json()
+    for pass_name, values in (pass_options or {}).items():
+        steps = [s for s in data["passes"] if s["name"] == pass_name]
+        if not steps:
+            raise UsageError(f"recipe {recipe.name} has no pass {pass_name!r} to set options on",
+                             fix=f"its passes are: {', '.join(s['name'] for s in data['passes'])}")
+        for step in steps:
+            step["options"] = {**step["options"], **values}
     for key, value in (thresholds or {}).items():
         if key == "max_p99_ms":
             data["validation"]["latency"][key] = value
@@ -195,7 +234,8 @@ def _latency_feeds(spec, recipe, module):
     return {b: random_feed(spec, int_high=vocab, **{batch: b}) for b in sizes}
 
 
-def _build_in(work, loaded, artifact, reference, spec, recipe, target, name, out, force, val, max_samples, console):
+def _build_in(work, loaded, artifact, reference, spec, recipe, target, name, out, force, val, max_samples, console,
+              calib=None, budget=None):
     from infopt.emit import base_manifest, onnx_outputs, source_info, store_samples, write_output
     from infopt.exporters.dist import staged_output
     from infopt.pipeline import Pipeline
@@ -206,7 +246,8 @@ def _build_in(work, loaded, artifact, reference, spec, recipe, target, name, out
     from infopt.validators.verdict import judge
 
     batches, source = _validation_batches(spec, val, max_samples, loaded.module)
-    final = Pipeline(recipe, target, work, console=console).run(artifact)
+    final = Pipeline(recipe, target, work, calibration=calib, budget=budget, check_batches=batches,
+                     console=console).run(artifact)
     candidate = OrtRunner(final.path)
     outputs = onnx_outputs(final.path)
     names = tuple(o[0] for o in outputs)
@@ -227,7 +268,7 @@ def _build_in(work, loaded, artifact, reference, spec, recipe, target, name, out
         if status:
             status.stop()
     verdict = judge(recipe.validation, drift.worst, [t.p99_ms for t in timings if t.runner == "infopt"])
-    notes = []
+    notes = _int8_notes(final.lineage)
     if target.device != "cpu":
         notes.append(f"target {target.name} is a {target.device} device; drift and latency were measured on this "
                      "machine's CPU with ONNX Runtime's CPUExecutionProvider, not on the target")
@@ -238,8 +279,24 @@ def _build_in(work, loaded, artifact, reference, spec, recipe, target, name, out
     with staged_output(out, force) as stage:
         stored = store_samples(stage / "validation" / "samples.npz", batches, ref_out, names, spec.batch_symbol is not None)
         manifest["validation"]["stored_samples"] = stored
-        manifest = write_output(stage, manifest, final.path, spec, target.device, recipe.emit)
+        manifest = write_output(stage, manifest, final.path, spec, target.device, recipe.emit, final.attachments)
     return BuildResult(name, out, manifest, final, [final])
+
+
+def _int8_notes(lineage) -> list[str]:
+    """What the report and CLI say about INT8: dynamic without calibration and why; a missed budget."""
+    notes = []
+    for record in lineage:
+        if record.name != "quantize_int8" or not record.details:
+            continue
+        d = record.details
+        if d.get("mode") == "dynamic":
+            notes.append("INT8 is dynamic: no calibration data was given, so activations are quantized per batch "
+                         "at run time and only MatMul layers are INT8; pass --calib PATH for static INT8")
+        if d.get("budget_met") is False:
+            notes.append(f"the drift budget {d['budget']} was not met on {d['measured_on']} "
+                         f"({len(d['excluded'])}/{len(d['layers'])} layers in FP32)")
+    return notes
 
 
 def load(dist_dir: str | Path, *, allow_failed: bool = False):

@@ -25,6 +25,7 @@ class PassRecord:
     changed: bool = False
     skipped: bool = False
     notes: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -44,6 +45,8 @@ class Artifact:
     obj: Any = None
     output_names: tuple[str, ...] = ()
     lineage: list[PassRecord] = field(default_factory=list)
+    attachments: dict[str, Path] = field(default_factory=dict)
+    """Extra files that ship with the model, by their path in the output folder."""
 
     def size_bytes(self) -> int | None:
         """Bytes on disk (with external data) for a file, bytes of weights for an in-memory model."""
@@ -68,4 +71,5 @@ class Artifact:
                output_names: tuple[str, ...] | None = None, spec: InputSpec | None = None) -> "Artifact":
         """The next artifact down the flow, keeping this one's spec, output names and lineage."""
         return Artifact(kind, spec or self.spec, path, obj,
-                        self.output_names if output_names is None else output_names, list(self.lineage))
+                        self.output_names if output_names is None else output_names, list(self.lineage),
+                        dict(self.attachments))

@@ -62,12 +62,16 @@ def store_samples(path: Path, batches: list[dict[str, np.ndarray]], reference: l
 
 
 def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, device: str,
-                 emit: list[str]) -> dict[str, Any]:
+                 emit: list[str], attachments: dict[str, Path] | None = None) -> dict[str, Any]:
     """Fill ``stage`` and return the completed manifest (files and their sha256 included)."""
     name = manifest["name"]
     (stage / "model").mkdir(parents=True, exist_ok=True)
     shutil.copyfile(model_file, stage / "model" / "model.onnx")
     artifacts = {"model": "model/model.onnx"}
+    for rel, source in (attachments or {}).items():
+        (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, stage / rel)
+        artifacts[Path(rel).stem] = rel
     if "triton" in emit:
         folder = write_repository(stage / "servers" / "triton", name, model_file, spec,
                                   [(o["name"], o["dtype"], tuple(o["shape"])) for o in manifest["outputs"]], device)

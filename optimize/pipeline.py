@@ -12,6 +12,8 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+from rich.markup import escape
+
 from infopt.artifact import STAGE, Artifact, PassRecord
 from infopt.errors import BuildError, InfoptError, RecipeError
 from infopt.recipe import Recipe
@@ -22,12 +24,16 @@ log = logging.getLogger("infopt.pipeline")
 
 
 class Pipeline:
-    def __init__(self, recipe: Recipe, target: Target, workdir: Path, *, calibration=None, console=None):
+    def __init__(self, recipe: Recipe, target: Target, workdir: Path, *, calibration=None, budget=None,
+                 check_batches=None, console=None):
         self.recipe = recipe
         self.target = target
         self.workdir = workdir
         self.calibration = calibration
+        self.budget = budget
+        self.check_batches = check_batches
         self.console = console
+        self._say = None
 
     def run(self, artifact: Artifact) -> Artifact:
         steps = [(get_pass(s.name), s.options) for s in self.recipe.passes]
@@ -37,6 +43,8 @@ class Pipeline:
             for definition, raw_options in steps:
                 if progress:
                     progress.update(task, description=f"pass [bold]{definition.name}[/]")
+                    self._say = lambda text, d=definition.name: progress.update(
+                        task, description=f"pass [bold]{d}[/]: {escape(text)}")
                 artifact = self._run_one(definition, raw_options, artifact)
                 if progress:
                     progress.advance(task)
@@ -57,7 +65,7 @@ class Pipeline:
         if definition.needs_calibration and self.calibration is None:
             raise RecipeError(f"pass {definition.name} needs calibration data", fix="pass --calib PATH")
         options = definition.parse_options(raw_options)
-        context = PassContext(self.target, self.workdir, self.calibration)
+        context = PassContext(self.target, self.workdir, self.calibration, self.budget, self.check_batches, self._say)
         start = time.perf_counter()
         try:
             outcome = definition.run(artifact, options, context)
@@ -79,6 +87,7 @@ class Pipeline:
         record.seconds = time.perf_counter() - start
         record.changed = outcome.changed
         record.notes.extend(outcome.notes)
+        record.details = outcome.details
         result = outcome.artifact
         record.size_bytes = result.size_bytes()
         result.lineage = list(artifact.lineage) + [record]

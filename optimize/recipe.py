@@ -34,6 +34,7 @@ class DriftThresholds(_Strict):
     mean_abs: float | None = Field(None, description="mean absolute difference")
     max_rel: float | None = Field(None, description="largest relative difference")
     min_cosine: float | None = Field(None, description="smallest cosine similarity per sample")
+    min_mean_cosine: float | None = Field(None, description="smallest mean cosine similarity over the samples")
     min_sqnr_db: float | None = Field(None, description="smallest signal-to-quantization-noise ratio, dB")
     min_top1: float | None = Field(None, description="smallest top-1 agreement for classifier outputs")
 

@@ -27,6 +27,8 @@ PASS_MODULES: tuple[str, ...] = (
     "infopt.passes.fx.fold_batchnorm",
     "infopt.passes.lower.onnx_export",
     "infopt.passes.onnx.ort_optimize",
+    "infopt.passes.onnx.smoothquant",
+    "infopt.passes.onnx.quantize_int8",
 )
 """Modules that each define one ``PASS``; importing them is cheap (torch loads on first run)."""
 
@@ -39,11 +41,20 @@ class PassOptions(BaseModel):
 
 @dataclass
 class PassContext:
-    """What a pass may use besides its input: the target, a scratch folder, calibration data."""
+    """What a pass may use besides its input: the target, a scratch folder, calibration data,
+    the user's drift budget, batches to check drift on when there is no calibration data, and a
+    callback that shows progress on long work."""
 
     target: "Target"
     workdir: Path
     calibration: Any = None
+    budget: Any = None
+    check_batches: Any = None
+    progress: Callable[[str], None] | None = None
+
+    def say(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress(text)
 
 
 @dataclass
@@ -51,6 +62,8 @@ class PassOutcome:
     artifact: "Artifact"
     changed: bool
     notes: list[str] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+    """Structured results for the manifest and report (a pass's tables)."""
 
 
 @dataclass(frozen=True)

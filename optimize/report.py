@@ -92,6 +92,29 @@ def latency_section(manifest: dict[str, Any]) -> Section:
     return Section("Latency (ms)", ["batch", "runner", "p50", "p90", "p99", "mean", "samples/s", "speedup"], rows, notes)
 
 
+def int8_section(manifest: dict[str, Any]) -> Section | None:
+    """The per-layer INT8 table: each layer's drift when it alone is INT8, and what stayed FP32."""
+    record = next((p for p in manifest["passes"] if p["name"] == "quantize_int8" and p.get("details", {}).get("layers")), None)
+    if record is None:
+        return None
+    d = record["details"]
+    metric = d["budget_metric"]
+    rows = [[str(i + 1), r["layer"], r["op"], r["module"] or "-", _num(r[metric], ".6g"), _num(r["sqnr_db"], ".1f"),
+             r["precision"]] for i, r in enumerate(d["layers"])]
+    quantized = sum(r["precision"] == "int8" for r in d["layers"])
+    notes = [f"{d['mode']} INT8, {d['placement']} placement: {quantized}/{len(d['layers'])} layers INT8; "
+             f"rows are ranked by the drift each layer adds when it alone is INT8 (on {d['measured_on']})",
+             f"budget {d['budget']}: {'met' if d['budget_met'] else 'NOT met'}, measured {_num(d['measured'].get(metric), '.6g')}"
+             f" with the layers above in their final precision"]
+    if d["excluded"]:
+        notes.append("kept in FP32 by the fallback, in order: " + ", ".join(d["excluded"]))
+    calib = d.get("calibration") or {}
+    if calib:
+        notes.append(f"calibration: {calib['method']} on {calib['samples']} samples from {calib['source']}"
+                     + (" (read from the calibration cache)" if calib["cached"] else ""))
+    return Section("INT8 layers", ["rank", "layer", "op", "module", f"{metric} alone", "SQNR dB", "precision"], rows, notes)
+
+
 def files_section(manifest: dict[str, Any]) -> Section:
     rows = [[rel, _bytes(info["bytes"]), info["sha256"][:16]] for rel, info in manifest.get("files", {}).items()]
     return Section("Files", ["path", "size", "sha256 (first 16)"], rows, ["report.md and manifest.json are not listed"])
@@ -102,8 +125,9 @@ def versions_section(manifest: dict[str, Any]) -> Section:
 
 
 def sections(manifest: dict[str, Any]) -> list[Section]:
-    return [summary(manifest), io_section(manifest), passes_section(manifest), drift_section(manifest),
-            latency_section(manifest), files_section(manifest), versions_section(manifest)]
+    found = [summary(manifest), io_section(manifest), passes_section(manifest), int8_section(manifest),
+             drift_section(manifest), latency_section(manifest), files_section(manifest), versions_section(manifest)]
+    return [s for s in found if s is not None]
 
 
 def to_markdown(manifest: dict[str, Any]) -> str:

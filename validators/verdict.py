@@ -13,6 +13,7 @@ CHECKS = (
     ("mean_abs", "mean_abs", "max"),
     ("max_rel", "max_rel", "max"),
     ("min_cosine", "cosine_min", "min"),
+    ("min_mean_cosine", "cosine_mean", "min"),
     ("min_sqnr_db", "sqnr_db", "min"),
     ("min_top1", "top1", "min"),
 )

@@ -40,13 +40,21 @@ def build(
     model_class: o.ModelClass = None,
     model_args: o.ModelArgs = None,
     allow_pickle: o.AllowPickle = False,
+    calib: Annotated[Optional[str], typer.Option("--calib", help="Calibration samples (.npy/.npz/.pt folder or file, or module:function); makes INT8 static.")] = None,
+    calib_samples: Annotated[int, typer.Option("--calib-samples", help="Calibration samples to draw (seeded).")] = 128,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Hugging Face tokenizer folder, for a --calib text file (one example per line).")] = None,
+    calib_method: Annotated[Optional[str], typer.Option("--calib-method", help="minmax, percentile, entropy or mse.")] = None,
+    calib_percentile: Annotated[Optional[float], typer.Option("--calib-percentile", help="Percentile kept by --calib-method percentile.")] = None,
+    calib_bins: Annotated[Optional[int], typer.Option("--calib-bins", help="Histogram bins for percentile, entropy and mse.")] = None,
+    smoothquant_alpha: Annotated[Optional[float], typer.Option("--smoothquant-alpha", help="SmoothQuant migration strength, 0..1.")] = None,
+    max_drift: Annotated[Optional[str], typer.Option("--max-drift", help="INT8 drift budget METRIC=VALUE, e.g. cosine_mean=0.995 or top1=0.99; sensitive layers fall back to FP32 until it holds.")] = None,
     as_json: o.Json = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
 ) -> None:
     """Build, validate and emit a deployable artifact for a target."""
     from infopt.api import build as run_build
     from infopt.errors import UsageError
-    from infopt.report import drift_section, latency_section, passes_section, print_sections, summary
+    from infopt.report import drift_section, int8_section, latency_section, passes_section, print_sections, summary
 
     chosen = [p for p, flag in zip(PRECISION_FLAGS, (fp32, fp16, bf16, fp8, int8, int4)) if flag]
     if precision:
@@ -59,13 +67,28 @@ def build(
         thresholds=o.thresholds(max_abs=max_abs, min_cosine=min_cosine, min_top1=min_top1,
                                 min_sqnr_db=min_sqnr_db, max_p99_ms=max_p99_ms),
         recipe=recipe, name=name, output=output, force=force, model_class=model_class, model_args=model_args,
-        allow_pickle=allow_pickle, progress=False if quiet else stderr(),
+        allow_pickle=allow_pickle, progress=False if quiet else stderr(), calibration=calib, calib_samples=calib_samples, tokenizer=tokenizer,
+        max_drift=max_drift, pass_options=_pass_options(calib_method, calib_percentile, calib_bins, smoothquant_alpha),
     )
     if as_json:
         print_json({"output_dir": str(result.output_dir), **result.manifest})
     else:
         m = result.manifest
-        print_sections(stdout(), [summary(m), passes_section(m), drift_section(m), latency_section(m)])
+        chosen_sections = [summary(m), passes_section(m), int8_section(m), drift_section(m), latency_section(m)]
+        print_sections(stdout(), [s for s in chosen_sections if s is not None])
         stdout().print(f"wrote {result.output_dir}/ (report.md, manifest.json)", markup=False)
     if not result.passed:
         raise typer.Exit(1)
+
+
+def _pass_options(method, percentile, bins, alpha) -> dict[str, dict]:
+    from infopt.errors import UsageError
+    from infopt.quantize.observers import METHODS
+
+    if method is not None and method not in METHODS:
+        raise UsageError(f"unknown --calib-method {method!r}", fix=f"use one of: {', '.join(METHODS)}")
+    int8 = {k: v for k, v in {"method": method, "percentile": percentile, "bins": bins}.items() if v is not None}
+    found = {"quantize_int8": int8} if int8 else {}
+    if alpha is not None:
+        found["smoothquant"] = {"alpha": alpha}
+    return found

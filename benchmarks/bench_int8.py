@@ -1,0 +1,209 @@
+"""Question: is infopt's INT8 faster than what a user gets from ONNX Runtime by hand, and at what accuracy?
+
+For the real all-MiniLM-L6-v2 sentence encoder (seq 64) and the example DigitsCNN, times in one run,
+each runner in its own warm-up and timed block at batch 1 and 32:
+
+1. eager FP32 PyTorch (the baseline);
+2. ONNX Runtime FP32: the model of ``infopt.build(precision="fp32")``;
+3. ORT dynamic defaults: ``onnxruntime.quantization.quantize_dynamic(plain, out)`` with every option
+   at its default, on the plain FP32 ONNX this script exports with ``torch.onnx.export(dynamo=True)``
+   (no infopt passes, no ORT pre-processing), which is what a user reaches for first;
+4. infopt INT8 static (calibrated) and 5. infopt INT8 dynamic (no calibration data).
+
+Accuracy: MiniLM, mean (and min) cosine similarity of the embeddings to eager FP32 over the held-out
+evaluation sentences, which no build sees (calibration and validation use the calibration sentences);
+DigitsCNN, top-1 accuracy on the held-out digits (builds see training images only). Every ONNX Runtime
+session has the same options (all graph optimizations, ``intra_op_num_threads`` = cores).
+
+    python benchmarks/bench_int8.py [--iterations 200] [--markdown benchmarks/results/int8.md] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import infopt  # noqa: E402
+from benchmarks.bench_fp32_eager_vs_ort import environment  # noqa: E402
+from infopt.runner import OrtRunner, TorchRunner  # noqa: E402
+from infopt.validators.latency import measure  # noqa: E402
+
+EAGER, ORT32, ORTQ, STATIC, DYNAMIC = ("eager fp32", "onnxruntime fp32 (infopt build)", "ORT quantize_dynamic defaults",
+                                       "infopt int8 static", "infopt int8 dynamic")
+
+
+def plain_export(module, example: tuple, names: list[str], dynamic: dict, path: Path) -> Path:
+    """The FP32 ONNX a user exports by hand: the dynamo exporter, no infopt passes."""
+    from infopt.logs import quiet_third_party
+
+    with quiet_third_party():
+        program = torch.onnx.export(module, example, dynamo=True, input_names=names, output_names=["output"],
+                                    dynamic_shapes=dynamic, verbose=False)
+        program.save(str(path), external_data=False)
+    return path
+
+
+def ort_defaults(plain: Path, out: Path, tag: str, notes: list[str]) -> Path:
+    """quantize_dynamic with its defaults; where that raises, ORT's own pre-processing first, said in the notes."""
+    from onnxruntime.quantization import quantize_dynamic
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    try:
+        quantize_dynamic(str(plain), str(out))
+        notes.append(f"{tag} {ORTQ}: quantize_dynamic(plain export) as is")
+    except Exception as exc:  # noqa: BLE001 - report whatever ORT raises
+        first = str(exc).strip().splitlines()[0]
+        pre = plain.with_name(plain.stem + "_preprocessed.onnx")
+        quant_pre_process(str(plain), str(pre))
+        quantize_dynamic(str(pre), str(out))
+        notes.append(f"{tag} {ORTQ}: quantize_dynamic(plain export) raised `{type(exc).__name__}: {first}`; "
+                     "the row is quantize_dynamic (defaults) after ORT's `quant_pre_process` (what its warning asks for)")
+    return out
+
+
+def int8_note(result) -> str:
+    """What the build says about its INT8 pass, read off the manifest (layers, fallback, budget)."""
+    text = str(result.manifest.get("passes", ""))
+    for p in result.manifest.get("passes", []):
+        if isinstance(p, dict) and p.get("name") == "quantize_int8":
+            text = "; ".join(p.get("notes", [])) or str(p.get("details", ""))[:200]
+    return f"{text} (verdict {'passed' if result.passed else 'FAILED'})"
+
+
+def builds(module, work: Path, tag: str, common: dict, calib: Path, budget: str, notes: list[str]) -> dict:
+    """infopt fp32, int8 static and int8 dynamic builds; name -> model.onnx path."""
+    paths = {}
+    for runner, kw in ((ORT32, {"precision": "fp32"}),
+                       (STATIC, {"precision": "int8", "calibration": str(calib), "max_drift": budget}),
+                       (DYNAMIC, {"precision": "int8", "max_drift": budget})):
+        start = time.perf_counter()
+        result = infopt.build(module, output=work / f"{tag}-{runner.split()[-1]}", force=True, progress=False,
+                              val=str(calib), **common, **kw)
+        paths[runner] = result.output_dir / "model" / "model.onnx"
+        if kw["precision"] == "int8":
+            notes.append(f"{tag} {runner}: {int8_note(result)}; build {time.perf_counter() - start:.0f} s")
+    return paths
+
+
+def minilm_case(work: Path, quick: bool, notes: list[str]):
+    from examples.minilm import INPUTS, load_encoder, sentences, tokenize
+
+    model = load_encoder()
+    calib_text, eval_text = sentences()
+    if quick:
+        eval_text = eval_text[:64]
+    calib, evaluation = tokenize(calib_text), tokenize(eval_text)
+    np.savez(work / "minilm_calib.npz", **calib)
+    common = {"inputs": INPUTS, "dims": ["batch=1:32:64", "seq=1:64:128"], "batch_sizes": [1, 32],
+              "calib_samples": 32 if quick else 128}
+    paths = builds(model, work, "MiniLM", common, work / "minilm_calib.npz", "cosine_mean=0.995", notes)
+    example = (torch.from_numpy(calib["input_ids"][:2]), torch.from_numpy(calib["attention_mask"][:2]))
+    dyn = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+    plain = plain_export(model, example, ["input_ids", "attention_mask"], dyn, work / "minilm_plain.onnx")
+    paths[ORTQ] = ort_defaults(plain, work / "minilm_ort_dynamic.onnx", "MiniLM", notes)
+    names = ("input_ids", "attention_mask")
+
+    def feed(b):
+        return {k: np.ascontiguousarray(v[:b]) for k, v in evaluation.items()}
+
+    def embed(run):
+        out = np.concatenate([run({k: v[i:i + 32] for k, v in evaluation.items()})[0]
+                              for i in range(0, len(eval_text), 32)])
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+    reference = embed(TorchRunner(model, names).run)
+
+    def accuracy(run):
+        cos = (embed(run) * reference).sum(1)
+        return f"cosine mean {cos.mean():.4f} (min {cos.min():.4f})"
+
+    notes.append(f"MiniLM accuracy: over {len(eval_text)} held-out evaluation sentences (seq 64), "
+                 f"none used by any build ({len(calib_text)} calibration sentences calibrate and validate)")
+    return "all-MiniLM-L6-v2 (seq 64)", model, names, paths, feed, accuracy
+
+
+def cnn_case(work: Path, quick: bool, notes: list[str]):
+    from examples.train import train_digits
+
+    model, data = train_digits()
+    (xtr, _), (xte, yte) = data["train"], data["val"]
+    np.savez(work / "digits_calib.npz", x=xtr[:512])
+    common = {"inputs": ["x:float32[batch,1,8,8]"], "batch_sizes": [1, 32], "calib_samples": 32 if quick else 128}
+    paths = builds(model, work, "DigitsCNN", common, work / "digits_calib.npz", "top1=0.995", notes)
+    plain = plain_export(model, (torch.from_numpy(xtr[:2]),), ["x"], {"x": {0: "batch"}}, work / "cnn_plain.onnx")
+    paths[ORTQ] = ort_defaults(plain, work / "cnn_ort_dynamic.onnx", "DigitsCNN", notes)
+
+    def feed(b):
+        return {"x": np.ascontiguousarray(xte[:b])}
+
+    def accuracy(run):
+        pred = np.concatenate([run({"x": xte[i:i + 32]})[0] for i in range(0, len(xte), 32)]).argmax(1)
+        return f"top-1 {(pred == yte).mean():.4f}"
+
+    notes.append(f"DigitsCNN accuracy: top-1 on {len(xte)} held-out digits; builds calibrate and validate "
+                 f"on 512 training images")
+    return "DigitsCNN", model, ("x",), paths, feed, accuracy
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="a fast check: 20 iterations, 64 evaluation sentences, 32 calibration samples")
+    parser.add_argument("--models", default="minilm,cnn", help="comma list of minilm, cnn")
+    parser.add_argument("--workdir", type=Path, help="keep the builds and ONNX files here (default: a temporary folder)")
+    parser.add_argument("--markdown", type=Path, help="where the table goes (default benchmarks/results/int8.md; "
+                        "with --quick, nowhere)")
+    args = parser.parse_args()
+    if args.quick:
+        args.iterations, args.warmup = 20, 3
+    elif args.markdown is None:
+        args.markdown = Path(__file__).resolve().parent / "results" / "int8.md"
+    threads = os.cpu_count() or 1
+    started = time.perf_counter()
+    lines = ["| model | batch | runner | p50 ms | p90 ms | p99 ms | samples/s | vs eager (p50) | vs ORT defaults (p50) "
+             "| accuracy |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    notes: list[str] = []
+    makers = {"minilm": minilm_case, "cnn": cnn_case}
+    with tempfile.TemporaryDirectory(prefix="bench-int8-") as tmp:
+        work = args.workdir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        for key in args.models.split(","):
+            label, module, names, paths, feed, accuracy = makers[key](work, args.quick, notes)
+            runners = {EAGER: TorchRunner(module.eval(), names).run}
+            for name in (ORT32, ORTQ, STATIC, DYNAMIC):
+                runners[name] = OrtRunner(paths[name], threads=threads).run
+            acc = {name: accuracy(run) for name, run in runners.items()}
+            before = os.getloadavg()[0]
+            stats = measure(runners, {b: feed(b) for b in (1, 32)}, args.warmup, args.iterations)
+            notes.append(f"{label} timing: 1-min load average {before:.2f} before, {os.getloadavg()[0]:.2f} after "
+                         f"({threads} cores; well above 1 means other processes competed for them)")
+            for b in (1, 32):
+                rows = {s.runner: s for s in stats if s.batch == b}
+                for s in rows.values():
+                    lines.append(f"| {label} | {b} | {s.runner} | {s.p50_ms:.3f} | {s.p90_ms:.3f} | {s.p99_ms:.3f} | "
+                                 f"{s.throughput:.0f} | {rows[EAGER].p50_ms / s.p50_ms:.2f}x | "
+                                 f"{rows[ORTQ].p50_ms / s.p50_ms:.2f}x | {acc[s.runner]} |")
+    elapsed = time.perf_counter() - started
+    text = "\n".join(lines + [""] + [f"- {e}" for e in environment()] + [
+        f"- every ONNX Runtime session: CPUExecutionProvider, all graph optimizations, intra_op_num_threads={threads}",
+        f"- {ORTQ}: `quantize_dynamic(plain, out)` on this script's own `torch.onnx.export(dynamo=True)` FP32 export",
+        f"- {args.iterations} timed runs per row after {args.warmup} warm-up runs, each runner in its own block; "
+        f"whole run {elapsed:.0f} s (builds included)"] + [f"- {n}" for n in notes])
+    print(text)
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""INT8 pass: static (calibrated QDQ) or dynamic INT8, held inside a drift budget.
+
+``mode: auto`` is static when calibration data is given and dynamic otherwise (a GPU target
+needs static: TensorRT has no dynamic INT8). The pass ranks every layer by the drift it adds
+alone, then, while the budget (a metric and a bound, ``--max-drift``) is missed, keeps the most
+sensitive layer in FP32, one at a time. The last step is checked on the real quantized model,
+not only on the probe; the per-layer table goes into the manifest and the report.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+from pydantic import Field
+
+from infopt.artifact import Artifact
+from infopt.errors import UsageError
+from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
+
+CALIB_FIX = ("pass --calib PATH: a folder or file of .npy/.npz/.pt samples shaped like the model's inputs "
+             "(a few hundred real samples; calibration=... in the API)")
+
+
+class QuantizeInt8Options(PassOptions):
+    mode: Literal["auto", "static", "dynamic"] = Field("auto", description="static needs calibration data; auto picks static when there is some")
+    method: Literal["minmax", "percentile", "entropy", "mse"] = Field("minmax", description="how activation ranges are calibrated")
+    percentile: float = Field(99.99, gt=50.0, le=100.0, description="percentile kept by the percentile method")
+    bins: int = Field(2048, ge=256, description="histogram bins for percentile, entropy and mse")
+    placement: Literal["auto", "onnxruntime", "tensorrt"] = Field("auto", description="QDQ layout: ONNX Runtime CPU (u8 activations) or TensorRT (symmetric s8); auto follows the target")
+    budget: str = Field("cosine_mean=0.995", description="drift budget METRIC=VALUE the fallback holds (overridden by --max-drift)")
+    fallback: bool = Field(True, description="keep the most sensitive layers in FP32 until the budget holds")
+    sensitivity_samples: int = Field(64, ge=1, description="samples used to rank layer sensitivity")
+
+
+def choose_mode(mode: str, placement: str, has_calibration: bool, target_name: str) -> str:
+    """static or dynamic, or an error that says how to get the one the target needs."""
+    if placement == "tensorrt" and not has_calibration and mode != "static":
+        raise UsageError(f"target {target_name} runs INT8 through TensorRT, which needs static (calibrated) INT8, "
+                         "and no calibration data was given", fix=CALIB_FIX)
+    if mode == "static" and not has_calibration:
+        raise UsageError("static INT8 needs calibration data and none was given", fix=CALIB_FIX)
+    if mode == "dynamic" and placement == "tensorrt":
+        raise UsageError(f"target {target_name} runs INT8 through TensorRT, which has no dynamic INT8",
+                         fix=f"use static INT8: {CALIB_FIX}")
+    if mode == "auto":
+        return "static" if has_calibration else "dynamic"
+    return mode
+
+
+def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) -> PassOutcome:
+    import onnx
+
+    from infopt.quantize import onnx_int8, sensitivity
+    from infopt.quantize.sensitivity import Budget
+
+    placement = options.placement if options.placement != "auto" else (
+        "tensorrt" if context.target.device == "cuda" else "onnxruntime")
+    mode = choose_mode(options.mode, placement, context.calibration is not None, context.target.name)
+    budget = Budget.parse(context.budget or options.budget)
+    model = onnx.load(str(artifact.path))
+    onnx_int8.ensure_node_names(model)
+    del model.graph.value_info[:]  # the quantizers re-infer shapes; stale exporter hints can contradict them
+    src = context.workdir / "fp32-named.onnx"
+    onnx.save(model, str(src))
+    layers = onnx_int8.layers(model, onnx_int8.STATIC_OPS if mode == "static" else onnx_int8.DYNAMIC_OPS)
+    if not layers:
+        kinds = "Conv/MatMul/Gemm" if mode == "static" else "MatMul"
+        return PassOutcome(artifact, False, [f"{mode} INT8: the model has no {kinds} layers with constant weights; the model is left as it is"],
+                           {"mode": mode, "layers": []})
+    attachments, ranges, calib_info = {}, None, {}
+    if mode == "static":
+        batches, table = _calibrate(src, layers, options, context)
+        ranges = table.ranges
+        table_path = table.save(context.workdir / "calibration.json")
+        attachments["quantization/calibration.json"] = table_path
+        calib_info = {"samples": table.samples, "source": context.calibration.source, "method": table.method,
+                      "options": table.options, "cached": table.cached, "data_sha256": table.data_sha256}
+    else:
+        batches = list(context.check_batches or [])
+    sample_batches = _limit(batches, options.sensitivity_samples)
+    probe = sensitivity.Probe(src, layers, ranges, symmetric=placement == "tensorrt")
+    try:
+        ranked = sensitivity.rank(probe, sample_batches, budget, context.say)
+        excluded, steps = (sensitivity.choose_fallback(probe, batches, budget, ranked, context.say)
+                           if options.fallback else ([], []))
+    finally:
+        probe.close()
+    dst, drift, excluded = _build_confirmed(src, layers, ranges, placement, mode, excluded, ranked, batches, budget,
+                                            options.fallback, context)
+    quantized = [layer for layer in layers if layer.node not in excluded]
+    met = budget.holds(drift)
+    details = {"mode": mode, "placement": placement, "budget": str(budget), "budget_metric": budget.metric,
+               "budget_threshold": budget.threshold, "budget_met": met, "measured": drift,
+               "measured_on": "calibration data" if mode == "static" else "validation data",
+               "calibration": calib_info, "excluded": excluded, "fallback_steps": steps,
+               "layers": _layer_rows(ranked, excluded, budget), "quantized_ops": onnx_int8.quantized_nodes(dst)}
+    notes = [f"{mode} INT8 ({_why(mode, context)}): {len(quantized)}/{len(layers)} layers in INT8"
+             + (f", {len(excluded)} kept in FP32 by the fallback" if excluded else ""),
+             f"budget {budget}: measured {drift.get(budget.metric):.6g} on {details['measured_on']}"
+             + ("" if met else " - NOT met even with every layer in FP32" if len(excluded) == len(layers) else " - NOT met")]
+    result = artifact.derive("onnx", path=dst)
+    result.attachments.update(attachments)
+    return PassOutcome(result, True, notes, details)
+
+
+def _why(mode: str, context: PassContext) -> str:
+    if mode == "static":
+        return f"calibrated on {context.calibration.count} samples from {context.calibration.source}"
+    return "no calibration data; activations are quantized per batch at run time"
+
+
+def _calibrate(src, layers, options, context):
+    from infopt.quantize import onnx_int8
+    from infopt.quantize.calibrate import calibrate
+    from infopt.quantize.observers import Observer
+
+    context.say(f"calibrating {options.method} on {context.calibration.count} samples")
+    observer = Observer(options.method, options.percentile, options.bins)
+    table = calibrate(src, onnx_int8.calibration_tensors(layers), context.calibration, observer)
+    return list(context.calibration.batches), table
+
+
+def _limit(batches, samples: int):
+    out, total = [], 0
+    for batch in batches:
+        if total >= samples:
+            break
+        n = len(next(iter(batch.values())))
+        take = min(n, samples - total)
+        out.append({k: v[:take] for k, v in batch.items()})
+        total += take
+    return out
+
+
+def _build_confirmed(src, layers, ranges, placement, mode, excluded, ranked, batches, budget, fallback, context):
+    """Build the real INT8 model; while it misses the budget, move the next layer to FP32."""
+    from infopt.quantize import onnx_int8
+    from infopt.quantize.sensitivity import _worst
+    from infopt.runner import OrtRunner
+    from infopt.validators import metrics
+
+    reference = OrtRunner(src, optimize=False)
+    ref_out = [reference.run(b) for b in batches]
+    order = [r["layer"] for r in ranked]
+    excluded = list(excluded)
+    dst = context.workdir / "int8.onnx"
+    while True:
+        nodes = [layer.node for layer in layers if layer.node not in excluded]
+        context.say(f"building INT8 model with {len(nodes)}/{len(layers)} layers")
+        if mode == "static":
+            onnx_int8.quantize_static(src, dst, ranges, nodes, placement=placement)
+        else:
+            onnx_int8.quantize_dynamic(src, dst, nodes)
+        candidate = OrtRunner(dst)
+        outs = [candidate.run(b) for b in batches]
+        drift = _worst([metrics.drift(np.concatenate([r[i] for r in ref_out]), np.concatenate([c[i] for c in outs]))
+                        for i in range(len(ref_out[0]))])
+        remaining = [n for n in order if n not in excluded]
+        if budget.holds(drift) or not fallback or not remaining:
+            return dst, drift, excluded
+        excluded.append(remaining[0])
+
+
+def _layer_rows(ranked, excluded, budget) -> list[dict]:
+    return [{"layer": r["layer"], "op": r["op"], "module": r["module"],
+             budget.metric: r["drift"].get(budget.metric), "sqnr_db": r["drift"].get("sqnr_db"),
+             "precision": "fp32 (fallback)" if r["layer"] in excluded else "int8"} for r in ranked]
+
+
+PASS = Pass(
+    name="quantize_int8",
+    consumes="onnx",
+    produces="onnx",
+    run=run,
+    options=QuantizeInt8Options,
+    description="INT8 weights and activations: static QDQ from calibration, or dynamic; sensitivity-guided FP32 fallback",
+    requires=("onnx-checked",),
+    ensures=("int8",),
+)

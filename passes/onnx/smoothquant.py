@@ -1,0 +1,56 @@
+"""SmoothQuant pass: even out activation channels of MatMul/Gemm layers before static INT8.
+
+Needs calibration data for the per-channel activation maxima; without it (dynamic INT8, which
+quantizes activations per batch at run time) the pass does nothing and says so.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from infopt.artifact import Artifact
+from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
+
+
+class SmoothQuantOptions(PassOptions):
+    alpha: float = Field(0.5, ge=0.0, le=1.0, description="migration strength: 0 keeps the weights, 1 moves all of the activation range into them")
+    fold_only: bool = Field(False, description="only smooth activations whose LayerNorm can absorb the scale (no extra Mul nodes)")
+
+
+def run(artifact: Artifact, options: SmoothQuantOptions, context: PassContext) -> PassOutcome:
+    import onnx
+
+    from infopt.quantize import onnx_int8, smoothquant
+    from infopt.quantize.calibrate import calibrate
+    from infopt.quantize.observers import Observer
+
+    if context.calibration is None:
+        return PassOutcome(artifact, False, ["skipped: no calibration data (SmoothQuant serves static INT8)"])
+    model = onnx.load(str(artifact.path))
+    groups = smoothquant.smoothable(model, onnx_int8.layers(model))
+    if not groups:
+        return PassOutcome(artifact, False, ["no MatMul/Gemm layers with constant weights to smooth"])
+    context.say(f"activation channel maxima of {len(groups)} tensors")
+    table = calibrate(artifact.path, [], context.calibration, Observer("minmax"), channel_tensors=sorted(groups))
+    result = smoothquant.smooth(model, groups, table.channel_absmax, alpha=options.alpha, fold_only=options.fold_only)
+    if not result.groups:
+        return PassOutcome(artifact, False, ["no layer group could be smoothed"])
+    path = context.workdir / "smoothed.onnx"
+    onnx.save(model, str(path))
+    notes = [f"alpha {options.alpha:g}: {result.layers} layers in {result.groups} groups; "
+             f"{result.folded} scales folded into LayerNorm, {result.inserted} Mul nodes inserted"]
+    details = {"alpha": options.alpha, "groups": result.groups, "layers": result.layers,
+               "folded": result.folded, "inserted": result.inserted, "calibration_cached": table.cached}
+    return PassOutcome(artifact.derive("onnx", path=path), True, notes, details)
+
+
+PASS = Pass(
+    name="smoothquant",
+    consumes="onnx",
+    produces="onnx",
+    run=run,
+    options=SmoothQuantOptions,
+    description="SmoothQuant: migrate activation outliers into MatMul/Gemm weights before static INT8",
+    requires=("onnx-checked",),
+    ensures=("onnx-checked",),
+)

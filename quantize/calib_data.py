@@ -1,0 +1,181 @@
+"""Calibration data: samples that match the InputSpec, read from disk or taken from user code.
+
+A source is a folder or file of ``.npy``/``.npz``/``.pt`` samples (as for ``--val``), a text
+file of one example per line with a Hugging Face ``tokenizer`` (the ``llm`` extra), any iterable
+or ``DataLoader`` yielding dicts, tuples or tensors, or ``"module:function"`` naming a function
+that returns one. Every sample is checked against the spec (dtype, shape, NaN, Inf)
+and an error names the one that does not fit. Samples of different lengths along a symbolic
+non-batch dim (``seq``) are padded with zeros to a common length: the dim's ``opt`` size, or the
+longest sample if that is longer. ``samples=N`` takes N of them with a seeded draw, so the same
+data and seed always give the same calibration set, and :attr:`CalibrationSet.digest` is the
+content hash the calibration cache is keyed by.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from infopt.errors import InputSpecError, UsageError
+from infopt.inputspec import InputSpec
+
+DEFAULT_SAMPLES = 128
+DEFAULT_BATCH = 16
+
+
+@dataclass
+class CalibrationSet:
+    """Checked, padded calibration samples, cut into batches."""
+
+    batches: list[dict[str, np.ndarray]]
+    count: int
+    source: str
+    digest: str
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+def load_calibration(source: Any, spec: InputSpec, *, samples: int | None = DEFAULT_SAMPLES, seed: int = 0,
+                     batch_size: int = DEFAULT_BATCH, tokenizer: str | None = None) -> CalibrationSet:
+    """Read ``source`` into a :class:`CalibrationSet` of at most ``samples`` samples."""
+    if samples is not None and samples < 1:
+        raise UsageError(f"--calib-samples is {samples}; it must be at least 1", fix="pass --calib-samples 128, say")
+    if isinstance(source, (str, Path)) and Path(source).suffix == ".txt":
+        items, label = _text(Path(source), spec, tokenizer), str(source)
+    else:
+        items, label = _items(source, spec)
+    rows: list[tuple[str, dict[str, np.ndarray]]] = []
+    for where, feed in items:
+        from infopt.validators.data import check_sample
+
+        batch = check_sample(spec, feed, where)
+        n = int(next(iter(batch.values())).shape[0]) if spec.batch_symbol else 1
+        for i in range(n):
+            rows.append((f"{where}[{i}]", {k: v[i:i + 1] if spec.batch_symbol else v for k, v in batch.items()}))
+    if not rows:
+        raise UsageError(f"calibration data {label} holds no samples",
+                         fix="give at least one sample (a few hundred is typical)")
+    if samples is not None and len(rows) > samples:
+        keep = np.sort(np.random.default_rng(seed).choice(len(rows), samples, replace=False))
+        rows = [rows[i] for i in keep]
+    padded = _pad(rows, spec)
+    batches = _batch(padded, spec, batch_size)
+    return CalibrationSet(batches, len(padded), label, _digest(batches))
+
+
+def _items(source: Any, spec: InputSpec) -> tuple[Iterable[tuple[str, dict[str, np.ndarray]]], str]:
+    if isinstance(source, CalibrationSet):
+        return (((f"{source.source} batch {i}", b) for i, b in enumerate(source.batches)), source.source)
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if isinstance(source, str) and not path.exists() and ":" in source:
+            return _items(_from_function(source), spec)[0], source
+        from infopt.validators.data import read_file, sample_files
+
+        if not path.exists():
+            raise UsageError(f"calibration data not found: {path}",
+                             fix="pass --calib a folder or file of .npy/.npz/.pt samples")
+        return ((str(f), read_file(f, spec.names)) for f in sample_files(path)), str(path)
+    if hasattr(source, "__iter__") and not isinstance(source, dict):
+        return ((f"calibration item {i}", _as_feed(item, spec, i)) for i, item in enumerate(source)), type(source).__name__
+    raise UsageError(f"cannot read calibration data from a {type(source).__name__}",
+                     fix="pass a path, an iterable or DataLoader, or 'module:function'")
+
+
+def _text(path: Path, spec: InputSpec, tokenizer: str | None):
+    """One sample per non-empty line, tokenized to the spec's sequence length."""
+    if tokenizer is None:
+        raise UsageError(f"calibration text {path} needs the model's tokenizer",
+                         fix="pass --tokenizer PATH_OR_NAME (a Hugging Face tokenizer folder)")
+    if not path.is_file():
+        raise UsageError(f"calibration data not found: {path}", fix="pass a text file with one example per line")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:
+        from infopt.errors import EnvironmentProblem
+
+        raise EnvironmentProblem("text calibration needs transformers", fix="pip install 'infopt[llm]'") from exc
+    try:
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot load tokenizer {tokenizer!r}: {str(exc).splitlines()[0]}",
+                         fix="pass a local Hugging Face tokenizer folder (nothing is downloaded)") from exc
+    seq = next((d for t in spec.inputs for d in t.shape[1:] if isinstance(d, str)), None)
+    length = spec.dims[seq].opt if seq else None
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    for i, line in enumerate(lines):
+        encoded = tok(line, truncation=length is not None, max_length=length, return_tensors="np")
+        feed = {name: encoded[name].astype(np.int64) for name in spec.names if name in encoded}
+        yield f"{path} line {i + 1}", feed
+
+
+def _from_function(text: str) -> Any:
+    module_name, _, attr = text.partition(":")
+    try:
+        function = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"cannot import calibration function {text!r}: {exc}",
+                         fix="name an importable function as package.module:function") from exc
+    return function() if callable(function) else function
+
+
+def _as_feed(item: Any, spec: InputSpec, index: int) -> dict[str, np.ndarray]:
+    if isinstance(item, dict):
+        return {k: _array(v) for k, v in item.items()}
+    values = list(item) if isinstance(item, (list, tuple)) else [item]
+    if len(values) > len(spec.names) and len(spec.names) == 1:
+        values = values[:1]  # (inputs, labels) pairs from a DataLoader
+    if len(values) < len(spec.names):
+        raise InputSpecError(f"calibration item {index} holds {len(values)} arrays, the model takes {len(spec.names)}"
+                             f" ({', '.join(spec.names)})", fix="yield one array per input, or a dict keyed by input name")
+    return {n: _array(v) for n, v in zip(spec.names, values)}
+
+
+def _array(value: Any) -> np.ndarray:
+    if hasattr(value, "detach"):
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def _pad(rows: list[tuple[str, dict[str, np.ndarray]]], spec: InputSpec) -> list[dict[str, np.ndarray]]:
+    """Zero-pad every symbolic non-batch dim to one length so the samples stack."""
+    target: dict[tuple[str, int], int] = {}
+    for tensor in spec.inputs:
+        for axis, dim in enumerate(tensor.shape):
+            if isinstance(dim, str) and dim != spec.batch_symbol:
+                longest = max(feed[tensor.name].shape[axis] for _, feed in rows)
+                target[(tensor.name, axis)] = max(spec.dims[dim].opt, longest)
+    out = []
+    for _, feed in rows:
+        padded = dict(feed)
+        for (name, axis), length in target.items():
+            short = length - padded[name].shape[axis]
+            if short:
+                widths = [(0, 0)] * padded[name].ndim
+                widths[axis] = (0, short)
+                padded[name] = np.pad(padded[name], widths)
+        out.append(padded)
+    return out
+
+
+def _batch(rows: list[dict[str, np.ndarray]], spec: InputSpec, size: int) -> list[dict[str, np.ndarray]]:
+    if not spec.batch_symbol:
+        return rows
+    return [{k: np.ascontiguousarray(np.concatenate([r[k] for r in rows[i:i + size]])) for k in spec.names}
+            for i in range(0, len(rows), size)]
+
+
+def _digest(batches: list[dict[str, np.ndarray]]) -> str:
+    h = hashlib.sha256()
+    for batch in batches:
+        for name in sorted(batch):
+            array = np.ascontiguousarray(batch[name])
+            h.update(f"{name}:{array.dtype}:{array.shape};".encode())
+            h.update(array.tobytes())
+    return h.hexdigest()

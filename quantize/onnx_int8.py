@@ -1,0 +1,145 @@
+"""INT8 for ONNX models: which nodes quantize, and the static (QDQ) and dynamic quantizers.
+
+The layers are the compute nodes with a constant weight: ``Conv``, ``MatMul`` and ``Gemm``.
+Static INT8 writes QuantizeLinear/DequantizeLinear pairs around them from a calibration table,
+with per-channel symmetric INT8 weights and per-tensor activations. Two placements:
+
+- ``onnxruntime`` (CPU): activations asymmetric uint8, weights int8, the pairing ONNX Runtime's
+  x86 kernels fuse into integer convolutions and matmuls.
+- ``tensorrt`` (GPU targets): activations and weights symmetric int8 (zero point 0), QDQ on the
+  weights kept explicit and one QDQ pair per consumer, the explicit-quantization form TensorRT
+  builds engines from.
+
+Dynamic INT8 quantizes MatMul weights per channel ahead of time and activations per batch at
+run time; it needs no calibration data and runs on ONNX Runtime's CPU provider.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger("infopt.quantize")
+
+PLACEMENTS = ("onnxruntime", "tensorrt")
+STATIC_OPS = ("Conv", "MatMul", "Gemm")
+DYNAMIC_OPS = ("MatMul",)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One quantizable node: its name, op, activation input, weight initializer and module."""
+
+    node: str
+    op: str
+    activation: str
+    weight: str
+    channel_axis: int
+    module: str
+
+    output: str = ""
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def calibration_tensors(layers_: list[Layer]) -> list[str]:
+    """The tensors static INT8 needs ranges for: each layer's activation input and its output."""
+    return sorted({name for layer in layers_ for name in (layer.activation, layer.output) if name})
+
+
+def layers(model, ops: tuple[str, ...] = STATIC_OPS) -> list[Layer]:
+    """The nodes of ``model`` (an ``onnx.ModelProto``) that INT8 can quantize, in graph order."""
+    inits = {i.name: i for i in model.graph.initializer}
+    found = []
+    for node in model.graph.node:
+        if node.op_type not in ops or len(node.input) < 2 or node.input[1] not in inits:
+            continue
+        weight = inits[node.input[1]]
+        if weight.data_type != 1 or len(weight.dims) < 2:
+            continue
+        if node.op_type == "MatMul" and len(weight.dims) != 2:
+            continue
+        axis = 0 if node.op_type == "Conv" else 1
+        if node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute):
+            axis = 0
+        found.append(Layer(node.name, node.op_type, node.input[0], node.input[1], axis, module_path(node), node.output[0]))
+    return found
+
+
+def module_path(node) -> str:
+    """The PyTorch module a node came from, read off the exporter's metadata."""
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.name_scopes":
+            scopes = [s.strip(" '\"") for s in prop.value.strip("[]").split(",")]
+            named = [s for s in scopes[:-1] if s]
+            return named[-1] if named else ""
+    return ""
+
+
+def ensure_node_names(model) -> None:
+    seen: set[str] = set()
+    for i, node in enumerate(model.graph.node):
+        if not node.name or node.name in seen:
+            node.name = f"{node.op_type}_{i}"
+        seen.add(node.name)
+
+
+def quantize_static(src: Path, dst: Path, ranges: dict[str, tuple[float, float]], nodes: list[str], *,
+                    placement: str = "onnxruntime") -> Path:
+    """A QDQ model of ``src`` with ``nodes`` quantized using calibrated activation ``ranges``."""
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
+    from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+    from onnxruntime.quantization.quant_utils import load_model_with_shape_infer
+
+    model = load_model_with_shape_infer(Path(src))
+    tensors = TensorsData(CalibrationMethod.MinMax,
+                          {k: (np.float32(lo), np.float32(hi)) for k, (lo, hi) in ranges.items()})
+    trt = placement == "tensorrt"
+    extra = {"ActivationSymmetric": trt, "WeightSymmetric": True, "AddQDQPairToWeight": trt, "DedicatedQDQPair": trt,
+             "OpTypesToExcludeOutputQuantization": ["MatMul", "Gemm"]}
+    if trt:
+        extra["QDQOpTypePerChannelSupportToAxis"] = {"MatMul": 1}
+    quantizer = QDQQuantizer(model, True, False, QuantType.QInt8, QuantType.QInt8 if trt else QuantType.QUInt8,
+                             tensors, list(nodes) or ["(none)"], [], list(STATIC_OPS), extra)
+    quantizer.quantize_model()
+    _save(quantizer.model.model, dst)
+    return dst
+
+
+def quantize_dynamic(src: Path, dst: Path, nodes: list[str]) -> Path:
+    """Dynamic INT8: per-channel int8 MatMul weights, activations quantized per batch at run time."""
+    from onnxruntime.quantization import QuantType
+    from onnxruntime.quantization import quantize_dynamic as ort_dynamic
+
+    ort_dynamic(str(src), str(dst), op_types_to_quantize=list(DYNAMIC_OPS), per_channel=True,
+                weight_type=QuantType.QInt8, nodes_to_quantize=list(nodes) or ["(none)"],
+                use_external_data_format=False)
+    return dst
+
+
+def _save(model, dst: Path) -> None:
+    import onnx
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if model.ByteSize() > 1_800_000_000:
+        onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
+    else:
+        onnx.save(model, str(dst))
+
+
+def quantized_nodes(path: Path) -> dict[str, int]:
+    """Counts of the integer ops in a saved model, for notes and tests."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    counts: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
+                            "ConvInteger", "DynamicQuantizeMatMul", "QLinearConv", "QLinearMatMul"):
+            counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts

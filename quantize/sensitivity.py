@@ -1,0 +1,211 @@
+"""Sensitivity: how much each quantized layer adds to the output drift, and the fallback.
+
+A *probe* is the FP32 ONNX model with every layer's INT8 rounding inserted behind a switch:
+its activation input goes through QuantizeLinear/DequantizeLinear (with the calibrated range
+for static INT8, or DynamicQuantizeLinear for dynamic INT8) and its weight is blended with its
+per-channel int8 round trip, each scaled by one element of an extra ``infopt_qmask`` input. One
+ONNX Runtime session then measures any set of layers in INT8: only layer ``i`` for its
+sensitivity, all but the excluded ones for a fallback step. The probe never ships; the real
+quantized model is built from the chosen set and validated on its own.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from infopt.quantize.onnx_int8 import Layer
+from infopt.validators import metrics
+
+MASK = "infopt_qmask"
+LOWER_IS_BETTER = ("max_abs", "mean_abs", "max_rel")
+THRESHOLD_OF = {"cosine_mean": "min_mean_cosine", "cosine_min": "min_cosine", "sqnr_db": "min_sqnr_db",
+                "top1": "min_top1", "max_abs": "max_abs", "mean_abs": "mean_abs", "max_rel": "max_rel"}
+"""Budget metric -> the validation threshold that checks the same figure on the --val data."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A drift budget: one metric and the bound it must meet (>= for similarity, <= for error)."""
+
+    metric: str
+    threshold: float
+
+    def holds(self, drift: dict) -> bool:
+        value = drift.get(self.metric)
+        if value is None:
+            return True
+        return value <= self.threshold if self.metric in LOWER_IS_BETTER else value >= self.threshold
+
+    def badness(self, drift: dict) -> float:
+        """Larger is worse; ties (top-1 agreement is coarse) are broken by SQNR."""
+        value = drift.get(self.metric) or 0.0
+        main = value if self.metric in LOWER_IS_BETTER else -value
+        return main * 1e6 - (drift.get("sqnr_db") or 0.0)
+
+    def __str__(self) -> str:
+        return f"{self.metric} {'<=' if self.metric in LOWER_IS_BETTER else '>='} {self.threshold:g}"
+
+    @property
+    def threshold_name(self) -> str:
+        return THRESHOLD_OF[self.metric]
+
+    @classmethod
+    def parse(cls, text: "str | Budget") -> "Budget":
+        """``metric=value``, e.g. ``cosine_mean=0.995`` or ``top1=0.99``."""
+        from infopt.errors import UsageError
+
+        if isinstance(text, Budget):
+            return text
+        metric, sep, value = str(text).partition("=")
+        metric = metric.strip()
+        fix = f"write METRIC=VALUE with METRIC one of {', '.join(THRESHOLD_OF)}, e.g. cosine_mean=0.995"
+        if not sep or metric not in THRESHOLD_OF:
+            raise UsageError(f"drift budget {text!r} names no known metric", fix=fix)
+        try:
+            return cls(metric, float(value))
+        except ValueError:
+            raise UsageError(f"drift budget {text!r}: {value!r} is not a number", fix=fix) from None
+
+
+class Probe:
+    def __init__(self, model_path: Path, layers: list[Layer], ranges: dict[str, tuple[float, float]] | None,
+                 *, symmetric: bool = False):
+        import onnx
+        import onnxruntime as ort
+
+        model = onnx.load(str(model_path))
+        _insert_switches(model, layers, ranges, symmetric)
+        self._tmp = tempfile.TemporaryDirectory(prefix="infopt-probe-")
+        path = Path(self._tmp.name) / "probe.onnx"
+        onnx.save(model, str(path), save_as_external_data=True, location="probe.onnx.data")
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.layers = layers
+
+    def run(self, batches: list[dict[str, np.ndarray]], mask: np.ndarray) -> list[np.ndarray]:
+        outs = [self.session.run(None, {**b, MASK: mask.astype(np.float32)}) for b in batches]
+        return [np.concatenate([o[i] for o in outs]) for i in range(len(outs[0]))]
+
+    def drift(self, batches, reference: list[np.ndarray], mask: np.ndarray) -> dict:
+        candidate = self.run(batches, mask)
+        per_output = [metrics.drift(r, c) for r, c in zip(reference, candidate)]
+        return _worst(per_output)
+
+    def close(self) -> None:
+        self._tmp.cleanup()
+
+
+def _worst(per_output: list[dict]) -> dict:
+    from infopt.validators.drift import WORST
+
+    out = {}
+    for key, pick in WORST.items():
+        values = [d[key] for d in per_output if d.get(key) is not None]
+        out[key] = pick(values) if values else None
+    return out
+
+
+def rank(probe: Probe, batches, budget: Budget, progress: Callable[[str], None] | None = None) -> list[dict]:
+    """Each layer's drift when it alone is INT8, most sensitive first."""
+    n = len(probe.layers)
+    reference = probe.run(batches, np.zeros(n))
+    rows = []
+    for i, layer in enumerate(probe.layers):
+        if progress:
+            progress(f"sensitivity {i + 1}/{n}: {layer.node}")
+        mask = np.zeros(n)
+        mask[i] = 1.0
+        drift = probe.drift(batches, reference, mask)
+        rows.append({"layer": layer.node, "op": layer.op, "module": layer.module, "drift": drift,
+                     "badness": budget.badness(drift)})
+    rows.sort(key=lambda r: -r["badness"])
+    return rows
+
+
+def choose_fallback(probe: Probe, batches, budget: Budget, ranked: list[dict],
+                    progress: Callable[[str], None] | None = None) -> tuple[list[str], list[dict]]:
+    """Exclude the most sensitive layers one at a time until the probe meets the budget.
+
+    Returns the excluded layer names and one step record per evaluation."""
+    index = {layer.node: i for i, layer in enumerate(probe.layers)}
+    reference = probe.run(batches, np.zeros(len(index)))
+    excluded: list[str] = []
+    steps = []
+    for row in [None, *ranked]:
+        if row is not None:
+            excluded.append(row["layer"])
+        mask = np.ones(len(index))
+        for name in excluded:
+            mask[index[name]] = 0.0
+        drift = probe.drift(batches, reference, mask)
+        steps.append({"excluded": len(excluded), "drift": drift, "holds": budget.holds(drift)})
+        if progress:
+            progress(f"fallback: {len(excluded)} layer(s) in FP32, {budget.metric}={drift.get(budget.metric):.5g}")
+        if budget.holds(drift):
+            break
+    return excluded, steps
+
+
+def _fake_quant_weight(w: np.ndarray, axis: int) -> np.ndarray:
+    reduce = tuple(a for a in range(w.ndim) if a != axis)
+    scale = np.abs(w).max(axis=reduce, keepdims=True) / 127.0
+    scale = np.where(scale == 0, 1.0, scale)
+    return (np.clip(np.round(w / scale), -127, 127) * scale).astype(np.float32)
+
+
+def activation_qparams(lo: float, hi: float, symmetric: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Scale and zero point as ONNX Runtime's quantizer computes them for one tensor."""
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    if symmetric:
+        a = max(abs(lo), abs(hi))
+        return np.array(max(a / 127.0, 1e-12), np.float32), np.array(0, np.int8)
+    scale = max((hi - lo) / 255.0, 1e-12)
+    return np.array(scale, np.float32), np.array(int(np.clip(round(-lo / scale), 0, 255)), np.uint8)
+
+
+def _insert_switches(model, layers: list[Layer], ranges, symmetric: bool) -> None:
+    from onnx import TensorProto, helper, numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    model.graph.input.append(helper.make_tensor_value_info(MASK, TensorProto.FLOAT, [len(layers)]))
+    new_nodes: dict[str, list] = {}
+    for i, layer in enumerate(layers):
+        p = f"infopt_probe_{i}"
+        nodes = [helper.make_node("Slice", [MASK, f"{p}_start", f"{p}_end"], [f"{p}_m"])]
+        model.graph.initializer.extend([numpy_helper.from_array(np.array([i], np.int64), f"{p}_start"),
+                                        numpy_helper.from_array(np.array([i + 1], np.int64), f"{p}_end")])
+        if ranges is None:
+            nodes.append(helper.make_node("DynamicQuantizeLinear", [layer.activation], [f"{p}_q", f"{p}_s", f"{p}_z"]))
+            nodes.append(helper.make_node("DequantizeLinear", [f"{p}_q", f"{p}_s", f"{p}_z"], [f"{p}_dq"]))
+        else:
+            scale, zero = activation_qparams(*ranges[layer.activation], symmetric)
+            model.graph.initializer.extend([numpy_helper.from_array(scale, f"{p}_s"),
+                                            numpy_helper.from_array(zero, f"{p}_z")])
+            nodes.append(helper.make_node("QuantizeLinear", [layer.activation, f"{p}_s", f"{p}_z"], [f"{p}_q"]))
+            nodes.append(helper.make_node("DequantizeLinear", [f"{p}_q", f"{p}_s", f"{p}_z"], [f"{p}_dq"]))
+        w = numpy_helper.to_array(inits[layer.weight])
+        model.graph.initializer.append(numpy_helper.from_array(_fake_quant_weight(w, layer.channel_axis) - w, f"{p}_wd"))
+        nodes += [helper.make_node("Sub", [f"{p}_dq", layer.activation], [f"{p}_ad"]),
+                  helper.make_node("Mul", [f"{p}_ad", f"{p}_m"], [f"{p}_adm"]),
+                  helper.make_node("Add", [layer.activation, f"{p}_adm"], [f"{p}_x"]),
+                  helper.make_node("Mul", [f"{p}_wd", f"{p}_m"], [f"{p}_wdm"]),
+                  helper.make_node("Add", [layer.weight, f"{p}_wdm"], [f"{p}_w"])]
+        new_nodes[layer.node] = nodes
+    by_name = {layer.node: i for i, layer in enumerate(layers)}
+    rebuilt = []
+    for node in model.graph.node:
+        if node.name in new_nodes:
+            p = f"infopt_probe_{by_name[node.name]}"
+            rebuilt.extend(new_nodes[node.name])
+            node.input[0] = f"{p}_x"
+            node.input[1] = f"{p}_w"
+        rebuilt.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(rebuilt)
