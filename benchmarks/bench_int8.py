@@ -13,9 +13,11 @@ each runner in its own warm-up and timed block at batch 1 and 32:
 Accuracy: MiniLM, mean (and min) cosine similarity of the embeddings to eager FP32 over the held-out
 evaluation sentences, which no build sees (calibration and validation use the calibration sentences);
 DigitsCNN, top-1 accuracy on the held-out digits (builds see training images only). Every ONNX Runtime
-session has the same options (all graph optimizations, ``intra_op_num_threads`` = cores).
+session has the same options (all graph optimizations, ``intra_op_num_threads`` = cores), so the infopt
+models are run from their ``model/model.onnx`` rather than through ``result.load()`` (default threads).
 
-    python benchmarks/bench_int8.py [--iterations 200] [--markdown benchmarks/results/int8.md] [--quick]
+    python benchmarks/bench_int8.py [--iterations 200] [--markdown benchmarks/results/int8.md]
+    python benchmarks/bench_int8.py --quick [--models cnn]     # a fast check; writes no results file
 """
 
 from __future__ import annotations
@@ -70,9 +72,17 @@ def ort_defaults(plain: Path, out: Path, tag: str, notes: list[str]) -> Path:
     return out
 
 
+def cpu_seconds() -> tuple[float, float, float]:
+    """(wall, CPU-s every process used, CPU-s this process used): other processes' share shows contention."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    busy = (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    own = os.times()
+    return time.perf_counter(), busy, own.user + own.system
+
+
 def int8_note(result) -> str:
     """What the build says about its INT8 pass, read off the manifest (layers, fallback, budget)."""
-    text = str(result.manifest.get("passes", ""))
+    text = "no quantize_int8 pass in the manifest"
     for p in result.manifest.get("passes", []):
         if isinstance(p, dict) and p.get("name") == "quantize_int8":
             text = "; ".join(p.get("notes", [])) or str(p.get("details", ""))[:200]
@@ -82,11 +92,11 @@ def int8_note(result) -> str:
 def builds(module, work: Path, tag: str, common: dict, calib: Path, budget: str, notes: list[str]) -> dict:
     """infopt fp32, int8 static and int8 dynamic builds; name -> model.onnx path."""
     paths = {}
-    for runner, kw in ((ORT32, {"precision": "fp32"}),
-                       (STATIC, {"precision": "int8", "calibration": str(calib), "max_drift": budget}),
-                       (DYNAMIC, {"precision": "int8", "max_drift": budget})):
+    for runner, folder, kw in ((ORT32, "fp32", {"precision": "fp32"}),
+                               (STATIC, "int8-static", {"precision": "int8", "calibration": str(calib), "max_drift": budget}),
+                               (DYNAMIC, "int8-dynamic", {"precision": "int8", "max_drift": budget})):
         start = time.perf_counter()
-        result = infopt.build(module, output=work / f"{tag}-{runner.split()[-1]}", force=True, progress=False,
+        result = infopt.build(module, output=work / f"{tag}-{folder}", force=True, progress=False,
                               val=str(calib), **common, **kw)
         paths[runner] = result.output_dir / "model" / "model.onnx"
         if kw["precision"] == "int8":
@@ -183,10 +193,11 @@ def main() -> None:
             for name in (ORT32, ORTQ, STATIC, DYNAMIC):
                 runners[name] = OrtRunner(paths[name], threads=threads).run
             acc = {name: accuracy(run) for name, run in runners.items()}
-            before = os.getloadavg()[0]
+            before = cpu_seconds()
             stats = measure(runners, {b: feed(b) for b in (1, 32)}, args.warmup, args.iterations)
-            notes.append(f"{label} timing: 1-min load average {before:.2f} before, {os.getloadavg()[0]:.2f} after "
-                         f"({threads} cores; well above 1 means other processes competed for them)")
+            wall, busy, own = (a - b for a, b in zip(cpu_seconds(), before))
+            notes.append(f"{label} timing: {wall:.1f} s; other processes used {max(busy - own, 0.0):.1f} CPU-s "
+                         f"of the {threads * wall:.1f} the cores had ({max(busy - own, 0.0) / (threads * wall):.0%})")
             for b in (1, 32):
                 rows = {s.runner: s for s in stats if s.batch == b}
                 for s in rows.values():

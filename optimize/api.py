@@ -290,6 +290,11 @@ def _int8_notes(lineage) -> list[str]:
         if record.name != "quantize_int8" or not record.details:
             continue
         d = record.details
+        if not d.get("layers"):
+            notes.append(f"no layer was quantized ({d.get('mode')} INT8 found no layer it covers): this artifact "
+                         "computes in FP32" + ("; pass --calib PATH for static INT8, which covers Conv and Gemm"
+                                               if d.get("mode") == "dynamic" else ""))
+            continue
         if d.get("mode") == "dynamic":
             notes.append("INT8 is dynamic: no calibration data was given, so activations are quantized per batch "
                          "at run time and only MatMul layers are INT8; pass --calib PATH for static INT8")

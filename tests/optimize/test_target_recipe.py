@@ -65,6 +65,6 @@ def test_registry_entries_carry_metadata():
     export = get_pass("onnx_export")
     assert (export.consumes, export.produces) == ("exported", "onnx")
     opts = {o["name"]: o for o in export.describe_options()}
-    assert opts["opset"]["default"] == 18 and opts["opset"]["description"]
+    assert opts["opset"]["default"] == 20 and opts["opset"]["description"]
     with pytest.raises(RecipeError, match="unknown pass"):
         get_pass("nope")
