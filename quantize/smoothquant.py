@@ -39,8 +39,12 @@ def smoothable(model, layers: list[Layer]) -> dict[str, list[Layer]]:
 
 
 def smooth(model, groups: dict[str, list[Layer]], channel_absmax: dict[str, list[float]], *,
-           alpha: float = 0.5, fold_only: bool = True) -> SmoothResult:
-    """Rescale ``model`` (an ``onnx.ModelProto``) in place; returns what was changed."""
+           alpha: float = 0.5, fold_only: bool = True, min_outlier_ratio: float = 0.0) -> SmoothResult:
+    """Rescale ``model`` (an ``onnx.ModelProto``) in place; returns what was changed.
+
+    A group is smoothed only when its activation's largest channel maximum is at least
+    ``min_outlier_ratio`` times the median one: evenly spread activations quantize well as they
+    are, and each inserted ``Mul`` costs run time."""
     from onnx import helper, numpy_helper
 
     inits = {i.name: i for i in model.graph.initializer}
@@ -55,6 +59,8 @@ def smooth(model, groups: dict[str, list[Layer]], channel_absmax: dict[str, list
         if activation not in channel_absmax or any(uses.get(layer.weight, 0) != 1 for layer in group):
             continue
         act = np.asarray(channel_absmax[activation], np.float64)
+        if act.max() < min_outlier_ratio * max(float(np.median(act)), 1e-12):
+            continue
         weights = [numpy_helper.to_array(inits[layer.weight]).astype(np.float64) for layer in group]
         rows = [w if layer.channel_axis == 1 else w.T for w, layer in zip(weights, group)]
         if any(r.shape[0] != act.shape[0] for r in rows):

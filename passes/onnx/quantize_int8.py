@@ -28,7 +28,7 @@ class QuantizeInt8Options(PassOptions):
     percentile: float = Field(99.99, gt=50.0, le=100.0, description="percentile kept by the percentile method")
     bins: int = Field(2048, ge=256, description="histogram bins for percentile, entropy and mse")
     placement: Literal["auto", "onnxruntime", "tensorrt"] = Field("auto", description="QDQ layout: ONNX Runtime CPU (u8 activations) or TensorRT (symmetric s8); auto follows the target")
-    budget: str = Field("cosine_mean=0.995", description="drift budget METRIC=VALUE the fallback holds (overridden by --max-drift)")
+    budget: str = Field("cosine_mean=0.99", description="drift budget METRIC=VALUE the fallback holds (overridden by --max-drift)")
     fallback: bool = Field(True, description="keep the most sensitive layers in FP32 until the budget holds")
     sensitivity_samples: int = Field(64, ge=1, description="samples used to rank layer sensitivity")
 

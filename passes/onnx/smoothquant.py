@@ -14,6 +14,7 @@ from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
 
 class SmoothQuantOptions(PassOptions):
     alpha: float = Field(0.5, ge=0.0, le=1.0, description="migration strength: 0 keeps the weights, 1 moves all of the activation range into them")
+    min_outlier_ratio: float = Field(8.0, ge=0.0, description="smooth an activation only if its largest channel maximum is this many times the median one (0: all)")
     fold_only: bool = Field(False, description="only smooth activations whose LayerNorm can absorb the scale (no extra Mul nodes)")
 
 
@@ -32,9 +33,11 @@ def run(artifact: Artifact, options: SmoothQuantOptions, context: PassContext) -
         return PassOutcome(artifact, False, ["no MatMul/Gemm layers with constant weights to smooth"])
     context.say(f"activation channel maxima of {len(groups)} tensors")
     table = calibrate(artifact.path, [], context.calibration, Observer("minmax"), channel_tensors=sorted(groups))
-    result = smoothquant.smooth(model, groups, table.channel_absmax, alpha=options.alpha, fold_only=options.fold_only)
+    result = smoothquant.smooth(model, groups, table.channel_absmax, alpha=options.alpha, fold_only=options.fold_only,
+                                min_outlier_ratio=options.min_outlier_ratio)
     if not result.groups:
-        return PassOutcome(artifact, False, ["no layer group could be smoothed"])
+        return PassOutcome(artifact, False, [f"no layer group could be smoothed (none has a channel outlier "
+                                             f"ratio of {options.min_outlier_ratio:g} or more)"])
     path = context.workdir / "smoothed.onnx"
     onnx.save(model, str(path))
     notes = [f"alpha {options.alpha:g}: {result.layers} layers in {result.groups} groups; "

@@ -48,13 +48,13 @@ def test_static_int8_minilm_holds_cosine(minilm, monkeypatch):
     encoder, folder, held_out, reference = minilm
     monkeypatch.setenv("INFOPT_CACHE_DIR", str(folder / "cache"))
     result = infopt.build(encoder, inputs=INPUTS, dims=DIMS, precision="int8", calibration=folder / "calib.npz",
-                          max_drift="cosine_mean=0.995", batch_sizes=[1], output=folder / "static", progress=False)
+                          max_drift="cosine_mean=0.99", batch_sizes=[1], output=folder / "static", progress=False)
     details = int8_details(result)
     assert details["mode"] == "static" and details["budget_met"]
     quantized = [r for r in details["layers"] if r["precision"] == "int8"]
     assert len(details["layers"]) == 36 and len(quantized) >= 30  # the fallback keeps only a few in FP32
     smooth = next(p for p in result.manifest["passes"] if p["name"] == "smoothquant")["details"]
-    assert smooth["layers"] == 36
+    assert smooth["groups"] >= 6 and smooth["inserted"] == smooth["groups"]  # the groups with channel outliers
     cosine = mean_cosine(infopt.load(result.output_dir, allow_failed=True), held_out, reference)
     assert cosine >= 0.99, cosine
 
@@ -62,7 +62,7 @@ def test_static_int8_minilm_holds_cosine(minilm, monkeypatch):
 def test_dynamic_int8_minilm_holds_cosine(minilm, monkeypatch):
     encoder, folder, held_out, reference = minilm
     result = infopt.build(encoder, inputs=INPUTS, dims=DIMS, precision="int8", val=folder / "calib.npz",
-                          max_drift="cosine_mean=0.995", batch_sizes=[1], output=folder / "dynamic", progress=False)
+                          max_drift="cosine_mean=0.99", batch_sizes=[1], output=folder / "dynamic", progress=False)
     details = int8_details(result)
     assert details["mode"] == "dynamic"
     assert sum(r["precision"] == "int8" for r in details["layers"]) >= 30

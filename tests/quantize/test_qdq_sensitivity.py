@@ -53,6 +53,9 @@ def test_smoothquant_keeps_outputs_and_flattens_the_outlier_channel(setup):
     assert spread(after_table.channel_absmax["ln"]) < spread(table.channel_absmax["ln"]) / 4
     folded_only = onnx.load(str(path))
     assert smoothquant.smooth(folded_only, groups, table.channel_absmax, fold_only=True).inserted == 0
+    even_enough = onnx.load(str(path))  # fc1's input has a 40x outlier channel, fc2's none that large
+    picked = smoothquant.smooth(even_enough, groups, table.channel_absmax, min_outlier_ratio=20.0)
+    assert (picked.groups, picked.layers) == (1, 1)
 
 
 def test_probe_is_exact_when_off_and_matches_real_qdq_when_on(setup):
