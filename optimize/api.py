@@ -36,8 +36,8 @@ class BuildResult:
     def latency(self) -> list[dict[str, Any]]:
         return self.manifest["validation"]["latency"]
 
-    def load(self):
-        return load(self.output_dir, allow_failed=True)
+    def load(self, *, threads: int = 0):
+        return load(self.output_dir, allow_failed=True, threads=threads)
 
 
 def _console(progress: bool | Any):
@@ -304,8 +304,9 @@ def _int8_notes(lineage) -> list[str]:
     return notes
 
 
-def load(dist_dir: str | Path, *, allow_failed: bool = False):
-    """A callable runner for an output folder's model; refuses one whose validation failed."""
+def load(dist_dir: str | Path, *, allow_failed: bool = False, threads: int = 0):
+    """A callable runner for an output folder's model; refuses one whose validation failed.
+    ``threads`` sets ONNX Runtime's intra-op threads (0: its default, one per core)."""
     from infopt.exporters.dist import read_manifest, sha256
     from infopt.runner import OrtRunner
 
@@ -318,7 +319,7 @@ def load(dist_dir: str | Path, *, allow_failed: bool = False):
     path = root / rel
     if not path.is_file() or sha256(path) != manifest["files"][rel]["sha256"]:
         raise ValidationFailed(f"{path} is missing or differs from the manifest's sha256", fix="rebuild the artifact")
-    return OrtRunner(path)
+    return OrtRunner(path, threads=threads)
 
 
 def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None,

@@ -1,1 +1,10 @@
-"""Quantization: calibration, INT8 static/dynamic, SmoothQuant, INT4 weight-only (later issues)."""
+"""Quantization.
+
+- ``calib_data``: calibration samples from files, iterables, DataLoaders, text or ``module:function``
+- ``observers``: minmax, percentile, entropy and MSE ranges
+- ``calibrate``: calibration tables per tensor, cached by content hash
+- ``onnx_int8``: the quantizable layers of an ONNX model; static QDQ and dynamic INT8
+- ``smoothquant``: activation outliers moved into weights before static INT8
+- ``sensitivity``: per-layer drift and the FP32 fallback under a drift budget
+- ``pt2e``: PT2E static INT8 (torchao) compiled with Inductor
+"""

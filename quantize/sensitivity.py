@@ -96,13 +96,14 @@ class Probe:
     def drift(self, batches, reference: list[np.ndarray], mask: np.ndarray) -> dict:
         candidate = self.run(batches, mask)
         per_output = [metrics.drift(r, c) for r, c in zip(reference, candidate)]
-        return _worst(per_output)
+        return worst_of(per_output)
 
     def close(self) -> None:
         self._tmp.cleanup()
 
 
-def _worst(per_output: list[dict]) -> dict:
+def worst_of(per_output: list[dict]) -> dict:
+    """The worst of each drift figure over several outputs."""
     from infopt.validators.drift import WORST
 
     out = {}

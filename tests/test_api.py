@@ -23,6 +23,9 @@ def test_build_from_module_and_load(digits, tmp_path):
     expected = model(x).detach().numpy()
     np.testing.assert_allclose(runner(x), expected, atol=1e-4)
     assert runner.input_names == ("x",)
+    one_thread = result.load(threads=1)
+    assert one_thread.session.get_session_options().intra_op_num_threads == 1
+    np.testing.assert_allclose(one_thread(x), expected, atol=1e-4)
 
 
 def test_load_refuses_non_dist(tmp_path):

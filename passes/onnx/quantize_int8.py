@@ -136,7 +136,7 @@ def _limit(batches, samples: int):
 def _build_confirmed(src, layers, ranges, placement, mode, excluded, ranked, batches, budget, fallback, context):
     """Build the real INT8 model; while it misses the budget, move the next layer to FP32."""
     from infopt.quantize import onnx_int8
-    from infopt.quantize.sensitivity import _worst
+    from infopt.quantize.sensitivity import worst_of
     from infopt.runner import OrtRunner
     from infopt.validators import metrics
 
@@ -154,7 +154,7 @@ def _build_confirmed(src, layers, ranges, placement, mode, excluded, ranked, bat
             onnx_int8.quantize_dynamic(src, dst, nodes)
         candidate = OrtRunner(dst)
         outs = [candidate.run(b) for b in batches]
-        drift = _worst([metrics.drift(np.concatenate([r[i] for r in ref_out]), np.concatenate([c[i] for c in outs]))
+        drift = worst_of([metrics.drift(np.concatenate([r[i] for r in ref_out]), np.concatenate([c[i] for c in outs]))
                         for i in range(len(ref_out[0]))])
         remaining = [n for n in order if n not in excluded]
         if budget.holds(drift) or not fallback or not remaining:
