@@ -27,6 +27,7 @@ PASS_MODULES: tuple[str, ...] = (
     "infopt.passes.fx.fold_batchnorm",
     "infopt.passes.lower.onnx_export",
     "infopt.passes.onnx.ort_optimize",
+    "infopt.passes.onnx.transformer_fusion",
     "infopt.passes.onnx.smoothquant",
     "infopt.passes.onnx.quantize_int8",
 )
