@@ -43,6 +43,14 @@ def environment() -> list[str]:
             f"infopt {infopt.__version__}"]
 
 
+def publish(text: str, markdown: Path | None) -> None:
+    """Print a result table and, when asked, write it to a markdown file."""
+    print(text)
+    if markdown:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(text + "\n")
+
+
 def cases(workdir: Path):
     cnn, data = train_digits()
     x = data["val"][0]
@@ -82,10 +90,7 @@ def main() -> None:
                                  f"{'-' if s is base else f'{drift:.2e}'} |")
     text = "\n".join(lines + [""] + [f"- {e}" for e in environment()]
                      + [f"- {args.iterations} timed runs per row after {args.warmup} warm-up runs, each runner in its own block"])
-    print(text)
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(text + "\n")
+    publish(text, args.markdown)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import infopt  # noqa: E402
-from benchmarks.bench_fp32_eager_vs_ort import environment  # noqa: E402
+from benchmarks.bench_fp32_eager_vs_ort import environment, publish  # noqa: E402
 from infopt.runner import OrtRunner, TorchRunner  # noqa: E402
 from infopt.validators.latency import measure  # noqa: E402
 
@@ -210,10 +210,7 @@ def main() -> None:
         f"- {ORTQ}: `quantize_dynamic(plain, out)` on this script's own `torch.onnx.export(dynamo=True)` FP32 export",
         f"- {args.iterations} timed runs per row after {args.warmup} warm-up runs, each runner in its own block; "
         f"whole run {elapsed:.0f} s (builds included)"] + [f"- {n}" for n in notes])
-    print(text)
-    if args.markdown:
-        args.markdown.parent.mkdir(parents=True, exist_ok=True)
-        args.markdown.write_text(text + "\n")
+    publish(text, args.markdown)
 
 
 if __name__ == "__main__":

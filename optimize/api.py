@@ -174,13 +174,11 @@ def _check_int8_inputs(recipe, target, calibration) -> None:
     step = next((s for s in recipe.passes if s.name == "quantize_int8"), None)
     if step is None:
         return
-    from infopt.passes.onnx.quantize_int8 import choose_mode
+    from infopt.passes.onnx.quantize_int8 import choose_mode, resolve_placement
     from infopt.registry import get_pass
 
     options = get_pass("quantize_int8").parse_options(step.options)
-    placement = options.placement if options.placement != "auto" else (
-        "tensorrt" if target.device == "cuda" else "onnxruntime")
-    choose_mode(options.mode, placement, calibration is not None, target.name)
+    choose_mode(options.mode, resolve_placement(options.placement, target), calibration is not None, target.name)
 
 
 def _with_overrides(recipe, thresholds, batch_sizes, pass_options=None):

@@ -50,10 +50,10 @@ def load_calibration(source: Any, spec: InputSpec, *, samples: int | None = DEFA
         items, label = _text(Path(source), spec, tokenizer), str(source)
     else:
         items, label = _items(source, spec)
+    from infopt.validators.data import check_sample
+
     rows: list[tuple[str, dict[str, np.ndarray]]] = []
     for where, feed in items:
-        from infopt.validators.data import check_sample
-
         batch = check_sample(spec, feed, where)
         n = int(next(iter(batch.values())).shape[0]) if spec.batch_symbol else 1
         for i in range(n):
@@ -70,8 +70,6 @@ def load_calibration(source: Any, spec: InputSpec, *, samples: int | None = DEFA
 
 
 def _items(source: Any, spec: InputSpec) -> tuple[Iterable[tuple[str, dict[str, np.ndarray]]], str]:
-    if isinstance(source, CalibrationSet):
-        return (((f"{source.source} batch {i}", b) for i, b in enumerate(source.batches)), source.source)
     if isinstance(source, (str, Path)):
         path = Path(source)
         if isinstance(source, str) and not path.exists() and ":" in source:

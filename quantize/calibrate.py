@@ -88,8 +88,8 @@ def calibrate(model_path: Path, tensors: list[str], data: CalibrationSet, observ
             return table
         except (ValueError, TypeError, KeyError):
             log.warning("ignoring unreadable calibration cache %s", cached)
-    table = _run(model_path, tensors, list(channel_tensors), data, observer)
-    table.method, table.options, table.model_sha256, table.data_sha256 = observer.method, options, model_sha, data.digest
+    ranges, channel_absmax = _run(model_path, tensors, list(channel_tensors), data, observer)
+    table = CalibrationTable(observer.method, options, model_sha, data.digest, data.count, ranges, channel_absmax)
     if use_cache:
         try:
             table.save(cached)
@@ -99,27 +99,25 @@ def calibrate(model_path: Path, tensors: list[str], data: CalibrationSet, observ
 
 
 def _run(model_path: Path, tensors: list[str], channel_tensors: list[str], data: CalibrationSet,
-         observer: Observer) -> CalibrationTable:
+         observer: Observer) -> tuple[dict[str, tuple[float, float]], dict[str, list[float]]]:
     wanted = list(dict.fromkeys([*tensors, *channel_tensors]))
     observers = {t: Observer(observer.method, observer.percentile, observer.bins) for t in tensors}
     absmax: dict[str, np.ndarray] = {}
     with tempfile.TemporaryDirectory(prefix="infopt-calib-") as tmp:
-        session, names = _tapped_session(model_path, wanted, Path(tmp))
+        session = _tapped_session(model_path, wanted, Path(tmp))
         for batch in data.batches:
-            for name, value in zip(names, session.run(names, batch)):
+            for name, value in zip(wanted, session.run(wanted, batch)):
                 if name in observers:
                     observers[name].observe_range(value)
                 if name in channel_tensors:
                     m = np.abs(value.reshape(-1, value.shape[-1])).max(axis=0)
                     absmax[name] = m if name not in absmax else np.maximum(absmax[name], m)
-        hist_names = [n for n in names if n in observers and observers[n].needs_histogram]
+        hist_names = [n for n in wanted if n in observers and observers[n].needs_histogram]
         if hist_names:
             for batch in data.batches:
                 for name, value in zip(hist_names, session.run(hist_names, batch)):
                     observers[name].observe_histogram(value)
-    return CalibrationTable(observer.method, {}, "", data.digest, data.count,
-                            {t: o.range() for t, o in observers.items()},
-                            {t: [float(x) for x in v] for t, v in absmax.items()})
+    return {t: o.range() for t, o in observers.items()}, {t: [float(x) for x in v] for t, v in absmax.items()}
 
 
 def _tapped_session(model_path: Path, wanted: list[str], tmp: Path):
@@ -137,5 +135,4 @@ def _tapped_session(model_path: Path, wanted: list[str], tmp: Path):
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     options.log_severity_level = 3
-    session = ort.InferenceSession(str(tapped), options, providers=["CPUExecutionProvider"])
-    return session, wanted
+    return ort.InferenceSession(str(tapped), options, providers=["CPUExecutionProvider"])

@@ -20,6 +20,7 @@ import numpy as np
 
 from infopt.quantize.onnx_int8 import Layer
 from infopt.validators import metrics
+from infopt.validators.drift import worst
 
 MASK = "infopt_qmask"
 LOWER_IS_BETTER = ("max_abs", "mean_abs", "max_rel")
@@ -93,30 +94,26 @@ class Probe:
         outs = [self.session.run(None, {**b, MASK: mask.astype(np.float32)}) for b in batches]
         return [np.concatenate([o[i] for o in outs]) for i in range(len(outs[0]))]
 
+    def reference(self, batches: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+        """The FP32 outputs: every switch off (exactly the original model)."""
+        return self.run(batches, np.zeros(len(self.layers)))
+
     def drift(self, batches, reference: list[np.ndarray], mask: np.ndarray) -> dict:
-        candidate = self.run(batches, mask)
-        per_output = [metrics.drift(r, c) for r, c in zip(reference, candidate)]
-        return worst_of(per_output)
+        return output_drift(reference, self.run(batches, mask))
 
     def close(self) -> None:
         self._tmp.cleanup()
 
 
-def worst_of(per_output: list[dict]) -> dict:
-    """The worst of each drift figure over several outputs."""
-    from infopt.validators.drift import WORST
-
-    out = {}
-    for key, pick in WORST.items():
-        values = [d[key] for d in per_output if d.get(key) is not None]
-        out[key] = pick(values) if values else None
-    return out
+def output_drift(reference: list[np.ndarray], candidate: list[np.ndarray]) -> dict:
+    """Drift figures over all outputs (each concatenated over the batches), the worst of each."""
+    return worst([metrics.drift(r, c) for r, c in zip(reference, candidate)])
 
 
 def rank(probe: Probe, batches, budget: Budget, progress: Callable[[str], None] | None = None) -> list[dict]:
     """Each layer's drift when it alone is INT8, most sensitive first."""
     n = len(probe.layers)
-    reference = probe.run(batches, np.zeros(n))
+    reference = probe.reference(batches)
     rows = []
     for i, layer in enumerate(probe.layers):
         if progress:
@@ -131,12 +128,14 @@ def rank(probe: Probe, batches, budget: Budget, progress: Callable[[str], None] 
 
 
 def choose_fallback(probe: Probe, batches, budget: Budget, ranked: list[dict],
-                    progress: Callable[[str], None] | None = None) -> tuple[list[str], list[dict]]:
+                    progress: Callable[[str], None] | None = None,
+                    reference: list[np.ndarray] | None = None) -> tuple[list[str], list[dict]]:
     """Exclude the most sensitive layers one at a time until the probe meets the budget.
 
-    Returns the excluded layer names and one step record per evaluation."""
+    ``reference`` is the FP32 output on ``batches`` when the caller has it already. Returns the
+    excluded layer names and one step record per evaluation."""
     index = {layer.node: i for i, layer in enumerate(probe.layers)}
-    reference = probe.run(batches, np.zeros(len(index)))
+    reference = probe.reference(batches) if reference is None else reference
     excluded: list[str] = []
     steps = []
     for row in [None, *ranked]:

@@ -24,11 +24,7 @@ class DriftReport:
 
     @property
     def worst(self) -> dict[str, float | None]:
-        combined: dict[str, float | None] = {}
-        for key, pick in WORST.items():
-            values = [o[key] for o in self.outputs.values() if o.get(key) is not None]
-            combined[key] = pick(values) if values else None
-        return combined
+        return worst(list(self.outputs.values()))
 
     @property
     def random_inputs(self) -> bool:
@@ -37,6 +33,15 @@ class DriftReport:
     def to_json(self) -> dict[str, Any]:
         return {"samples": self.samples, "source": self.source, "random_inputs": self.random_inputs,
                 "worst": self.worst, "outputs": self.outputs}
+
+
+def worst(per_output: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """The worst of each figure over several outputs' metrics."""
+    combined: dict[str, float | None] = {}
+    for key, pick in WORST.items():
+        values = [o[key] for o in per_output if o.get(key) is not None]
+        combined[key] = pick(values) if values else None
+    return combined
 
 
 def run_all(runner, batches: Iterable[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:

@@ -9,9 +9,9 @@ not only on the probe; the per-layer table goes into the manifest and the report
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-import numpy as np
 from pydantic import Field
 
 from infopt.artifact import Artifact
@@ -31,6 +31,13 @@ class QuantizeInt8Options(PassOptions):
     budget: str = Field("cosine_mean=0.99", description="drift budget METRIC=VALUE the fallback holds (overridden by --max-drift)")
     fallback: bool = Field(True, description="keep the most sensitive layers in FP32 until the budget holds")
     sensitivity_samples: int = Field(64, ge=1, description="samples used to rank layer sensitivity")
+
+
+def resolve_placement(placement: str, target) -> str:
+    """The QDQ layout: the option's, or for ``auto`` TensorRT's on GPU targets, ONNX Runtime's on CPU."""
+    if placement != "auto":
+        return placement
+    return "tensorrt" if target.device == "cuda" else "onnxruntime"
 
 
 def choose_mode(mode: str, placement: str, has_calibration: bool, target_name: str) -> str:
@@ -54,8 +61,7 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
     from infopt.quantize import onnx_int8, sensitivity
     from infopt.quantize.sensitivity import Budget
 
-    placement = options.placement if options.placement != "auto" else (
-        "tensorrt" if context.target.device == "cuda" else "onnxruntime")
+    placement = resolve_placement(options.placement, context.target)
     mode = choose_mode(options.mode, placement, context.calibration is not None, context.target.name)
     budget = Budget.parse(context.budget or options.budget)
     model = onnx.load(str(artifact.path))
@@ -70,7 +76,8 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
                            {"mode": mode, "layers": []})
     attachments, ranges, calib_info = {}, None, {}
     if mode == "static":
-        batches, table = _calibrate(src, layers, options, context)
+        batches = list(context.calibration.batches)
+        table = _calibrate(src, layers, options, context)
         ranges = table.ranges
         table_path = table.save(context.workdir / "calibration.json")
         attachments["quantization/calibration.json"] = table_path
@@ -81,15 +88,28 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
     sample_batches = _limit(batches, options.sensitivity_samples)
     probe = sensitivity.Probe(src, layers, ranges, symmetric=placement == "tensorrt")
     try:
+        reference = probe.reference(batches)
         ranked = sensitivity.rank(probe, sample_batches, budget, context.say)
-        excluded, steps = (sensitivity.choose_fallback(probe, batches, budget, ranked, context.say)
+        excluded, steps = (sensitivity.choose_fallback(probe, batches, budget, ranked, context.say, reference)
                            if options.fallback else ([], []))
     finally:
         probe.close()
-    dst, drift, excluded = _build_confirmed(src, layers, ranges, placement, mode, excluded, ranked, batches, budget,
-                                            options.fallback, context)
+
+    def build(nodes: list[str], dst: Path) -> Path:
+        if mode == "static":
+            return onnx_int8.quantize_static(src, dst, ranges, nodes, placement=placement)
+        return onnx_int8.quantize_dynamic(src, dst, nodes)
+
+    order = [r["layer"] for r in ranked] if options.fallback else []
+    dst, drift, excluded = _build_confirmed(build, layers, excluded, order, batches, reference, budget, context)
     quantized = [layer for layer in layers if layer.node not in excluded]
     met = budget.holds(drift)
+    if met:
+        verdict = ""
+    elif len(excluded) == len(layers):
+        verdict = " - NOT met even with every layer in FP32"
+    else:
+        verdict = " - NOT met"
     details = {"mode": mode, "placement": placement, "budget": str(budget), "budget_metric": budget.metric,
                "budget_threshold": budget.threshold, "budget_met": met, "measured": drift,
                "measured_on": "calibration data" if mode == "static" else "validation data",
@@ -97,8 +117,7 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
                "layers": _layer_rows(ranked, excluded, budget), "quantized_ops": onnx_int8.quantized_nodes(dst)}
     notes = [f"{mode} INT8 ({_why(mode, context)}): {len(quantized)}/{len(layers)} layers in INT8"
              + (f", {len(excluded)} kept in FP32 by the fallback" if excluded else ""),
-             f"budget {budget}: measured {drift.get(budget.metric):.6g} on {details['measured_on']}"
-             + ("" if met else " - NOT met even with every layer in FP32" if len(excluded) == len(layers) else " - NOT met")]
+             f"budget {budget}: measured {drift.get(budget.metric):.6g} on {details['measured_on']}{verdict}"]
     result = artifact.derive("onnx", path=dst)
     result.attachments.update(attachments)
     return PassOutcome(result, True, notes, details)
@@ -117,8 +136,7 @@ def _calibrate(src, layers, options, context):
 
     context.say(f"calibrating {options.method} on {context.calibration.count} samples")
     observer = Observer(options.method, options.percentile, options.bins)
-    table = calibrate(src, onnx_int8.calibration_tensors(layers), context.calibration, observer)
-    return list(context.calibration.batches), table
+    return calibrate(src, onnx_int8.calibration_tensors(layers), context.calibration, observer)
 
 
 def _limit(batches, samples: int):
@@ -133,31 +151,24 @@ def _limit(batches, samples: int):
     return out
 
 
-def _build_confirmed(src, layers, ranges, placement, mode, excluded, ranked, batches, budget, fallback, context):
-    """Build the real INT8 model; while it misses the budget, move the next layer to FP32."""
-    from infopt.quantize import onnx_int8
-    from infopt.quantize.sensitivity import worst_of
-    from infopt.runner import OrtRunner
-    from infopt.validators import metrics
+def _build_confirmed(build, layers, excluded, order, batches, reference, budget, context):
+    """Build the real INT8 model and measure it against the FP32 ``reference``; while it misses the
+    budget, move the next layer of ``order`` to FP32 and build again."""
+    import numpy as np
 
-    reference = OrtRunner(src, optimize=False)
-    ref_out = [reference.run(b) for b in batches]
-    order = [r["layer"] for r in ranked]
+    from infopt.quantize.sensitivity import output_drift
+    from infopt.runner import OrtRunner
+
     excluded = list(excluded)
-    dst = context.workdir / "int8.onnx"
     while True:
         nodes = [layer.node for layer in layers if layer.node not in excluded]
         context.say(f"building INT8 model with {len(nodes)}/{len(layers)} layers")
-        if mode == "static":
-            onnx_int8.quantize_static(src, dst, ranges, nodes, placement=placement)
-        else:
-            onnx_int8.quantize_dynamic(src, dst, nodes)
+        dst = build(nodes, context.workdir / "int8.onnx")
         candidate = OrtRunner(dst)
         outs = [candidate.run(b) for b in batches]
-        drift = worst_of([metrics.drift(np.concatenate([r[i] for r in ref_out]), np.concatenate([c[i] for c in outs]))
-                        for i in range(len(ref_out[0]))])
+        drift = output_drift(reference, [np.concatenate([o[i] for o in outs]) for i in range(len(reference))])
         remaining = [n for n in order if n not in excluded]
-        if budget.holds(drift) or not fallback or not remaining:
+        if budget.holds(drift) or not remaining:
             return dst, drift, excluded
         excluded.append(remaining[0])
 

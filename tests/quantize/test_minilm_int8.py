@@ -59,7 +59,7 @@ def test_static_int8_minilm_holds_cosine(minilm, monkeypatch):
     assert cosine >= 0.99, cosine
 
 
-def test_dynamic_int8_minilm_holds_cosine(minilm, monkeypatch):
+def test_dynamic_int8_minilm_holds_cosine(minilm):
     encoder, folder, held_out, reference = minilm
     result = infopt.build(encoder, inputs=INPUTS, dims=DIMS, precision="int8", val=folder / "calib.npz",
                           max_drift="cosine_mean=0.99", batch_sizes=[1], output=folder / "dynamic", progress=False)
