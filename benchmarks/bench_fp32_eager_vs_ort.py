@@ -55,12 +55,12 @@ def cases(workdir: Path):
     cnn, data = train_digits()
     x = data["val"][0]
     result = infopt.build(cnn, example_inputs=(torch.from_numpy(x[:8]),), output=workdir / "cnn", progress=False,
-                          val=None, name="digits_cnn")
+                          val=None, name="digits_cnn", backend="onnxruntime")
     yield "DigitsCNN", cnn, ("x",), result, lambda b: {"x": np.ascontiguousarray(x[:b])}
     enc, edata = train_encoder()
     ids = edata["val"][0]
     result = infopt.build(enc, example_inputs=(torch.from_numpy(ids[:8]),), output=workdir / "enc", progress=False,
-                          name="tiny_encoder")
+                          name="tiny_encoder", backend="onnxruntime")
     yield "TinyEncoder (seq 16)", enc, ("input_ids",), result, lambda b: {"input_ids": np.ascontiguousarray(ids[:b])}
 
 

@@ -4,7 +4,7 @@ For the real all-MiniLM-L6-v2 sentence encoder (seq 64) and the example DigitsCN
 each runner in its own warm-up and timed block at batch 1 and 32:
 
 1. eager FP32 PyTorch (the baseline);
-2. ONNX Runtime FP32: the model of ``infopt.build(precision="fp32")``;
+2. ONNX Runtime FP32: the model of ``infopt.build(precision="fp32", backend="onnxruntime")``;
 3. ORT dynamic defaults: ``onnxruntime.quantization.quantize_dynamic(plain, out)`` with every option
    at its default, on the plain FP32 ONNX this script exports with ``torch.onnx.export(dynamo=True)``
    (no infopt passes, no ORT pre-processing), which is what a user reaches for first;
@@ -92,7 +92,7 @@ def int8_note(result) -> str:
 def builds(module, work: Path, tag: str, common: dict, calib: Path, budget: str, notes: list[str]) -> dict:
     """infopt fp32, int8 static and int8 dynamic builds; name -> model.onnx path."""
     paths = {}
-    for runner, folder, kw in ((ORT32, "fp32", {"precision": "fp32"}),
+    for runner, folder, kw in ((ORT32, "fp32", {"precision": "fp32", "backend": "onnxruntime"}),
                                (STATIC, "int8-static", {"precision": "int8", "calibration": str(calib), "max_drift": budget}),
                                (DYNAMIC, "int8-dynamic", {"precision": "int8", "max_drift": budget})):
         start = time.perf_counter()

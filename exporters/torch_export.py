@@ -142,3 +142,24 @@ def _line_from_message(text: str) -> str | None:
         if "/torch/" not in filename:
             return f"{filename}:{lineno}: {linecache.getline(filename, int(lineno)).strip()}"
     return None
+
+
+def exported_outputs(program, spec: InputSpec, names: tuple[str, ...]) -> list[tuple[str, str, tuple]]:
+    """(name, dtype, shape) of each user output of ``program``, its dynamic dims named by the spec's symbols."""
+    from infopt.inputspec import dtype_name
+
+    signature = program.graph_signature
+    nodes = {n.name: n for n in program.graph.nodes}
+    symbols: dict[str, str] = {}
+    for tensor, node_name in zip(spec.inputs, signature.user_inputs):
+        for dim, size in zip(tensor.shape, nodes[node_name].meta["val"].shape):
+            if isinstance(dim, str):
+                symbols[str(size)] = dim
+    output_node = next(n for n in program.graph.nodes if n.op == "output")
+    values = list(output_node.args[0])[-len(signature.user_outputs):]
+    found = []
+    for i, value in enumerate(values):
+        fake = value.meta["val"]
+        shape = tuple(int(d) if str(d).isdigit() else symbols.get(str(d), f"d{j}") for j, d in enumerate(fake.shape))
+        found.append((names[i] if i < len(names) else f"output_{i}", dtype_name(fake.dtype), shape))
+    return found

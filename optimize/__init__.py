@@ -16,8 +16,9 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 
 if TYPE_CHECKING:
     from infopt.api import BuildResult, build, load
+    from infopt.inprocess import compile
 
-__all__ = ["build", "load", "BuildResult", "__version__"]
+__all__ = ["build", "load", "compile", "BuildResult", "__version__"]
 
 
 def __getattr__(name: str):
@@ -25,4 +26,8 @@ def __getattr__(name: str):
         from infopt import api
 
         return getattr(api, name)
+    if name == "compile":
+        from infopt.inprocess import compile
+
+        return compile
     raise AttributeError(f"module 'infopt' has no attribute {name!r}")

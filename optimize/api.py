@@ -126,21 +126,25 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     verdict checks; ``pass_options`` overrides recipe options by pass name.
     """
     from infopt.loading import _from_module, load_model
-    from infopt.recipe import find_recipe, load_recipe
+    from infopt.recipe import load_recipe, recipes_for
     from infopt.target import get_target
 
     console = _console(progress)
     target_obj = get_target(target)
-    chosen = load_recipe(recipe) if recipe else find_recipe(target_obj, precision, backend)
-    target_obj.require_precision(chosen.precision)
+    if recipe:
+        recipes = [load_recipe(recipe)]
+        target_obj.require_precision(recipes[0].precision)
+    else:
+        recipes = recipes_for(target_obj, precision, backend)
     budget = None
     if max_drift is not None:
         from infopt.quantize.sensitivity import Budget
 
         budget = Budget.parse(max_drift)
         thresholds = {**(thresholds or {}), budget.threshold_name: budget.threshold}
-    chosen = _with_overrides(chosen, thresholds, batch_sizes, pass_options)
-    _check_int8_inputs(chosen, target_obj, calibration)
+    recipes = [_with_overrides(r, thresholds, batch_sizes, pass_options) for r in recipes]
+    for each in recipes:
+        _check_int8_inputs(each, target_obj, calibration)
 
     if isinstance(model, (str, Path)):
         loaded = load_model(model, model_class=model_class, model_args=model_args, allow_pickle=allow_pickle)
@@ -165,7 +169,7 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
 
         calib = load_calibration(calibration, spec, samples=calib_samples, seed=calib_seed, tokenizer=tokenizer)
     with tempfile.TemporaryDirectory(prefix="infopt-build-") as work:
-        return _build_in(Path(work), loaded, artifact, reference, spec, chosen, target_obj, name, out, force,
+        return _build_in(Path(work), loaded, artifact, reference, spec, recipes, target_obj, name, out, force,
                          val, max_val_samples, console, calib, budget)
 
 
@@ -232,23 +236,19 @@ def _latency_feeds(spec, recipe, module):
     return {b: random_feed(spec, int_high=vocab, **{batch: b}) for b in sizes}
 
 
-def _build_in(work, loaded, artifact, reference, spec, recipe, target, name, out, force, val, max_samples, console,
+def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, out, force, val, max_samples, console,
               calib=None, budget=None):
-    from infopt.emit import base_manifest, onnx_outputs, source_info, store_samples, write_output
+    from infopt import candidates as cand
+    from infopt.emit import base_manifest, source_info, store_samples, write_output
     from infopt.exporters.dist import staged_output
-    from infopt.pipeline import Pipeline
-    from infopt.runner import OrtRunner
     from infopt.validators import drift as drift_mod
     from infopt.validators import latency as latency_mod
     from infopt.validators.data import split_batches
     from infopt.validators.verdict import judge
 
     batches, source = _validation_batches(spec, val, max_samples, loaded.module)
-    final = Pipeline(recipe, target, work, calibration=calib, budget=budget, check_batches=batches,
-                     console=console).run(artifact)
-    candidate = OrtRunner(final.path)
-    outputs = onnx_outputs(final.path)
-    names = tuple(o[0] for o in outputs)
+    candidates = _build_candidates(work, artifact, recipes, target, console, calib, budget, batches)
+    built = [c for c in candidates if c.status == "built"]
     max_batch = spec.dims[spec.batch_symbol].max if spec.batch_symbol else 1
     batches = list(split_batches(batches, spec, max_batch))
     status = console.status("validating: drift against the eager reference") if console else None
@@ -256,29 +256,97 @@ def _build_in(work, loaded, artifact, reference, spec, recipe, target, name, out
         status.start()
     try:
         ref_out = drift_mod.run_all(reference, batches)
-        drift = drift_mod.compare(ref_out, drift_mod.run_all(candidate, batches), names, source)
+        for c in built:
+            c.drift = drift_mod.compare(ref_out, drift_mod.run_all(c.runner, batches), tuple(o[0] for o in c.outputs), source)
         if status:
-            status.update("validating: latency")
-        lat_cfg = recipe.validation.latency
-        timings = latency_mod.measure({"eager": reference.run, "infopt": candidate.run},
-                                      _latency_feeds(spec, recipe, loaded.module), lat_cfg.warmup, lat_cfg.iterations)
+            status.update("validating: latency" + (f" of {len(built)} candidates" if len(built) > 1 else ""))
+        lat_cfg = built[0].recipe.validation.latency
+        timings = latency_mod.measure({"eager": reference.run, **{c.label: c.runner.run for c in built}},
+                                      _latency_feeds(spec, built[0].recipe, loaded.module), lat_cfg.warmup,
+                                      lat_cfg.iterations, devices={c.label: c.runner.device for c in built})
     finally:
         if status:
             status.stop()
-    verdict = judge(recipe.validation, drift.worst, [t.p99_ms for t in timings if t.runner == "infopt"])
-    notes = _int8_notes(final.lineage)
-    if target.device != "cpu":
-        notes.append(f"target {target.name} is a {target.device} device; drift and latency were measured on this "
-                     "machine's CPU with ONNX Runtime's CPUExecutionProvider, not on the target")
-    validation = {"device": "cpu (onnxruntime CPUExecutionProvider)", "notes": notes, "drift": drift.to_json(),
-                  "latency": [t.to_json() for t in timings], "verdict": verdict.to_json()}
-    manifest = base_manifest(name, source_info(loaded.source, loaded.format), target, recipe, spec, outputs,
+    for c in built:
+        c.verdict = judge(c.recipe.validation, c.drift.worst, [t.p99_ms for t in timings if t.runner == c.label])
+    chosen, why = cand.choose(built, timings, target)
+    chosen.chosen = True
+    final, recipe = chosen.artifact, chosen.recipe
+    notes = _int8_notes(final.lineage) + _engine_notes(final.lineage)
+    if target.device != "cpu" and chosen.runner.device == "cpu":
+        notes.append(f"target {target.name} is a {target.device} device; drift and latency were measured here on "
+                     f"{cand.runner_description(chosen.runner)}, not on the target")
+    latency = [t.to_json() for t in timings if t.runner == "eager"]
+    latency += [{**t.to_json(), "runner": "infopt"} for t in timings if t.runner == chosen.label]
+    validation = {"device": cand.runner_description(chosen.runner), "notes": notes, "drift": chosen.drift.to_json(),
+                  "latency": latency, "verdict": chosen.verdict.to_json()}
+    names = tuple(o[0] for o in chosen.outputs)
+    manifest = base_manifest(name, source_info(loaded.source, loaded.format), target, recipe, spec, chosen.outputs,
                              final.lineage, validation)
+    manifest["candidates"] = cand.table(candidates, timings)
+    manifest["selection"] = why
     with staged_output(out, force) as stage:
         stored = store_samples(stage / "validation" / "samples.npz", batches, ref_out, names, spec.batch_symbol is not None)
         manifest["validation"]["stored_samples"] = stored
-        manifest = write_output(stage, manifest, final.path, spec, target.device, recipe.emit, final.attachments)
-    return BuildResult(name, out, manifest, final, [final])
+        manifest = write_output(stage, manifest, final.path, spec, target.device, recipe.emit, final.attachments,
+                                server_engine=_server_engine(final.lineage))
+    return BuildResult(name, out, manifest, final, candidates)
+
+
+def _build_candidates(work, artifact, recipes, target, console, calib, budget, check_batches):
+    """Run each recipe's pipeline; with several, one that cannot be built here or fails is recorded, not fatal."""
+    from infopt import candidates as cand
+    from infopt.errors import BuildError, EnvironmentProblem
+    from infopt.pipeline import Pipeline
+
+    candidates = [cand.Candidate(r) for r in recipes]
+    for c in candidates:
+        reason = cand.blocked_reason(c.recipe, target, artifact.kind)
+        if reason:
+            c.status, c.reason = "skipped", reason
+    runnable = [c for c in candidates if c.status != "skipped"]
+    if not runnable:
+        raise EnvironmentProblem(f"nothing can be built here for {target.name}: "
+                                 + "; ".join(f"{c.label}: {c.reason}" for c in candidates),
+                                 fix="build on a machine that has what is missing, or choose another --backend or precision")
+    errors = []
+    for c in runnable:
+        (work / c.label).mkdir(parents=True, exist_ok=True)
+        try:
+            c.artifact = Pipeline(c.recipe, target, work / c.label, calibration=calib, budget=budget,
+                                  check_batches=check_batches, console=console,
+                                  label=c.label if len(runnable) > 1 else "").run(artifact)
+            c.runner = cand.validation_runner(c.artifact, target)
+            c.outputs = cand.artifact_outputs(c.artifact)
+            c.status = "built"
+        except (BuildError, EnvironmentProblem) as exc:
+            if len(runnable) == 1:
+                raise
+            errors.append(exc)
+            c.status, c.reason = "failed", str(exc).strip().splitlines()[0]
+    if not any(c.status == "built" for c in candidates):
+        raise errors[0]
+    cand.drop_duplicates(candidates)
+    return candidates
+
+
+def _server_engine(lineage) -> dict | None:
+    """The TensorRT engine the server builds at load time, when it was not built here."""
+    record = next((r for r in lineage if r.name == "tensorrt_build" and r.details.get("engine") == "server"), None)
+    if record is None:
+        return None
+    return {"precision_mode": record.details["precision_mode"],
+            "workspace_bytes": int(record.details["workspace_gb"] * 2**30)}
+
+
+def _engine_notes(lineage) -> list[str]:
+    record = next((r for r in lineage if r.name == "tensorrt_build" and r.details.get("engine") == "server"), None)
+    if record is None:
+        return []
+    d = record.details
+    return [f"the TensorRT engine is built on the server at load time ({d['reason']} here): Triton's ONNX Runtime "
+            f"backend with the TensorRT execution accelerator, precision {d['precision_mode']}; what was validated "
+            "here is the ONNX model it is built from"]
 
 
 def _int8_notes(lineage) -> list[str]:
@@ -306,7 +374,6 @@ def load(dist_dir: str | Path, *, allow_failed: bool = False, threads: int = 0):
     """A callable runner for an output folder's model; refuses one whose validation failed.
     ``threads`` sets ONNX Runtime's intra-op threads (0: its default, one per core)."""
     from infopt.exporters.dist import read_manifest, sha256
-    from infopt.runner import OrtRunner
 
     root = Path(dist_dir)
     manifest = read_manifest(root)
@@ -317,7 +384,14 @@ def load(dist_dir: str | Path, *, allow_failed: bool = False, threads: int = 0):
     path = root / rel
     if not path.is_file() or sha256(path) != manifest["files"][rel]["sha256"]:
         raise ValidationFailed(f"{path} is missing or differs from the manifest's sha256", fix="rebuild the artifact")
-    return OrtRunner(path, threads=threads)
+    return _manifest_runner(root, manifest, threads)
+
+
+def _manifest_runner(root: Path, manifest: dict[str, Any], threads: int = 0):
+    from infopt.runner import runner_for_file
+
+    names = [i["name"] for i in manifest["inputs"]["inputs"]]
+    return runner_for_file(root / manifest["artifacts"]["model"], names, [o["name"] for o in manifest["outputs"]], threads)
 
 
 def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None,
@@ -329,7 +403,6 @@ def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None
     from infopt.emit import SAMPLES_FILE
     from infopt.exporters.dist import read_manifest, verify_files
     from infopt.recipe import Recipe
-    from infopt.runner import OrtRunner
     from infopt.validators import drift as drift_mod
     from infopt.validators import latency as latency_mod
     from infopt.validators.verdict import judge
@@ -343,7 +416,7 @@ def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None
     if problems:
         result["verdict"] = {"passed": False, "reasons": [f"file check: {p}" for p in problems], "checks": []}
         return result
-    runner = OrtRunner(root / manifest["artifacts"]["model"])
+    runner = _manifest_runner(root, manifest)
     with np.load(root / SAMPLES_FILE, allow_pickle=False) as data:
         inputs = {k.split(".", 1)[1]: data[k] for k in data.files if k.startswith("input.")}
         reference = [[data[f"reference.{o['name']}"] for o in manifest["outputs"]]]
@@ -351,7 +424,7 @@ def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None
                               f"{SAMPLES_FILE} (stored at build)")
     feeds = _latency_feeds(spec, recipe, None)
     lat = recipe.validation.latency
-    timings = latency_mod.measure({"infopt": runner.run}, feeds, lat.warmup, lat.iterations)
+    timings = latency_mod.measure({"infopt": runner.run}, feeds, lat.warmup, lat.iterations, devices={"infopt": runner.device})
     verdict = judge(recipe.validation, drift.worst, [t.p99_ms for t in timings])
     result.update({"drift": drift.to_json(), "latency": [t.to_json() for t in timings], "verdict": verdict.to_json()})
     return result

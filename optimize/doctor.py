@@ -18,6 +18,18 @@ def _check(component: str, ok: bool, detail: str, fix: str = "") -> dict[str, An
     return {"component": component, "ok": ok, "detail": detail, "fix": "" if ok else fix}
 
 
+def cpp_compiler() -> str | None:
+    """The C++ compiler Inductor would use for CPU kernels, or None."""
+    import os
+    import shutil
+
+    for name in filter(None, (os.environ.get("CXX"), "g++", "c++", "clang++")):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
 def checks() -> list[dict[str, Any]]:
     found = []
     torch_version = _pkg("torch")
@@ -53,6 +65,9 @@ def checks() -> list[dict[str, Any]]:
             found.append(_check(label, True, getattr(mod, "__version__", "installed")))
         except Exception as exc:  # noqa: BLE001 - any import failure means unavailable
             found.append(_check(label, False, f"cannot import {module}: {type(exc).__name__}", fix))
+    compiler = cpp_compiler()
+    found.append(_check("C++ compiler (AOTInductor CPU)", compiler is not None, compiler or "none on PATH",
+                        "install g++ (apt install g++), or set CXX; --backend inductor needs it for CPU packages"))
     for pkg in ("onnx", "onnxscript"):
         v = _pkg(pkg)
         found.append(_check(pkg, v is not None, v or "not installed", f"pip install {pkg}"))

@@ -62,19 +62,25 @@ def store_samples(path: Path, batches: list[dict[str, np.ndarray]], reference: l
 
 
 def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, device: str,
-                 emit: list[str], attachments: dict[str, Path] | None = None) -> dict[str, Any]:
-    """Fill ``stage`` and return the completed manifest (files and their sha256 included)."""
+                 emit: list[str], attachments: dict[str, Path] | None = None,
+                 server_engine: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Fill ``stage`` and return the completed manifest (files and their sha256 included).
+
+    The model is ``model/model.onnx``, ``model/model.pt2`` (AOTInductor) or ``model/model.plan``
+    (TensorRT); ``server_engine`` asks the Triton config for a TensorRT engine built at load time."""
     name = manifest["name"]
     (stage / "model").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(model_file, stage / "model" / "model.onnx")
-    artifacts = {"model": "model/model.onnx"}
+    rel_model = f"model/model{model_file.suffix}"
+    shutil.copyfile(model_file, stage / rel_model)
+    artifacts = {"model": rel_model}
     for rel, source in (attachments or {}).items():
         (stage / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, stage / rel)
         artifacts[Path(rel).stem] = rel
     if "triton" in emit:
         folder = write_repository(stage / "servers" / "triton", name, model_file, spec,
-                                  [(o["name"], o["dtype"], tuple(o["shape"])) for o in manifest["outputs"]], device)
+                                  [(o["name"], o["dtype"], tuple(o["shape"])) for o in manifest["outputs"]], device,
+                                  server_engine=server_engine)
         artifacts["triton"] = folder.relative_to(stage).as_posix()
     manifest["artifacts"] = artifacts
     manifest["files"] = file_table(stage, skip=("manifest.json", "report.md"))

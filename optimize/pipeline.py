@@ -25,7 +25,7 @@ log = logging.getLogger("infopt.pipeline")
 
 class Pipeline:
     def __init__(self, recipe: Recipe, target: Target, workdir: Path, *, calibration=None, budget=None,
-                 check_batches=None, console=None):
+                 check_batches=None, console=None, label: str = ""):
         self.recipe = recipe
         self.target = target
         self.workdir = workdir
@@ -33,18 +33,20 @@ class Pipeline:
         self.budget = budget
         self.check_batches = check_batches
         self.console = console
+        self.label = f"{label}: " if label else ""
         self._say = None
 
     def run(self, artifact: Artifact) -> Artifact:
         steps = [(get_pass(s.name), s.options) for s in self.recipe.passes]
+        artifact = artifact.derive(artifact.kind, path=artifact.path, obj=artifact.obj)  # the caller's lineage stays its own
         progress = _progress(self.console)
         with progress or nullcontext():
             task = progress.add_task("building", total=len(steps)) if progress else None
             for definition, raw_options in steps:
                 if progress:
-                    progress.update(task, description=f"pass [bold]{definition.name}[/]")
-                    self._say = lambda text, d=definition.name: progress.update(
-                        task, description=f"pass [bold]{d}[/]: {escape(text)}")
+                    head = f"{escape(self.label)}pass [bold]{definition.name}[/]"
+                    progress.update(task, description=head)
+                    self._say = lambda text, h=head: progress.update(task, description=f"{h}: {escape(text)}")
                 artifact = self._run_one(definition, raw_options, artifact)
                 if progress:
                     progress.advance(task)

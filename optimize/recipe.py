@@ -97,6 +97,9 @@ def _validated(data: Any, where: str) -> Recipe:
 
 
 def load_recipe(path: str | Path) -> Recipe:
+    """A recipe from a YAML file, or a bundled one by name (``fp32-inductor``)."""
+    if not Path(path).exists() and str(path) in bundled_recipes():
+        path = bundled_recipes()[str(path)]
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text())
@@ -113,21 +116,37 @@ def bundled_recipes() -> dict[str, Path]:
     return {p.stem: p for p in sorted(PIPELINES_DIR.glob("*.yaml"))}
 
 
-def find_recipe(target: Target, precision: str, backend: str = "auto") -> Recipe:
-    """The bundled recipe for a target and precision: the first of the target's backends that has one."""
+def recipes_for(target: Target, precision: str, backend: str = "auto") -> list[Recipe]:
+    """Every bundled recipe that builds ``precision`` for ``target``: with ``backend="auto"`` one per
+    backend the target lists (and each variant, ``<precision>-<backend>-<variant>``), in the
+    target's order of preference; otherwise those of the one backend."""
     target.require_precision(precision)
-    bundled = bundled_recipes()
-    order = target.backends if backend == "auto" else (backend,)
     if backend != "auto" and backend not in target.backends:
         raise RecipeError(
             f"target {target.name} does not list backend {backend}",
             fix=f"use --backend auto or one of: {', '.join(target.backends)}",
         )
-    for candidate in order:
-        if f"{precision}-{candidate}" in bundled:
-            return load_recipe(bundled[f"{precision}-{candidate}"])
-    have = ", ".join(bundled) or "(none)"
-    raise RecipeError(
-        f"no recipe builds {precision} for target {target.name} with backend {backend}",
-        fix=f"bundled recipes are: {have}; pass one of those precisions, or --recipe FILE",
-    )
+    order = target.backends if backend == "auto" else (backend,)
+    bundled = bundled_recipes()
+    stems = [stem for candidate in order for stem in sorted(bundled, key=lambda s: (s.count("-"), s))
+             if stem == f"{precision}-{candidate}" or stem.startswith(f"{precision}-{candidate}-")]
+    found = [load_recipe(bundled[stem]) for stem in stems]
+    if not found:
+        raise RecipeError(
+            f"no bundled recipe builds {precision} for target {target.name}"
+            + ("" if backend == "auto" else f" with backend {backend}"),
+            fix=f"target {target.name} builds: {buildable(target) or '(nothing bundled)'}; or pass --recipe FILE",
+        )
+    return found
+
+
+def buildable(target: Target) -> str:
+    """What the bundled recipes build for ``target``: ``fp32 (onnxruntime, inductor); int8 (onnxruntime)``."""
+    pairs = {tuple(stem.split("-")[:2]) for stem in bundled_recipes()}
+    found = [(p, [b for b in target.backends if (p, b) in pairs]) for p in target.precisions]
+    return "; ".join(f"{p} ({', '.join(b)})" for p, b in found if b)
+
+
+def find_recipe(target: Target, precision: str, backend: str = "auto") -> Recipe:
+    """The preferred bundled recipe for a target and precision."""
+    return recipes_for(target, precision, backend)[0]

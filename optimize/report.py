@@ -115,6 +115,32 @@ def int8_section(manifest: dict[str, Any]) -> Section | None:
     return Section("INT8 layers", ["rank", "layer", "op", "module", f"{metric} alone", "SQNR dB", "precision"], rows, notes)
 
 
+def candidates_section(manifest: dict[str, Any]) -> Section | None:
+    """Every candidate the build considered: what it measured, whether it passed, which was chosen."""
+    rows_in = manifest.get("candidates") or []
+    if len(rows_in) < 2:
+        return None
+    batches = sorted({int(b) for c in rows_in for b in c.get("p50_ms", {})})
+    rows, notes = [], [f"chosen: {manifest.get('selection', '')}"]
+    for c in rows_in:
+        if c["status"] != "built":
+            rows.append([c["recipe"], c["status"], "-", "-", *["-"] * len(batches), "-", "-", ""])
+            notes.append(f"{c['recipe']} {c['status']}: {c['reason']}")
+            continue
+        verdict = "pass" if c["passed"] else "FAIL"
+        rows.append([c["recipe"], verdict, _num(c["cosine_min"], ".6f"), _num(c["max_abs"], ".3g"),
+                     *[_num(c["p50_ms"].get(str(b)), ".3f") for b in batches],
+                     f"{c['speedup']:.2f}x" if c["speedup"] else "-", _bytes(c["size_bytes"]), "yes" if c["chosen"] else ""])
+        notes += [f"{c['recipe']} failed {r}" for r in c["failed_checks"]]
+    if rows_in and any(c["status"] == "built" for c in rows_in):
+        runs_on = {c["runs_on"] for c in rows_in if c["status"] == "built"}
+        notes.append(f"measured on {', '.join(sorted(runs_on))}; p50 in ms; speedup is the geometric mean over batch "
+                     "sizes of eager p50 / candidate p50")
+    headers = ["candidate", "verdict", "cosine (min)", "max_abs", *[f"p50 b{b}" for b in batches],
+               "speedup", "size", "chosen"]
+    return Section("Candidates", headers, rows, notes)
+
+
 def files_section(manifest: dict[str, Any]) -> Section:
     rows = [[rel, _bytes(info["bytes"]), info["sha256"][:16]] for rel, info in manifest.get("files", {}).items()]
     return Section("Files", ["path", "size", "sha256 (first 16)"], rows, ["report.md and manifest.json are not listed"])
@@ -125,7 +151,7 @@ def versions_section(manifest: dict[str, Any]) -> Section:
 
 
 def sections(manifest: dict[str, Any]) -> list[Section]:
-    found = [summary(manifest), io_section(manifest), passes_section(manifest), int8_section(manifest),
+    found = [summary(manifest), candidates_section(manifest), io_section(manifest), passes_section(manifest), int8_section(manifest),
              drift_section(manifest), latency_section(manifest), files_section(manifest), versions_section(manifest)]
     return [s for s in found if s is not None]
 

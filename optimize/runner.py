@@ -17,6 +17,7 @@ from infopt.errors import EnvironmentProblem, UsageError
 
 class Runner:
     kind = "runner"
+    device = "cpu"
     input_names: tuple[str, ...] = ()
     output_names: tuple[str, ...] = ()
 
@@ -88,3 +89,58 @@ class OrtRunner(Runner):
 
     def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         return self.session.run(None, {n: feed[n] for n in self.input_names})
+
+
+class AotiRunner(Runner):
+    """An AOTInductor ``.pt2`` package; it runs on the device it was compiled for (CPU or CUDA)."""
+
+    kind = "aoti"
+
+    def __init__(self, path: str | Path, input_names: Sequence[str], output_names: Sequence[str] = ()):
+        import torch
+
+        self.path = Path(path)
+        self.package = torch._inductor.aoti_load_package(str(path))
+        self.device = self.package.get_metadata().get("AOTI_DEVICE_KEY", "cpu")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise EnvironmentProblem(f"{self.path.name} was compiled for CUDA and this machine has no CUDA GPU",
+                                     fix="run it on a GPU machine, or build for --target cpu")
+        self.input_names = tuple(input_names)
+        self.output_names = tuple(output_names)
+
+    def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        import torch
+        from torch.utils._pytree import tree_leaves
+
+        args = [_canonical(torch.from_numpy(feed[n])).to(self.device) for n in self.input_names]
+        with torch.inference_mode():
+            result = self.package(*args)
+        return [t.detach().cpu().numpy() for t in tree_leaves(result) if isinstance(t, torch.Tensor)]
+
+
+def _canonical(tensor):
+    """``tensor`` with row-major strides on every dim. An AOTInductor package indexes its inputs by
+    their strides; numpy (and ``Tensor.contiguous``) leave any stride on a size-1 dim of a view they
+    call contiguous, and with such an input (torch 2.13) the package returns wrong numbers."""
+    import torch
+
+    expected, step = [], 1
+    for size in reversed(tensor.shape):
+        expected.append(step)
+        step *= size
+    if tuple(reversed(expected)) == tensor.stride():
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
+
+
+def runner_for_file(path: str | Path, input_names: Sequence[str] = (), output_names: Sequence[str] = (),
+                    threads: int = 0) -> Runner:
+    """The runner for a model file by its kind: ``.onnx``, ``.pt2`` (AOTInductor) or ``.plan`` (TensorRT)."""
+    suffix = Path(path).suffix
+    if suffix == ".pt2":
+        return AotiRunner(path, input_names, output_names)
+    if suffix == ".plan":
+        from infopt.tensorrt_runner import TensorRTRunner
+
+        return TensorRTRunner(path)
+    return OrtRunner(path, threads=threads)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,8 +57,9 @@ class CalibrationTable:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("INFOPT_CACHE_DIR") or Path.home() / ".cache" / "infopt"
-    return Path(root) / "calibration"
+    from infopt.cache import cache_root
+
+    return cache_root() / "calibration"
 
 
 def file_sha256(path: Path) -> str:

@@ -13,7 +13,7 @@ from infopt.errors import UsageError
 def test_build_from_module_and_load(digits, tmp_path):
     model, data = digits
     x = torch.from_numpy(data["val"][0][:8])
-    result = infopt.build(model, example_inputs=(x,), target="cpu", precision="fp32",
+    result = infopt.build(model, example_inputs=(x,), target="cpu", precision="fp32", backend="onnxruntime",
                           output=tmp_path / "cnn", progress=False, batch_sizes=[1, 4])
     assert isinstance(result, infopt.BuildResult)
     assert result.passed and result.output_dir == tmp_path / "cnn"
@@ -37,9 +37,12 @@ def test_build_from_onnx_file(digits, tmp_path):
     """An ONNX file skips capture; the reference is the ONNX model run unoptimized."""
     model, data = digits
     x = torch.from_numpy(data["val"][0][:8])
-    first = infopt.build(model, example_inputs=(x,), output=tmp_path / "a", progress=False)
+    first = infopt.build(model, example_inputs=(x,), backend="onnxruntime", output=tmp_path / "a", progress=False)
     second = infopt.build(first.output_dir / "model" / "model.onnx", output=tmp_path / "b", progress=False)
     passes = second.manifest["passes"]
     assert [p["skipped"] for p in passes] == [True, True, True, True, False]
     assert second.manifest["source"]["format"] == "onnx" and second.passed
     assert second.drift["worst"]["max_abs"] <= 1e-4
+    rows = {c["recipe"]: c for c in second.manifest["candidates"]}  # auto: what an ONNX source can and cannot become
+    assert rows["fp32-onnxruntime"]["chosen"]
+    assert rows["fp32-inductor"]["status"] == "skipped" and "source is already onnx" in rows["fp32-inductor"]["reason"]

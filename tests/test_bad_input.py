@@ -41,7 +41,7 @@ def test_pickled_module_without_flag(files, tmp_path):
 def test_pickled_module_with_flag_builds(files, tmp_path):
     out = tmp_path / "m"
     proc = run_cli("build", str(files / "cnn_pickled.pt"), "--allow-pickle", "--input", "x:float32[batch,1,8,8]",
-                   "--val", str(files / "digits_val.npz"), "-o", str(out), "-q")
+                   "--val", str(files / "digits_val.npz"), "--backend", "onnxruntime", "-o", str(out), "-q")
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert (out / "model" / "model.onnx").is_file()
 

@@ -21,7 +21,7 @@ def cnn_dist(files, tmp_path_factory):
     out = tmp_path_factory.mktemp("dist") / "digits"
     proc = run_cli("build", str(files / "cnn_ts.pt"), "--input", "x:float32[batch,1,8,8]", "--dim", "batch=1:8:64",
                    "--val", str(files / "digits_val.npz"), "--batch-sizes", "1,16", "--name", "digits", "--output", str(out),
-                   "--json")
+                   "--backend", "onnxruntime", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out, json.loads(proc.stdout)
 
@@ -29,7 +29,8 @@ def cnn_dist(files, tmp_path_factory):
 @pytest.fixture(scope="module")
 def encoder_dist(files, tmp_path_factory):
     out = tmp_path_factory.mktemp("dist") / "encoder"
-    proc = run_cli("build", str(files / "encoder.pt2"), "--val", str(files / "encoder_val.npz"), "--output", str(out))
+    proc = run_cli("build", str(files / "encoder.pt2"), "--val", str(files / "encoder_val.npz"), "--output", str(out),
+                   "--backend", "onnxruntime")
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out, proc.stdout
 
@@ -113,7 +114,7 @@ def test_validate_passes_then_catches_tampering(encoder_dist, tmp_path):
 def test_validation_failure_exits_1_and_load_refuses(files, tmp_path):
     out = tmp_path / "strict"
     proc = run_cli("build", str(files / "cnn_ts.pt"), "--val", str(files / "digits_val.npz"), "--min-sqnr-db", "400",
-                   "--output", str(out), "-q")
+                   "--backend", "onnxruntime", "--output", str(out), "-q")
     assert proc.returncode == 1, proc.stderr
     assert "FAIL" in proc.stdout and "min_sqnr_db" in proc.stdout
     manifest = json.loads((out / "manifest.json").read_text())

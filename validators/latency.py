@@ -4,6 +4,9 @@ Each runner gets its own warm-up and timed block at each batch size, one runner 
 so that neither runtime's idle worker threads (ONNX Runtime spins its pool between runs, torch's
 OpenMP pool does too) steal cores from the other's runs. Results are p50/p90/p99 and mean in
 milliseconds, and throughput in samples per second.
+
+A runner on a CUDA device is timed with CUDA events around each run, after a synchronize, so the
+figure is the GPU's time for the call (copies in and out included), not the host's launch time.
 """
 
 from __future__ import annotations
@@ -38,18 +41,39 @@ def summarize(runner: str, batch: int, seconds: list[float]) -> LatencyStats:
     return LatencyStats(runner, batch, float(p50), float(p90), float(p99), mean, batch / (mean / 1e3), len(ms))
 
 
+def _host_times(fn: Callable[[dict], object], feed: dict, iterations: int) -> list[float]:
+    times = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        fn(feed)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _cuda_times(fn: Callable[[dict], object], feed: dict, iterations: int) -> list[float]:
+    import torch
+
+    times = []
+    for _ in range(iterations):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        fn(feed)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return times
+
+
 def measure(runners: dict[str, Callable[[dict], object]], feeds: dict[int, dict[str, np.ndarray]],
-            warmup: int = 10, iterations: int = 50) -> list[LatencyStats]:
-    """Time every runner (name -> callable taking a feed) at every batch size in ``feeds``."""
+            warmup: int = 10, iterations: int = 50, devices: dict[str, str] | None = None) -> list[LatencyStats]:
+    """Time every runner (name -> callable taking a feed) at every batch size in ``feeds``;
+    ``devices`` names the runners that run on ``cuda`` (the rest are timed on the host clock)."""
     results = []
     for batch, feed in feeds.items():
         for name, fn in runners.items():
             for _ in range(warmup):
                 fn(feed)
-            times = []
-            for _ in range(iterations):
-                start = time.perf_counter()
-                fn(feed)
-                times.append(time.perf_counter() - start)
-            results.append(summarize(name, batch, times))
+            timer = _cuda_times if (devices or {}).get(name) == "cuda" else _host_times
+            results.append(summarize(name, batch, timer(fn, feed, iterations)))
     return results

@@ -1,21 +1,98 @@
-"""Triton Inference Server model repository: ``<repo>/<name>/config.pbtxt`` and ``1/model.onnx``.
+"""Triton Inference Server model repository: ``<repo>/<name>/config.pbtxt`` and ``<name>/1/model.*``.
 
 The config is written in Triton's protobuf text format (``ModelConfig`` in Triton's
 ``model_config.proto``). When every input and output leads with the same dynamic batch dim,
 ``max_batch_size`` is that dim's max, the batch dim is left out of ``dims`` and dynamic batching
 is on; otherwise ``max_batch_size`` is 0 and shapes are given whole, ``-1`` for dynamic dims.
+
+The model file's suffix picks the backend:
+
+- ``.onnx``: ONNX Runtime backend (``backend: "onnxruntime"``). With ``server_engine`` the config
+  adds the TensorRT execution accelerator, which builds the engine when the model loads; its
+  parameters (``precision_mode``, ``max_workspace_size_bytes``, ``trt_engine_cache_enable``,
+  ``trt_engine_cache_path``, ``trt_profile_{min,opt,max}_shapes``) are those the
+  onnxruntime_backend README documents.
+- ``.plan``: TensorRT backend (``platform: "tensorrt_plan"``, ``1/model.plan``), always on a GPU.
+- ``.pt2``: an AOTInductor package served by the Python backend (``backend: "python"``):
+  ``1/model.pt2`` beside a ``1/model.py`` that loads it. The Python environment Triton runs the
+  model in must have a torch build matching the one that compiled the package.
 """
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
+from infopt.errors import UsageError
 from infopt.inputspec import InputSpec
 
 TRITON_DTYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float64": "TYPE_FP64",
                  "int64": "TYPE_INT64", "int32": "TYPE_INT32", "int16": "TYPE_INT16", "int8": "TYPE_INT8",
                  "uint8": "TYPE_UINT8", "bool": "TYPE_BOOL"}
+ENGINE_CACHE_ROOT = "/tmp/triton_trt_engines"
+"""Where the server keeps the engines it builds, one folder per model, unless ``cache_path`` is given."""
+
+PYTHON_MODEL = '''"""Triton Python-backend model: runs the AOTInductor package ``model.pt2`` beside this file.
+
+``load_package`` and ``infer`` hold the inference logic and need only torch and numpy;
+``TritonPythonModel`` adapts them to Triton's request and response objects.
+"""
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+
+def load_package(path, device="cpu"):
+    """Load the ``.pt2`` package; ``device`` is "cpu" or "cuda[:N]" (the package's own device)."""
+    import torch
+
+    index = int(device.split(":")[1]) if device.startswith("cuda:") else -1
+    if index >= 0:
+        torch.cuda.set_device(index)
+    return torch._inductor.aoti_load_package(str(path), device_index=index)
+
+
+def infer(package, arrays):
+    """Run the package on numpy arrays in input order; the outputs as numpy arrays."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    device = package.get_metadata().get("AOTI_DEVICE_KEY", "cpu")
+    # a fresh copy: AOTInductor packages index inputs by their strides, and numpy keeps odd strides
+    # on size-1 dims of a "contiguous" view, which gives wrong results
+    args = [torch.from_numpy(np.array(a, order="C", copy=True)).to(device) for a in arrays]
+    with torch.inference_mode():
+        result = package(*args)
+    return [t.detach().cpu().numpy() for t in tree_leaves(result) if isinstance(t, torch.Tensor)]
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.input_names = [i["name"] for i in config["input"]]
+        self.output_names = [o["name"] for o in config["output"]]
+        device = "cpu"
+        if args.get("model_instance_kind") == "GPU":
+            device = "cuda:" + str(args.get("model_instance_device_id", 0))
+        self.package = load_package(Path(__file__).with_name("model.pt2"), device)
+
+    def execute(self, requests):
+        import triton_python_backend_utils as pb_utils
+
+        responses = []
+        for request in requests:
+            try:
+                arrays = [pb_utils.get_input_tensor_by_name(request, n).as_numpy() for n in self.input_names]
+                outputs = infer(self.package, arrays)
+                tensors = [pb_utils.Tensor(n, np.ascontiguousarray(o)) for n, o in zip(self.output_names, outputs)]
+                responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+            except Exception as exc:  # one bad request must not take the model down
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc))))
+        return responses
+'''
 
 
 def _tensor_block(name: str, dtype: str, dims: list[int]) -> str:
@@ -24,8 +101,10 @@ def _tensor_block(name: str, dtype: str, dims: list[int]) -> str:
 
 
 def config_pbtxt(name: str, spec: InputSpec, outputs: list[tuple[str, str, tuple]], device: str,
-                 backend: str = "onnxruntime", extra: str = "") -> str:
-    """The config text; ``outputs`` are (name, dtype, shape) with symbols for dynamic dims."""
+                 backend: str = "onnxruntime", extra: str = "", platform: str | None = None) -> str:
+    """The config text; ``outputs`` are (name, dtype, shape) with symbols for dynamic dims.
+
+    ``platform`` (such as ``tensorrt_plan``) replaces the ``backend`` line when given."""
     batch = spec.batch_symbol
     batched = batch is not None and all(o[2] and o[2][0] == batch for o in outputs)
     cut = 1 if batched else 0
@@ -33,7 +112,8 @@ def config_pbtxt(name: str, spec: InputSpec, outputs: list[tuple[str, str, tuple
     def dims(shape) -> list[int]:
         return [d if isinstance(d, int) else -1 for d in shape[cut:]]
 
-    lines = [f'name: "{name}"', f'backend: "{backend}"', f"max_batch_size: {spec.dims[batch].max if batched else 0}"]
+    engine_line = f'platform: "{platform}"' if platform else f'backend: "{backend}"'
+    lines = [f'name: "{name}"', engine_line, f"max_batch_size: {spec.dims[batch].max if batched else 0}"]
     lines.append("input [\n" + ",\n".join(_tensor_block(t.name, t.dtype, dims(t.shape)) for t in spec.inputs) + "\n]")
     lines.append("output [\n" + ",\n".join(_tensor_block(n, d, dims(s)) for n, d, s in outputs) + "\n]")
     if batched:
@@ -48,14 +128,56 @@ def config_pbtxt(name: str, spec: InputSpec, outputs: list[tuple[str, str, tuple
     return "\n".join(lines) + "\n"
 
 
+def profile_shapes(spec: InputSpec, pick: str) -> str:
+    """``name:1x3x224x224,name2:1x16`` for the inputs with dynamic dims, at their min/opt/max."""
+    return ",".join(f"{t.name}:" + "x".join(str(d) for d in spec.concrete_shape(t, pick))
+                    for t in spec.inputs if t.symbols)
+
+
+def tensorrt_accelerator(name: str, spec: InputSpec, server_engine: dict[str, Any]) -> str:
+    """The ``optimization`` block that has the ONNX Runtime backend build a TensorRT engine at load.
+
+    ``server_engine`` holds ``precision_mode`` (FP32, FP16 or INT8), ``workspace_bytes`` and
+    optionally ``cache_path``; the engine is cached there, so it is built once per GPU."""
+    params = {"precision_mode": server_engine["precision_mode"],
+              "max_workspace_size_bytes": str(int(server_engine["workspace_bytes"])),
+              "trt_engine_cache_enable": "1",
+              "trt_engine_cache_path": server_engine.get("cache_path") or f"{ENGINE_CACHE_ROOT}/{name}"}
+    if spec.symbols:
+        for pick in ("min", "opt", "max"):
+            params[f"trt_profile_{pick}_shapes"] = profile_shapes(spec, pick)
+    body = "\n".join(f'      parameters {{ key: "{k}" value: "{v}" }}' for k, v in params.items())
+    return ("optimization {\n  execution_accelerators {\n    gpu_execution_accelerator: [\n"
+            f'      {{\n      name: "tensorrt"\n{body}\n      }}\n    ]\n  }}\n}}')
+
+
 def write_repository(root: Path, name: str, model_file: Path, spec: InputSpec,
-                     outputs: list[tuple[str, str, tuple]], device: str) -> Path:
-    """Write ``root/<name>/config.pbtxt`` and ``root/<name>/1/model.onnx``; returns the model folder."""
+                     outputs: list[tuple[str, str, tuple]], device: str, *,
+                     server_engine: dict[str, Any] | None = None) -> Path:
+    """Write ``root/<name>/config.pbtxt`` and ``root/<name>/1/model.<suffix>``; returns the model folder."""
+    suffix = model_file.suffix
+    if suffix not in (".onnx", ".plan", ".pt2"):
+        raise UsageError(f"Triton cannot serve {model_file.name}", where=str(model_file),
+                         fix="give an .onnx, .plan (TensorRT) or .pt2 (AOTInductor) model")
+    if server_engine is not None and suffix != ".onnx":
+        raise UsageError(f"a server-built TensorRT engine needs an ONNX model, not {model_file.name}",
+                         fix="drop server_engine, or pass the .onnx model")
     folder = root / name
-    (folder / "1").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(model_file, folder / "1" / "model.onnx")
-    data = model_file.with_name(model_file.name + ".data")
-    if data.exists():
-        shutil.copyfile(data, folder / "1" / data.name)
-    (folder / "config.pbtxt").write_text(config_pbtxt(name, spec, outputs, device))
+    version = folder / "1"
+    version.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(model_file, version / f"model{suffix}")
+    if suffix == ".onnx":
+        data = model_file.with_name(model_file.name + ".data")
+        if data.exists():
+            shutil.copyfile(data, version / data.name)
+        if server_engine is None:
+            text = config_pbtxt(name, spec, outputs, device)
+        else:
+            text = config_pbtxt(name, spec, outputs, "cuda", extra=tensorrt_accelerator(name, spec, server_engine))
+    elif suffix == ".plan":
+        text = config_pbtxt(name, spec, outputs, "cuda", platform="tensorrt_plan")
+    else:
+        (version / "model.py").write_text(PYTHON_MODEL)
+        text = config_pbtxt(name, spec, outputs, device, backend="python")
+    (folder / "config.pbtxt").write_text(text)
     return folder

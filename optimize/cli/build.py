@@ -33,7 +33,7 @@ def build(
     min_top1: o.MinTop1 = None,
     min_sqnr_db: o.MinSqnr = None,
     max_p99_ms: o.MaxP99 = None,
-    recipe: Annotated[Optional[Path], typer.Option("--recipe", help="A recipe YAML file instead of the bundled one.")] = None,
+    recipe: Annotated[Optional[Path], typer.Option("--recipe", help="A recipe YAML file, or a bundled recipe's name (see `infopt recipes`), instead of choosing by target and backend.")] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="Model name (default: the file's stem).")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Output folder (default: dist/<name>).")] = None,
     force: Annotated[bool, typer.Option("--force", help="Replace an existing output folder.")] = False,
@@ -54,7 +54,8 @@ def build(
     """Build, validate and emit a deployable artifact for a target."""
     from infopt.api import build as run_build
     from infopt.errors import UsageError
-    from infopt.report import drift_section, int8_section, latency_section, passes_section, print_sections, summary
+    from infopt.report import (candidates_section, drift_section, int8_section, latency_section, passes_section,
+                               print_sections, summary)
 
     chosen = [p for p, flag in zip(PRECISION_FLAGS, (fp32, fp16, bf16, fp8, int8, int4)) if flag]
     if precision:
@@ -74,7 +75,7 @@ def build(
         print_json({"output_dir": str(result.output_dir), **result.manifest})
     else:
         m = result.manifest
-        chosen_sections = [summary(m), passes_section(m), int8_section(m), drift_section(m), latency_section(m)]
+        chosen_sections = [summary(m), candidates_section(m), passes_section(m), int8_section(m), drift_section(m), latency_section(m)]
         print_sections(stdout(), [s for s in chosen_sections if s is not None])
         stdout().print(f"wrote {result.output_dir}/ (report.md, manifest.json)", markup=False)
     if not result.passed:

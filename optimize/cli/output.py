@@ -7,9 +7,12 @@ from typing import Any
 
 
 def stdout():
+    """Results on stdout; 140 columns when piped (CI logs, files), so tables are not squeezed to 80."""
+    import sys
+
     from rich.console import Console
 
-    return Console(soft_wrap=False)
+    return Console(soft_wrap=False, width=None if sys.stdout.isatty() else 140)
 
 
 def stderr():

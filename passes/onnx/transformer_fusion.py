@@ -49,7 +49,9 @@ def run(artifact: Artifact, options: PassOptions, context: PassContext) -> PassO
     if missed:
         notes.append("no matching subgraph for: " + ", ".join(missed))
     details = {"fusions": counts, "ops": dict(op_counts(path))}
-    return PassOutcome(artifact.derive("onnx", path=path), bool(fired), notes, details)
+    if not fired:  # keep the input file itself, so an unchanged model stays byte-identical
+        return PassOutcome(artifact, False, notes, details)
+    return PassOutcome(artifact.derive("onnx", path=path), True, notes, details)
 
 
 PASS = Pass(

@@ -30,8 +30,30 @@ def test_precision_the_target_cannot_run():
 
 
 def test_missing_recipe_says_what_exists():
-    with pytest.raises(RecipeError, match="fp32-onnxruntime"):
+    with pytest.raises(RecipeError, match=r"builds: fp32 \(onnxruntime, inductor\); bf16 \(inductor\); int8 \(onnxruntime\)"):
         find_recipe(get_target("cpu"), "int4")
+
+
+def test_every_target_builds_each_precision_it_runs_but_int4():
+    """Each target has a recipe for every precision it lists (int4 recipes are not bundled yet)."""
+    from infopt.recipe import recipes_for
+    from infopt.target import targets
+
+    for target in targets().values():
+        for precision in target.precisions:
+            if precision == "int4":
+                continue
+            found = recipes_for(target, precision)
+            assert found and all(r.precision == precision and r.backend in target.backends for r in found)
+            assert [r.backend for r in found] == sorted((r.backend for r in found), key=target.backends.index)
+
+
+def test_auto_lists_variants_after_their_base_recipe():
+    from infopt.recipe import recipes_for
+
+    assert [r.name for r in recipes_for(get_target("cpu"), "fp32")] == ["fp32-onnxruntime", "fp32-onnxruntime-fused",
+                                                                         "fp32-inductor"]
+    assert [r.name for r in recipes_for(get_target("h100"), "int8", "tensorrt")] == ["int8-tensorrt"]
 
 
 def test_recipe_round_trips_through_json():
@@ -68,3 +90,9 @@ def test_registry_entries_carry_metadata():
     assert opts["opset"]["default"] == 20 and opts["opset"]["description"]
     with pytest.raises(RecipeError, match="unknown pass"):
         get_pass("nope")
+
+
+def test_recipe_by_bundled_name():
+    assert load_recipe("fp32-inductor").backend == "inductor"
+    with pytest.raises(RecipeError, match="cannot read recipe"):
+        load_recipe("fp32-nowhere")

@@ -1,0 +1,207 @@
+"""Question: which backend is fastest on this CPU, and what does fusion buy?
+
+For the real all-MiniLM-L6-v2 sentence encoder (seq 64) and the example DigitsCNN, times in one run,
+each runner in its own warm-up and timed block at batch 1 and 32:
+
+1. eager FP32 PyTorch (the baseline);
+2. ONNX Runtime, unfused: the ``model/model.onnx`` of ``infopt.build(recipe=fp32-onnxruntime)``;
+3. ONNX Runtime, fused: the same with recipe ``fp32-onnxruntime-fused`` (onnxscript's transformer
+   fusion into ONNX Runtime's Attention, SkipLayerNormalization and BiasGelu before ONNX Runtime's
+   own optimizer); what it fused is read from the build's manifest;
+4. AOTInductor: the ``model/model.pt2`` of ``infopt.build(recipe=fp32-inductor)``.
+
+Every ONNX Runtime session has the same options (all graph optimizations, ``intra_op_num_threads`` =
+cores); eager PyTorch and the AOTInductor package run on torch's own thread pool. Accuracy against
+eager FP32: MiniLM, cosine similarity of the embeddings over the held-out evaluation sentences that no
+build sees (builds validate on the calibration sentences); DigitsCNN, max abs difference of the
+logits and top-1 agreement over the held-out digits (builds validate on training images).
+
+    python benchmarks/bench_backends.py [--iterations 200] [--markdown benchmarks/results/backends.md]
+    python benchmarks/bench_backends.py --quick [--models cnn]     # a fast check; writes no results file
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import infopt  # noqa: E402
+from benchmarks.bench_fp32_eager_vs_ort import environment, publish  # noqa: E402
+from benchmarks.bench_int8 import cpu_seconds  # noqa: E402
+from infopt.recipe import bundled_recipes  # noqa: E402
+from infopt.runner import AotiRunner, OrtRunner, TorchRunner  # noqa: E402
+from infopt.validators.latency import measure  # noqa: E402
+
+EAGER, UNFUSED, FUSED, INDUCTOR = ("eager fp32", "onnxruntime unfused", "onnxruntime fused", "aotinductor")
+RECIPES = {UNFUSED: "fp32-onnxruntime", FUSED: "fp32-onnxruntime-fused", INDUCTOR: "fp32-inductor"}
+BATCHES = (1, 32)
+
+
+def pass_record(result, name: str) -> dict | None:
+    return next((p for p in result.manifest.get("passes", []) if isinstance(p, dict) and p.get("name") == name), None)
+
+
+def builds(module, work: Path, tag: str, common: dict, notes: list[str]) -> dict[str, Path]:
+    """One infopt build per recipe; runner name -> the model file the build emitted."""
+    recipes = bundled_recipes()
+    paths = {}
+    for runner, stem in RECIPES.items():
+        start = time.perf_counter()
+        result = infopt.build(module, recipe=recipes[stem], output=work / f"{tag}-{stem}", force=True, progress=False,
+                              **common)
+        seconds = time.perf_counter() - start
+        paths[runner] = result.output_dir / result.manifest["artifacts"]["model"]
+        passes = ", ".join(f"{p['name']} {p['seconds']:.1f} s" for p in result.manifest.get("passes", [])
+                           if isinstance(p, dict) and p.get("seconds", 0) >= 0.5)
+        notes.append(f"{tag} build `{stem}`: {seconds:.1f} s in all (validation included; slowest passes: "
+                     f"{passes or 'none over 0.5 s'}); verdict {'passed' if result.passed else 'FAILED'}")
+        fusion = pass_record(result, "transformer_fusion")
+        if fusion is not None:
+            notes.append(f"{tag} `{stem}` transformer_fusion: {'; '.join(fusion.get('notes', []))}"
+                         + ("" if fusion.get("changed") else " (the model is left as it is)"))
+        ort = pass_record(result, "ort_optimize")
+        if ort is not None:
+            notes.append(f"{tag} `{stem}` ort_optimize: {'; '.join(ort.get('notes', []))}")
+    return paths
+
+
+def minilm_case(work: Path, quick: bool, notes: list[str]):
+    from examples.minilm import INPUTS, load_encoder, sentences, tokenize
+
+    model = load_encoder()
+    calib_text, eval_text = sentences()
+    if quick:
+        eval_text = eval_text[:64]
+    calib, evaluation = tokenize(calib_text), tokenize(eval_text)
+    np.savez(work / "minilm_val.npz", **calib)
+    common = {"inputs": INPUTS, "dims": ["batch=1:32:64", "seq=1:64:128"], "batch_sizes": list(BATCHES),
+              "val": str(work / "minilm_val.npz")}
+    paths = builds(model, work, "MiniLM", common, notes)
+    names = ("input_ids", "attention_mask")
+
+    def feed(b):
+        return {k: np.ascontiguousarray(v[:b]) for k, v in evaluation.items()}
+
+    def embed(run):
+        out = np.concatenate([run({k: np.ascontiguousarray(v[i:i + 32]) for k, v in evaluation.items()})[0]
+                              for i in range(0, len(eval_text), 32)])
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+    reference = embed(TorchRunner(model, names).run)
+
+    def accuracy(run):
+        cos = (embed(run) * reference).sum(1)
+        return f"min cosine {cos.min():.6f} (mean {cos.mean():.6f})"
+
+    notes.append(f"MiniLM accuracy: cosine to eager FP32 over {len(eval_text)} held-out evaluation sentences (seq 64), "
+                 f"none used by any build ({len(calib_text)} calibration sentences validate the builds)")
+    return "all-MiniLM-L6-v2 (seq 64)", model, names, paths, feed, accuracy, lambda runners: []
+
+
+def cnn_case(work: Path, quick: bool, notes: list[str]):
+    from examples.train import train_digits
+
+    model, data = train_digits()
+    (xtr, _), (strided, yte) = data["train"], data["val"]
+    # The held-out array is C-contiguous but its size-1 channel dim has a 4-byte stride, not the 256 of a fresh
+    # array (an AOTInductor package reads inputs by their strides): rows use fresh copies, a note the array as is.
+    xte = np.array(strided, order="C", copy=True)
+    np.savez(work / "digits_val.npz", x=xtr[:512])
+    common = {"inputs": ["x:float32[batch,1,8,8]"], "batch_sizes": list(BATCHES), "val": str(work / "digits_val.npz")}
+    paths = builds(model, work, "DigitsCNN", common, notes)
+
+    def feed(b):
+        return {"x": np.array(xte[:b], order="C", copy=True)}
+
+    def logits(run, x=xte):
+        return np.concatenate([run({"x": x[i:i + 32]})[0] for i in range(0, len(x), 32)])
+
+    reference = logits(TorchRunner(model, ("x",)).run)
+
+    def compare(out):
+        agree = (out.argmax(1) == reference.argmax(1)).mean()
+        return (f"max abs {np.abs(out - reference).max():.2e}, top-1 agreement {agree:.4f} "
+                f"(top-1 {(out.argmax(1) == yte).mean():.4f})")
+
+    def accuracy(run):
+        return compare(logits(run))
+
+    def as_given(runners):
+        return [f"DigitsCNN fed the held-out array as is (byte strides {strided.strides}, a fresh copy's "
+                f"{xte.strides}), against eager on fresh copies: "
+                + "; ".join(f"{name} {compare(logits(run, strided)).split(' (')[0]}" for name, run in runners.items())]
+
+    notes.append(f"DigitsCNN accuracy: logits against eager FP32 on {len(xte)} held-out digits (fresh C-ordered "
+                 "copies); builds validate on 512 training images")
+    return "DigitsCNN", model, ("x",), paths, feed, accuracy, as_given
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="a fast check: 20 iterations, 64 evaluation sentences")
+    parser.add_argument("--models", default="cnn,minilm", help="comma list of cnn, minilm")
+    parser.add_argument("--workdir", type=Path, help="keep the builds here (default: a temporary folder)")
+    parser.add_argument("--markdown", type=Path, help="where the tables go (default benchmarks/results/backends.md; "
+                        "with --quick, nowhere)")
+    args = parser.parse_args()
+    if args.quick:
+        args.iterations, args.warmup = 20, 3
+    elif args.markdown is None:
+        args.markdown = Path(__file__).resolve().parent / "results" / "backends.md"
+    threads = os.cpu_count() or 1
+    started = time.perf_counter()
+    sections: list[str] = []
+    notes: list[str] = []
+    makers = {"minilm": minilm_case, "cnn": cnn_case}
+    with tempfile.TemporaryDirectory(prefix="bench-backends-") as tmp:
+        work = args.workdir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        for key in args.models.split(","):
+            label, module, names, paths, feed, accuracy, extra = makers[key.strip()](work, args.quick, notes)
+            runners = {EAGER: TorchRunner(module.eval(), names).run,
+                       UNFUSED: OrtRunner(paths[UNFUSED], threads=threads).run,
+                       FUSED: OrtRunner(paths[FUSED], threads=threads).run,
+                       INDUCTOR: AotiRunner(paths[INDUCTOR], names).run}
+            acc = {name: accuracy(run) for name, run in runners.items()}
+            notes.extend(extra(runners))
+            before = cpu_seconds()
+            stats = measure(runners, {b: feed(b) for b in BATCHES}, args.warmup, args.iterations)
+            wall, busy, own = (a - b for a, b in zip(cpu_seconds(), before))
+            other = max(busy - own, 0.0)
+            notes.append(f"{label} timing: {wall:.1f} s; other processes used {other:.1f} CPU-s "
+                         f"of the {threads * wall:.1f} the cores had ({other / (threads * wall):.0%})")
+            lines = [f"### {label}", "",
+                     "| runner | batch | p50 ms | p90 ms | p99 ms | speedup vs eager (p50) | vs ORT unfused (p50) |",
+                     "| --- | --- | --- | --- | --- | --- | --- |"]
+            for b in BATCHES:
+                rows = {s.runner: s for s in stats if s.batch == b}
+                for s in rows.values():
+                    lines.append(f"| {s.runner} | {b} | {s.p50_ms:.3f} | {s.p90_ms:.3f} | {s.p99_ms:.3f} | "
+                                 f"{rows[EAGER].p50_ms / s.p50_ms:.2f}x | {rows[UNFUSED].p50_ms / s.p50_ms:.2f}x |")
+            lines += ["", "| runner | accuracy vs eager fp32 |", "| --- | --- |"]
+            lines += [f"| {name} | {'reference' if name == EAGER else text} |" for name, text in acc.items()]
+            sections.append("\n".join(lines))
+    elapsed = time.perf_counter() - started
+    text = "\n\n".join(sections) + "\n\n" + "\n".join([f"- {e}" for e in environment()] + [
+        f"- every ONNX Runtime session: CPUExecutionProvider, all graph optimizations, intra_op_num_threads={threads}; "
+        f"eager and AOTInductor on torch's pool ({torch.get_num_threads()} threads)",
+        f"- {args.iterations} timed runs per row after {args.warmup} warm-up runs, each runner in its own block; "
+        f"whole run {elapsed:.0f} s (builds included)",
+        "- speedup vs eager = eager p50 / runner p50; vs ORT unfused = ORT unfused p50 / runner p50 (above 1: faster)",
+    ] + [f"- {n}" for n in notes])
+    publish(text, args.markdown)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Compute in fp16 or bf16 while the model's inputs and outputs stay as they were.
+
+The captured program's module is copied, its floating-point weights and buffers are cast to the
+precision, and it is wrapped so floating inputs are cast on the way in and floating outputs are
+cast back to their original dtype on the way out; then it is captured again with the same
+dynamic dims. Callers keep feeding float32 and reading float32, so drift is measured against the
+fp32 reference exactly as for any other candidate, and a server config needs no change.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Literal
+
+from pydantic import Field
+
+from infopt.artifact import Artifact
+from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
+
+DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+
+
+class CastOptions(PassOptions):
+    precision: Literal["fp16", "bf16"] = Field("fp16", description="the dtype the model computes in")
+
+
+def cast_module(module, dtype):
+    """``module`` computing in ``dtype``, with floating inputs and outputs in their own dtypes."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    class ComputeIn(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module):
+            super().__init__()
+            self.inner = copy.deepcopy(inner).to(dtype)
+
+        def forward(self, *args):
+            in_dtype = next((a.dtype for a in args if a.is_floating_point()), torch.float32)
+            cast = [a.to(dtype) if a.is_floating_point() else a for a in args]
+            out = self.inner(*cast)
+            return tree_map(lambda t: t.to(in_dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t, out)
+
+    return ComputeIn(module).eval()
+
+
+def run(artifact: Artifact, options: CastOptions, context: PassContext) -> PassOutcome:
+    import torch
+
+    from infopt.exporters.torch_export import export_module
+
+    dtype = getattr(torch, DTYPES[options.precision])
+    wrapped = cast_module(artifact.obj.module(), dtype)
+    program = export_module(wrapped, artifact.spec)
+    cast = sum(1 for p in wrapped.parameters() if p.dtype == dtype)
+    notes = [f"{cast} weight tensors in {DTYPES[options.precision]}; inputs and outputs keep their dtypes"]
+    return PassOutcome(artifact.derive("exported", obj=program), True, notes, {"precision": options.precision})
+
+
+PASS = Pass(
+    name="cast_precision",
+    consumes="exported",
+    produces="exported",
+    run=run,
+    options=CastOptions,
+    description="compute in fp16/bf16 with the model's input and output dtypes unchanged",
+)
