@@ -22,7 +22,6 @@ logits and top-1 agreement over the held-out digits (builds validate on training
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -35,11 +34,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import infopt  # noqa: E402
-from benchmarks.bench_fp32_eager_vs_ort import environment, publish  # noqa: E402
-from benchmarks.bench_int8 import cpu_seconds  # noqa: E402
+from benchmarks.common import arguments, environment, publish, timed  # noqa: E402
 from infopt.recipe import bundled_recipes  # noqa: E402
 from infopt.runner import AotiRunner, OrtRunner, TorchRunner  # noqa: E402
-from infopt.validators.latency import measure  # noqa: E402
 
 EAGER, UNFUSED, FUSED, INDUCTOR = ("eager fp32", "onnxruntime unfused", "onnxruntime fused", "aotinductor")
 RECIPES = {UNFUSED: "fp32-onnxruntime", FUSED: "fp32-onnxruntime-fused", INDUCTOR: "fp32-inductor"}
@@ -146,19 +143,7 @@ def cnn_case(work: Path, quick: bool, notes: list[str]):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--iterations", type=int, default=200)
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--quick", action="store_true", help="a fast check: 20 iterations, 64 evaluation sentences")
-    parser.add_argument("--models", default="cnn,minilm", help="comma list of cnn, minilm")
-    parser.add_argument("--workdir", type=Path, help="keep the builds here (default: a temporary folder)")
-    parser.add_argument("--markdown", type=Path, help="where the tables go (default benchmarks/results/backends.md; "
-                        "with --quick, nowhere)")
-    args = parser.parse_args()
-    if args.quick:
-        args.iterations, args.warmup = 20, 3
-    elif args.markdown is None:
-        args.markdown = Path(__file__).resolve().parent / "results" / "backends.md"
+    args = arguments(__doc__, "backends.md", "cnn,minilm", "a fast check: 20 iterations, 64 evaluation sentences")
     threads = os.cpu_count() or 1
     started = time.perf_counter()
     sections: list[str] = []
@@ -175,12 +160,8 @@ def main() -> None:
                        INDUCTOR: AotiRunner(paths[INDUCTOR], names).run}
             acc = {name: accuracy(run) for name, run in runners.items()}
             notes.extend(extra(runners))
-            before = cpu_seconds()
-            stats = measure(runners, {b: feed(b) for b in BATCHES}, args.warmup, args.iterations)
-            wall, busy, own = (a - b for a, b in zip(cpu_seconds(), before))
-            other = max(busy - own, 0.0)
-            notes.append(f"{label} timing: {wall:.1f} s; other processes used {other:.1f} CPU-s "
-                         f"of the {threads * wall:.1f} the cores had ({other / (threads * wall):.0%})")
+            stats, note = timed(label, runners, {b: feed(b) for b in BATCHES}, args.warmup, args.iterations, threads)
+            notes.append(note)
             lines = [f"### {label}", "",
                      "| runner | batch | p50 ms | p90 ms | p99 ms | speedup vs eager (p50) | vs ORT unfused (p50) |",
                      "| --- | --- | --- | --- | --- | --- | --- |"]

@@ -11,11 +11,8 @@ and the speedup (eager p50 / artifact p50). Eager FP32 is the baseline row.
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import sys
 import tempfile
-from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -24,31 +21,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import infopt  # noqa: E402
+from benchmarks.common import environment, publish  # noqa: E402
 from examples.train import train_digits, train_encoder  # noqa: E402
 from infopt.runner import TorchRunner  # noqa: E402
 from infopt.validators.latency import measure  # noqa: E402
-
-
-def environment() -> list[str]:
-    cpu = platform.processor() or "unknown cpu"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return [f"CPU: {cpu}, {os.cpu_count()} cores; torch threads {torch.get_num_threads()}",
-            f"python {platform.python_version()}, torch {torch.__version__}, onnxruntime {version('onnxruntime')}, "
-            f"infopt {infopt.__version__}"]
-
-
-def publish(text: str, markdown: Path | None) -> None:
-    """Print a result table and, when asked, write it to a markdown file."""
-    print(text)
-    if markdown:
-        markdown.parent.mkdir(parents=True, exist_ok=True)
-        markdown.write_text(text + "\n")
 
 
 def cases(workdir: Path):

@@ -22,7 +22,6 @@ models are run from their ``model/model.onnx`` rather than through ``result.load
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -35,9 +34,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import infopt  # noqa: E402
-from benchmarks.bench_fp32_eager_vs_ort import environment, publish  # noqa: E402
+from benchmarks.common import arguments, environment, publish, timed  # noqa: E402
 from infopt.runner import OrtRunner, TorchRunner  # noqa: E402
-from infopt.validators.latency import measure  # noqa: E402
 
 EAGER, ORT32, ORTQ, STATIC, DYNAMIC = ("eager fp32", "onnxruntime fp32 (infopt build)", "ORT quantize_dynamic defaults",
                                        "infopt int8 static", "infopt int8 dynamic")
@@ -70,14 +68,6 @@ def ort_defaults(plain: Path, out: Path, tag: str, notes: list[str]) -> Path:
         notes.append(f"{tag} {ORTQ}: quantize_dynamic(plain export) raised `{type(exc).__name__}: {first}`; "
                      "the row is quantize_dynamic (defaults) after ORT's `quant_pre_process` (what its warning asks for)")
     return out
-
-
-def cpu_seconds() -> tuple[float, float, float]:
-    """(wall, CPU-s every process used, CPU-s this process used): other processes' share shows contention."""
-    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    busy = (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
-    own = os.times()
-    return time.perf_counter(), busy, own.user + own.system
 
 
 def int8_note(result) -> str:
@@ -165,19 +155,7 @@ def cnn_case(work: Path, quick: bool, notes: list[str]):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--iterations", type=int, default=200)
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--quick", action="store_true", help="a fast check: 20 iterations, 64 evaluation sentences, 32 calibration samples")
-    parser.add_argument("--models", default="minilm,cnn", help="comma list of minilm, cnn")
-    parser.add_argument("--workdir", type=Path, help="keep the builds and ONNX files here (default: a temporary folder)")
-    parser.add_argument("--markdown", type=Path, help="where the table goes (default benchmarks/results/int8.md; "
-                        "with --quick, nowhere)")
-    args = parser.parse_args()
-    if args.quick:
-        args.iterations, args.warmup = 20, 3
-    elif args.markdown is None:
-        args.markdown = Path(__file__).resolve().parent / "results" / "int8.md"
+    args = arguments(__doc__, "int8.md", "minilm,cnn", "a fast check: 20 iterations, 64 evaluation sentences, 32 calibration samples")
     threads = os.cpu_count() or 1
     started = time.perf_counter()
     lines = ["| model | batch | runner | p50 ms | p90 ms | p99 ms | samples/s | vs eager (p50) | vs ORT defaults (p50) "
@@ -193,11 +171,8 @@ def main() -> None:
             for name in (ORT32, ORTQ, STATIC, DYNAMIC):
                 runners[name] = OrtRunner(paths[name], threads=threads).run
             acc = {name: accuracy(run) for name, run in runners.items()}
-            before = cpu_seconds()
-            stats = measure(runners, {b: feed(b) for b in (1, 32)}, args.warmup, args.iterations)
-            wall, busy, own = (a - b for a, b in zip(cpu_seconds(), before))
-            notes.append(f"{label} timing: {wall:.1f} s; other processes used {max(busy - own, 0.0):.1f} CPU-s "
-                         f"of the {threads * wall:.1f} the cores had ({max(busy - own, 0.0) / (threads * wall):.0%})")
+            stats, note = timed(label, runners, {b: feed(b) for b in (1, 32)}, args.warmup, args.iterations, threads)
+            notes.append(note)
             for b in (1, 32):
                 rows = {s.runner: s for s in stats if s.batch == b}
                 for s in rows.values():

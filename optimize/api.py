@@ -272,7 +272,8 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
     chosen, why = cand.choose(built, timings, target)
     chosen.chosen = True
     final, recipe = chosen.artifact, chosen.recipe
-    notes = _int8_notes(final.lineage) + _engine_notes(final.lineage)
+    server = _server_engine(final.lineage)
+    notes = _int8_notes(final.lineage) + _engine_notes(server)
     if target.device != "cpu" and chosen.runner.device == "cpu":
         notes.append(f"target {target.name} is a {target.device} device; drift and latency were measured here on "
                      f"{cand.runner_description(chosen.runner)}, not on the target")
@@ -289,7 +290,7 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
         stored = store_samples(stage / "validation" / "samples.npz", batches, ref_out, names, spec.batch_symbol is not None)
         manifest["validation"]["stored_samples"] = stored
         manifest = write_output(stage, manifest, final.path, spec, target.device, recipe.emit, final.attachments,
-                                server_engine=_server_engine(final.lineage))
+                                server_engine=_triton_engine(server))
     return BuildResult(name, out, manifest, final, candidates)
 
 
@@ -331,21 +332,23 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
 
 
 def _server_engine(lineage) -> dict | None:
-    """The TensorRT engine the server builds at load time, when it was not built here."""
+    """What ``tensorrt_build`` recorded when it left the engine to the server, or None."""
     record = next((r for r in lineage if r.name == "tensorrt_build" and r.details.get("engine") == "server"), None)
-    if record is None:
+    return record.details if record else None
+
+
+def _triton_engine(server: dict | None) -> dict | None:
+    """The Triton config's request for that engine: precision mode and workspace."""
+    if server is None:
         return None
-    return {"precision_mode": record.details["precision_mode"],
-            "workspace_bytes": int(record.details["workspace_gb"] * 2**30)}
+    return {"precision_mode": server["precision_mode"], "workspace_bytes": int(server["workspace_gb"] * 2**30)}
 
 
-def _engine_notes(lineage) -> list[str]:
-    record = next((r for r in lineage if r.name == "tensorrt_build" and r.details.get("engine") == "server"), None)
-    if record is None:
+def _engine_notes(server: dict | None) -> list[str]:
+    if server is None:
         return []
-    d = record.details
-    return [f"the TensorRT engine is built on the server at load time ({d['reason']} here): Triton's ONNX Runtime "
-            f"backend with the TensorRT execution accelerator, precision {d['precision_mode']}; what was validated "
+    return [f"the TensorRT engine is built on the server at load time ({server['reason']} here): Triton's ONNX Runtime "
+            f"backend with the TensorRT execution accelerator, precision {server['precision_mode']}; what was validated "
             "here is the ONNX model it is built from"]
 
 

@@ -55,10 +55,9 @@ def blocked_reason(recipe: Recipe, target, source_kind: str) -> str | None:
     from infopt.artifact import STAGE
     from infopt.registry import get_pass
 
-    first_needed = min((get_pass(s.name) for s in recipe.passes if get_pass(s.name).produces in ("aoti", "tensorrt")),
-                       key=lambda p: STAGE[p.consumes], default=None)
-    if first_needed is not None and STAGE[first_needed.consumes] < STAGE[source_kind]:
-        return f"{first_needed.name} needs the model as {first_needed.consumes}, and the source is already {source_kind}"
+    compile_step = next((get_pass(s.name) for s in recipe.passes if get_pass(s.name).produces in ("aoti", "tensorrt")), None)
+    if compile_step is not None and STAGE[compile_step.consumes] < STAGE[source_kind]:
+        return f"{compile_step.name} needs the model as {compile_step.consumes}, and the source is already {source_kind}"
     if recipe.backend == "inductor" and target.device == "cpu":
         from infopt.doctor import cpp_compiler
 

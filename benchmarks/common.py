@@ -1,0 +1,77 @@
+"""What every benchmark script shares: its command line, the environment lines, timing with a
+contention note, and writing the result."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+from importlib.metadata import version
+from pathlib import Path
+
+import torch
+
+import infopt
+from infopt.validators.latency import measure
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def arguments(doc: str, results_file: str, models: str, quick_help: str) -> argparse.Namespace:
+    """``--iterations/--warmup/--quick/--models/--workdir/--markdown``; ``--markdown`` defaults to
+    ``results/<results_file>`` except with ``--quick``, which writes nothing."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--models", default=models, help=f"comma list of {models.replace(',', ', ')}")
+    parser.add_argument("--workdir", type=Path, help="keep the builds here (default: a temporary folder)")
+    parser.add_argument("--markdown", type=Path, help=f"where the tables go (default benchmarks/results/{results_file}; "
+                        "with --quick, nowhere)")
+    args = parser.parse_args()
+    if args.quick:
+        args.iterations, args.warmup = 20, 3
+    elif args.markdown is None:
+        args.markdown = RESULTS / results_file
+    return args
+
+
+def environment() -> list[str]:
+    cpu = platform.processor() or "unknown cpu"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return [f"CPU: {cpu}, {os.cpu_count()} cores; torch threads {torch.get_num_threads()}",
+            f"python {platform.python_version()}, torch {torch.__version__}, onnxruntime {version('onnxruntime')}, "
+            f"infopt {infopt.__version__}"]
+
+
+def publish(text: str, markdown: Path | None) -> None:
+    """Print a result table and, when asked, write it to a markdown file."""
+    print(text)
+    if markdown:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(text + "\n")
+
+
+def cpu_seconds() -> tuple[float, float, float]:
+    """(wall, CPU-s every process used, CPU-s this process used): other processes' share shows contention."""
+    ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    busy = (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    own = os.times()
+    return time.perf_counter(), busy, own.user + own.system
+
+
+def timed(label: str, runners, feeds, warmup: int, iterations: int, threads: int):
+    """``measure`` the runners side by side, and a note of how much CPU other processes took meanwhile."""
+    before = cpu_seconds()
+    stats = measure(runners, feeds, warmup, iterations)
+    wall, busy, own = (a - b for a, b in zip(cpu_seconds(), before))
+    other = max(busy - own, 0.0)
+    return stats, (f"{label} timing: {wall:.1f} s; other processes used {other:.1f} CPU-s "
+                   f"of the {threads * wall:.1f} the cores had ({other / (threads * wall):.0%})")
