@@ -76,7 +76,11 @@ def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, 
     for rel, source in (attachments or {}).items():
         (stage / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, stage / rel)
-        artifacts[Path(rel).stem] = rel
+        key = Path(rel).stem if Path(rel).stem not in artifacts else rel
+        artifacts[key] = rel
+        if rel.startswith("servers/"):
+            server = rel.split("/")[1]
+            artifacts.setdefault(server, f"servers/{server}")
     if "triton" in emit:
         folder = write_repository(stage / "servers" / "triton", name, model_file, spec,
                                   [(o["name"], o["dtype"], tuple(o["shape"])) for o in manifest["outputs"]], device,
@@ -110,4 +114,7 @@ def base_manifest(name: str, source: dict[str, Any], target, recipe, spec, outpu
 def source_info(path: Path | None, fmt: str) -> dict[str, Any]:
     if path is None:
         return {"path": "(in-memory module)", "format": fmt, "sha256": None}
+    if Path(path).is_dir():
+        files = {name: entry["sha256"] for name, entry in file_table(Path(path), skip=()).items()}
+        return {"path": str(path), "format": fmt, "files": files}
     return {"path": str(path), "format": fmt, "sha256": sha256(path)}

@@ -49,12 +49,16 @@ class LoadedModel:
 
 
 def sniff(path: Path) -> str:
-    """Which format a file holds: onnx, pt2, torchscript, torch-save, torch-save-legacy."""
+    """Which format a path holds: onnx, pt2, torchscript, torch-save, torch-save-legacy, hf-folder."""
     if not path.exists():
         raise ModelLoadError(f"model file not found: {path}", fix="check the path; it is relative to the current folder")
     if path.is_dir():
-        raise ModelLoadError(f"{path} is a folder, not a model file",
-                             fix="pass a .pt/.pt2/.onnx file; Hugging Face folders come with the llm extra")
+        from infopt.hf_folder import is_hf_folder
+
+        if is_hf_folder(path):
+            return "hf-folder"
+        raise ModelLoadError(f"{path} is a folder but not a Hugging Face model folder (it has no config.json)",
+                             fix="pass a .pt/.pt2/.onnx file, or a folder with config.json and .safetensors weights")
     head = path.read_bytes()[:4] if path.stat().st_size else b""
     if not head:
         raise ModelLoadError(f"{path} is empty (0 bytes)", fix="re-save the model; the file was not written completely")
@@ -98,6 +102,11 @@ def load_model(path: str | Path, *, model_class: str | None = None, model_args: 
     fmt = sniff(path)
     if fmt == "onnx":
         return _load_onnx(path)
+    if fmt == "hf-folder":
+        from infopt.hf_folder import load_hf_folder
+
+        module, spec, _ = load_hf_folder(path)
+        return LoadedModel(None, "hf-folder", path, module, spec.names, spec)
     import torch
 
     if fmt == "pt2":

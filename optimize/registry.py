@@ -26,6 +26,8 @@ PASS_MODULES: tuple[str, ...] = (
     "infopt.passes.fx.remove_noops",
     "infopt.passes.fx.fold_batchnorm",
     "infopt.passes.fx.cast_precision",
+    "infopt.passes.fx.quantize_int4",
+    "infopt.passes.fx.int4_kernels",
     "infopt.passes.lower.onnx_export",
     "infopt.passes.lower.aoti_compile",
     "infopt.passes.lower.tensorrt_build",

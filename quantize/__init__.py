@@ -7,4 +7,7 @@
 - ``smoothquant``: activation outliers moved into weights before static INT8
 - ``sensitivity``: per-layer drift and the FP32 fallback under a drift budget
 - ``pt2e``: PT2E static INT8 (torchao) compiled with Inductor
+- ``int4_format``: the packed INT4 format, ``Int4Linear`` and the ``infopt::int4_linear`` op
+- ``int4_config``, ``weight_only``: INT4 weight-only settings and the streaming, block-by-block driver
+- ``rtn``, ``gptq``, ``awq``: the INT4 rounding methods
 """

@@ -106,11 +106,22 @@ def _text(path: Path, spec: InputSpec, tokenizer: str | None):
                          fix="pass a local Hugging Face tokenizer folder (nothing is downloaded)") from exc
     seq = next((d for t in spec.inputs for d in t.shape[1:] if isinstance(d, str)), None)
     length = spec.dims[seq].opt if seq else None
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    lines = path.read_text(encoding="utf-8").splitlines()
+    special = set(getattr(tok, "all_special_ids", []) or [])
+    found = 0
     for i, line in enumerate(lines):
+        if not line.strip():
+            continue
         encoded = tok(line, truncation=length is not None, max_length=length, return_tensors="np")
+        if not any(int(t) not in special for t in encoded["input_ids"].reshape(-1)):
+            continue
+        found += 1
         feed = {name: encoded[name].astype(np.int64) for name in spec.names if name in encoded}
         yield f"{path} line {i + 1}", feed
+    if not found:
+        raise UsageError(f"calibration text {path} tokenizes to nothing: none of its {len(lines)} lines gives a "
+                         f"token beyond the tokenizer's special tokens", where=str(path),
+                         fix="give a text file with one real example per line (a few hundred lines is typical)")
 
 
 def _from_function(text: str) -> Any:

@@ -11,6 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run on CPU; read when triton is imported
+
 from examples.models import DigitsCNN, TinyEncoder
 from examples.train import train_digits, train_encoder
 

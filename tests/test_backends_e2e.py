@@ -110,7 +110,7 @@ def test_h100_int8_without_tensorrt_ships_onnx_and_a_server_built_engine(digits,
     (("--target", "h100", "--fp8"), 4, ("fp8-tensorrt", "TensorRT")),
     (("--target", "h100", "--backend", "inductor"), 4, ("CUDA GPU",)),
     (("--target", "t4", "--bf16"), 2, ("does not run bf16", "fp32, fp16, int8, int4")),
-    (("--target", "cpu", "--int4"), 2, ("no bundled recipe builds int4", "fp32 (onnxruntime, inductor)")),
+    (("--target", "cpu", "--int8", "--backend", "inductor"), 2, ("no bundled recipe builds int8", "int4 (onnxruntime, inductor)")),
     (("--target", "cpu", "--backend", "tensorrt"), 2, ("does not list backend tensorrt",)),
 ])
 def test_combinations_that_cannot_be_built_here(files, tmp_path, args, code, needles):

@@ -14,7 +14,7 @@ PRECISION_FLAGS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
 
 
 def build(
-    model: Annotated[Path, typer.Argument(help="Model file: TorchScript .pt, torch.export .pt2, state_dict .pt, or .onnx.")],
+    model: Annotated[Path, typer.Argument(help="Model file: TorchScript .pt, torch.export .pt2, state_dict .pt, .onnx, or a Hugging Face model folder.")],
     target: Annotated[str, typer.Option("--target", "-t", help="Target to build for (see `infopt targets`).")] = "cpu",
     precision: Annotated[Optional[str], typer.Option("--precision", "-p", help="fp32, fp16, bf16, fp8, int8 or int4.")] = None,
     fp32: Annotated[bool, typer.Option("--fp32", help="Same as --precision fp32.")] = False,
@@ -47,6 +47,10 @@ def build(
     calib_percentile: Annotated[Optional[float], typer.Option("--calib-percentile", help="Percentile kept by --calib-method percentile.")] = None,
     calib_bins: Annotated[Optional[int], typer.Option("--calib-bins", help="Histogram bins for percentile, entropy and mse.")] = None,
     smoothquant_alpha: Annotated[Optional[float], typer.Option("--smoothquant-alpha", help="SmoothQuant migration strength, 0..1.")] = None,
+    int4_method: Annotated[Optional[str], typer.Option("--int4-method", help="INT4: rtn, gptq or awq (default: gptq with --calib, rtn without).")] = None,
+    group_size: Annotated[Optional[int], typer.Option("--group-size", help="INT4: input features per scale group (default 128).")] = None,
+    act_order: Annotated[bool, typer.Option("--act-order", help="INT4 GPTQ: quantize columns in order of activation size (checkpoint gets g_idx).")] = False,
+    int4_checkpoint: Annotated[Optional[str], typer.Option("--int4-checkpoint", help="INT4: auto, gptq, awq or none: the 4-bit checkpoint written to servers/vllm/ for a Hugging Face model (auto: GPTQ layout; none after AWQ).")] = None,
     max_drift: Annotated[Optional[str], typer.Option("--max-drift", help="INT8 drift budget METRIC=VALUE, e.g. cosine_mean=0.995 or top1=0.99; sensitive layers fall back to FP32 until it holds.")] = None,
     as_json: o.Json = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
@@ -69,7 +73,8 @@ def build(
                                 min_sqnr_db=min_sqnr_db, max_p99_ms=max_p99_ms),
         recipe=recipe, name=name, output=output, force=force, model_class=model_class, model_args=model_args,
         allow_pickle=allow_pickle, progress=False if quiet else stderr(), calibration=calib, calib_samples=calib_samples, tokenizer=tokenizer,
-        max_drift=max_drift, pass_options=_pass_options(calib_method, calib_percentile, calib_bins, smoothquant_alpha),
+        max_drift=max_drift, pass_options={**_pass_options(calib_method, calib_percentile, calib_bins, smoothquant_alpha),
+                                           **_int4_options(int4_method, group_size, act_order, int4_checkpoint)},
     )
     if as_json:
         print_json({"output_dir": str(result.output_dir), **result.manifest})
@@ -80,6 +85,20 @@ def build(
         stdout().print(f"wrote {result.output_dir}/ (report.md, manifest.json)", markup=False)
     if not result.passed:
         raise typer.Exit(1)
+
+
+def _int4_options(method, group_size, act_order, checkpoint) -> dict[str, dict]:
+    from infopt.errors import UsageError
+
+    choices = {"--int4-method": (method, ("rtn", "gptq", "awq")), "--int4-checkpoint": (checkpoint, ("auto", "gptq", "awq", "none"))}
+    for flag, (value, allowed) in choices.items():
+        if value is not None and value not in allowed:
+            raise UsageError(f"unknown {flag} {value!r}", fix=f"use one of: {', '.join(allowed)}")
+    if group_size is not None and (group_size < 2 or group_size % 2):
+        raise UsageError(f"--group-size {group_size} must be an even number of at least 2", fix="use 32, 64 or 128")
+    values = {"method": method, "group_size": group_size, "act_order": act_order or None, "checkpoint": checkpoint}
+    found = {k: v for k, v in values.items() if v is not None}
+    return {"quantize_int4": found} if found else {}
 
 
 def _pass_options(method, percentile, bins, alpha) -> dict[str, dict]:

@@ -22,6 +22,7 @@ DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 
 class CastOptions(PassOptions):
     precision: Literal["fp16", "bf16"] = Field("fp16", description="the dtype the model computes in")
+    when: Literal["always", "cuda"] = Field("always", description="cast on every target, or only for a CUDA target")
 
 
 def cast_module(module, dtype):
@@ -48,6 +49,9 @@ def run(artifact: Artifact, options: CastOptions, context: PassContext) -> PassO
 
     from infopt.exporters.torch_export import export_module
 
+    if options.when == "cuda" and context.target.device != "cuda":
+        note = f"kept float32: the cast is for CUDA targets and {context.target.name} is {context.target.device}"
+        return PassOutcome(artifact, False, [note], {"precision": "fp32"})
     dtype = getattr(torch, DTYPES[options.precision])
     wrapped = cast_module(artifact.obj.module(), dtype)
     program = export_module(wrapped, artifact.spec)

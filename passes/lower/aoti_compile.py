@@ -87,6 +87,9 @@ def run(artifact: Artifact, options: InductorOptions, context: PassContext) -> P
         from torch.export.passes import move_to_device_pass
 
         program = move_to_device_pass(program, "cuda")
+    from infopt.quantize.int4_format import decompose_int4
+
+    program, int4_layers = decompose_int4(program)
     path = context.workdir / "model.pt2"
     configs = inductor_configs(options)
     context.say(f"AOTInductor compiling for {device} (generated kernels, then the C++ build)")
@@ -94,6 +97,9 @@ def run(artifact: Artifact, options: InductorOptions, context: PassContext) -> P
         torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=dict(configs))
     details = {"device": device, "inductor_configs": configs, "cache": cache, "torch": torch.__version__}
     notes = [f"AOTInductor package for {device} ({', '.join(k for k, v in configs.items() if v) or 'defaults'})"]
+    if int4_layers:
+        notes.append(f"{int4_layers} INT4 layers as dequantize + matmul in generated code")
+        details["int4_layers"] = int4_layers
     return PassOutcome(artifact.derive("aoti", path=path, obj=artifact.obj), True, notes, details)
 
 

@@ -23,17 +23,28 @@ EXTERNAL_DATA_BYTES = 1_800_000_000
 class OnnxExportOptions(PassOptions):
     opset: int = Field(20, ge=17, le=23, description="ONNX opset version to emit (20 has Gelu, which ONNX Runtime fuses)")
     optimize: bool = Field(True, description="run the exporter's own graph optimizer (constant folding, CSE)")
+    int4_accuracy_level: int = Field(0, ge=0, le=4, description="MatMulNBits accuracy_level for INT4 layers: 0 computes "
+                                     "in the input's float type; 4 lets ONNX Runtime quantize activations to int8 per block "
+                                     "(faster on CPU, less exact)")
 
 
-def export_onnx(program, path: Path, input_names, output_names, opset: int = 20, optimize: bool = True) -> None:
-    """Export, save, check and infer shapes; exporter chatter is kept off the user's terminal."""
+def export_onnx(program, path: Path, input_names, output_names, opset: int = 20, optimize: bool = True,
+                int4_accuracy_level: int = 0) -> int:
+    """Export, save, check and infer shapes; returns the number of MatMulNBits nodes emitted.
+
+    Exporter chatter is kept off the user's terminal.
+    """
     import onnx
     import torch
+
+    from infopt.passes.lower.onnx_int4 import lower_int4_nodes, translation_table
 
     with quiet_third_party():
         onnx_program = torch.onnx.export(program, (), dynamo=True, input_names=list(input_names),
                                          output_names=list(output_names), opset_version=opset,
-                                         optimize=optimize, verbose=False)
+                                         optimize=optimize, verbose=False,
+                                         custom_translation_table=translation_table())
+        matmul_nbits = lower_int4_nodes(onnx_program.model, int4_accuracy_level)
         big = sum(t.numel() * t.element_size() for t in program.state_dict.values()) > EXTERNAL_DATA_BYTES
         onnx_program.save(str(path), external_data=big)
     try:
@@ -42,6 +53,7 @@ def export_onnx(program, path: Path, input_names, output_names, opset: int = 20,
     except Exception as exc:  # noqa: BLE001 - checker raises several types
         raise BuildError(f"the exported ONNX model fails onnx.checker: {str(exc).splitlines()[0]}",
                          where=str(path), fix="report the model; try --recipe with another opset") from exc
+    return matmul_nbits
 
 
 def rename_dims(path: Path, spec) -> dict[str, str]:
@@ -71,13 +83,18 @@ def run(artifact: Artifact, options: OnnxExportOptions, context: PassContext) ->
     import onnx
 
     path = context.workdir / "exported.onnx"
-    export_onnx(artifact.obj, path, artifact.spec.names, artifact.output_names, options.opset, options.optimize)
+    matmul_nbits = export_onnx(artifact.obj, path, artifact.spec.names, artifact.output_names, options.opset,
+                               options.optimize, options.int4_accuracy_level)
     renamed = rename_dims(path, artifact.spec)
     model = onnx.load(str(path), load_external_data=False)
     notes = [f"opset {options.opset}, {len(model.graph.node)} nodes"]
+    details = {}
+    if matmul_nbits:
+        notes.append(f"{matmul_nbits} INT4 layers as MatMulNBits (accuracy_level {options.int4_accuracy_level})")
+        details["matmul_nbits"] = matmul_nbits
     if renamed:
         notes.append("dims named " + ", ".join(f"{a}->{b}" for a, b in renamed.items()))
-    return PassOutcome(artifact.derive("onnx", path=path, obj=None), True, notes)
+    return PassOutcome(artifact.derive("onnx", path=path, obj=None), True, notes, details)
 
 
 PASS = Pass(

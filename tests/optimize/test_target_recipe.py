@@ -30,19 +30,18 @@ def test_precision_the_target_cannot_run():
 
 
 def test_missing_recipe_says_what_exists():
-    with pytest.raises(RecipeError, match=r"builds: fp32 \(onnxruntime, inductor\); bf16 \(inductor\); int8 \(onnxruntime\)"):
-        find_recipe(get_target("cpu"), "int4")
+    with pytest.raises(RecipeError, match=r"builds: fp32 \(onnxruntime, inductor\); bf16 \(inductor\); "
+                                          r"int8 \(onnxruntime\); int4 \(onnxruntime, inductor\)"):
+        find_recipe(get_target("cpu"), "int8", "inductor")
 
 
-def test_every_target_builds_each_precision_it_runs_but_int4():
-    """Each target has a recipe for every precision it lists (int4 recipes are not bundled yet)."""
+def test_every_target_builds_each_precision_it_runs():
+    """Each target has a recipe for every precision it lists."""
     from infopt.recipe import recipes_for
     from infopt.target import targets
 
     for target in targets().values():
         for precision in target.precisions:
-            if precision == "int4":
-                continue
             found = recipes_for(target, precision)
             assert found and all(r.precision == precision and r.backend in target.backends for r in found)
             assert [r.backend for r in found] == sorted((r.backend for r in found), key=target.backends.index)

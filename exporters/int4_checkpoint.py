@@ -1,0 +1,308 @@
+"""GPTQ and AWQ checkpoint folders from a model holding :class:`~infopt.quantize.int4_format.Int4Linear` layers.
+
+Each folder is what vLLM and transformers load as is: ``config.json`` (the model's config plus a
+``quantization_config``), one ``model.safetensors``, and the tokenizer and generation files copied
+from ``source_dir`` when given. Every tensor that is not a quantized Linear's keeps its name and is
+written in fp16 when it is floating point. Codes ``c``, zeros ``z`` and scales ``s`` are repacked
+from infopt's layout (``quantize/int4_format.py``) without requantizing, so the weight a loader
+rebuilds is ``(c - z) * s`` exactly, with ``s`` rounded to fp16.
+
+**GPTQ** (``quant_method: "gptq"``), for a Linear at path ``P`` with ``N`` outputs, ``K`` inputs,
+group size ``g``; layout of AutoGPTQ's and GPTQModel's ``QuantLinear.pack`` and of vLLM's
+``GPTQLinearMethod.create_weights`` (``vllm/model_executor/layers/quantization/gptq.py``):
+
+- ``P.qweight`` int32 ``[K / 8, N]``: code ``(n, k)`` at bits ``4 * (k % 8)`` of word ``[k // 8, n]``
+- ``P.qzeros`` int32 ``[K / g, N / 8]``: zero of ``(group, n)`` at bits ``4 * (n % 8)`` of word
+  ``[group, n // 8]``
+- ``P.scales`` fp16 ``[K / g, N]``: ``s[group, n]``
+- ``P.g_idx`` int32 ``[K]``: the group of input ``k`` (``k // g`` without act-order)
+- ``P.bias`` fp16 ``[N]``, when the layer has one
+
+``checkpoint_format: "gptq"`` (v1, what GPTQModel writes by default and every GPTQ loader reads)
+stores each zero minus one: vLLM's ``gptq_gemm`` adds 1 to each unpacked nibble unless
+``checkpoint_format == "gptq_v2"``, and GPTQModel's ``convert_gptq_v1_to_v2_format_module``
+adds ``0x11111111`` to each qzeros word on load. A zero of 0 therefore has no v1 encoding; a
+group whose codes stay below 15 is shifted to codes ``c + 1`` with zero 1 (the same weights), and
+any other is refused with the advice to write ``checkpoint_format="gptq_v2"`` (zeros stored as
+they are, read by vLLM and GPTQModel). ``sym`` is true only when every zero is 8, because vLLM's
+Marlin kernel then ignores ``qzeros`` and assumes 8; ``desc_act`` is true when any layer has a
+``g_idx`` that is not ``k // g`` (without it vLLM discards ``g_idx``).
+``block_name_to_quantize`` and ``modules_in_block_to_quantize`` name exactly the quantized
+layers, so optimum (transformers' GPTQ path) converts those and no others, and vLLM's
+``is_layer_gptq_quantized`` agrees.
+
+**AWQ GEMM** (``quant_method: "awq"``, ``version: "gemm"``); layout of AutoAWQ's
+``WQLinear_GEMM.from_linear`` (also ``gptqmodel/nn_modules/qlinear/gemm_awq.py``) and vLLM's
+``AWQLinearMethod`` (``quantization/awq.py``):
+
+- ``P.qweight`` int32 ``[K, N / 8]``: nibble ``i`` (bits ``4i``) of word ``[k, j]`` holds code
+  ``(8j + ORDER[i], k)``
+- ``P.qzeros`` int32 ``[K / g, N / 8]``: nibble ``i`` of word ``[group, j]`` holds the zero of output
+  ``8j + ORDER[i]``, stored as is
+- ``P.scales`` fp16 ``[K / g, N]``: ``s[group, n]``
+- ``P.bias`` fp16 ``[N]``, when the layer has one
+
+with ``ORDER = AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]`` (``awq/utils/packing_utils.py``; unpacking
+applies ``AWQ_REVERSE_ORDER = [0, 4, 1, 5, 2, 6, 3, 7]``). AWQ has no ``g_idx``, so an act-order
+layer cannot be written in it. Linear layers left in floating point are listed in
+``modules_to_not_convert``, which transformers and vLLM both honour.
+
+Neither layout has a per-input scale: a layer whose AWQ scale was not folded into the layer
+before it (``input_scale``) is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from infopt.errors import UsageError
+from infopt.exporters.dist import staged_output
+from infopt.quantize.int4_format import MAXQ, Int4Weight, int4_layers, unpack_int4
+
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+GPTQ_FORMATS = ("gptq", "gptq_v2")
+WEIGHTS_FILE = "model.safetensors"
+SOURCE_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.txt", "vocab.json",
+                "merges.txt", "chat_template.jinja", "chat_template.json", "generation_config.json")
+"""Files copied from ``source_dir`` so the folder loads on its own (never config or weights)."""
+
+FP16_MAX = torch.finfo(torch.float16).max
+
+
+class CheckpointLayoutError(UsageError):
+    """The model holds something the requested checkpoint layout cannot express."""
+
+    title = "cannot write checkpoint"
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """``[..., 8]`` values 0..15 -> int32 ``[...]`` with value ``i`` at bits ``4 * i`` (two's complement)."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int64)
+    words = (codes.to(torch.int64) << shifts).sum(dim=-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def group_index(weight: Int4Weight) -> torch.Tensor:
+    """The group of each input feature: ``g_idx`` or ``k // group_size``, int64 ``[K]``."""
+    if weight.g_idx is not None:
+        return weight.g_idx.long()
+    return torch.arange(weight.in_features) // weight.group_size
+
+
+def _fp16_scales(name: str, weight: Int4Weight) -> torch.Tensor:
+    if weight.scales.abs().max() > FP16_MAX:
+        raise CheckpointLayoutError(f"{name}'s scales exceed fp16's range ({FP16_MAX:g}), which both layouts store",
+                                    where=name, fix="rescale the layer's weights or keep it in floating point")
+    return weight.scales.t().contiguous().to(torch.float16)
+
+
+def _check_packable(name: str, weight: Int4Weight, layout: str) -> None:
+    if weight.input_scale is not None:
+        raise CheckpointLayoutError(
+            f"{name} divides its input by an AWQ scale that was not folded into the layer before it; "
+            f"the {layout} layout has no place for that scale",
+            where=name,
+            fix="quantize with GPTQ or RTN, or build the ONNX model, which keeps the scale as a Mul")
+    if weight.out_features % 8:
+        raise CheckpointLayoutError(
+            f"{name} has {weight.out_features} outputs, not a multiple of 8, and the {layout} layout packs "
+            f"eight zero points per int32 along the outputs", where=name,
+            fix="keep this layer in floating point (leave it out of INT4 quantization)")
+
+
+def pack_gptq(name: str, weight: Int4Weight, checkpoint_format: str = "gptq") -> dict[str, torch.Tensor]:
+    """``qweight``, ``qzeros``, ``scales`` and ``g_idx`` of one layer in the GPTQ layout (module docstring)."""
+    if checkpoint_format not in GPTQ_FORMATS:
+        raise UsageError(f"unknown GPTQ checkpoint format {checkpoint_format!r}",
+                         fix=f"use one of {', '.join(GPTQ_FORMATS)}")
+    _check_packable(name, weight, "GPTQ")
+    n, k = weight.out_features, weight.in_features
+    if k % 8:
+        raise CheckpointLayoutError(
+            f"{name} has {k} inputs, not a multiple of 8, and the GPTQ layout packs eight codes per int32 "
+            f"along the inputs", where=name, fix="keep this layer in floating point")
+    codes = unpack_int4(weight.qweight).long()
+    zeros = weight.zeros.long()
+    groups = group_index(weight)
+    if checkpoint_format == "gptq":
+        codes, zeros = _shift_zero_groups(name, codes, zeros, groups)
+        zeros = zeros - 1
+    qweight = pack_nibbles(codes.t().reshape(k // 8, 8, n).transpose(1, 2))
+    qzeros = pack_nibbles((zeros & 0xF).t().reshape(-1, n // 8, 8))
+    return {"qweight": qweight.contiguous(), "qzeros": qzeros.contiguous(), "scales": _fp16_scales(name, weight),
+            "g_idx": groups.to(torch.int32)}
+
+
+def _shift_zero_groups(name: str, codes: torch.Tensor, zeros: torch.Tensor,
+                       groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rewrite zero 0 as zero 1 with every code of that row and group plus one, where no code is 15."""
+    at_zero = zeros == 0
+    if not bool(at_zero.any()):
+        return codes, zeros
+    top = torch.zeros_like(zeros).scatter_reduce(1, groups.expand_as(codes), codes, "amax", include_self=False)
+    stuck = at_zero & (top == MAXQ)
+    if bool(stuck.any()):
+        raise CheckpointLayoutError(
+            f"{name} has {int(stuck.sum())} row groups with zero point 0 that use code 15; GPTQ's v1 checkpoint "
+            f"format stores zero - 1 and cannot hold them", where=name,
+            fix='write checkpoint_format="gptq_v2" (read by vLLM and GPTQModel), or quantize symmetrically')
+    return codes + at_zero[:, groups].long(), torch.where(at_zero, torch.ones_like(zeros), zeros)
+
+
+def pack_awq(name: str, weight: Int4Weight) -> dict[str, torch.Tensor]:
+    """``qweight``, ``qzeros`` and ``scales`` of one layer in the AWQ GEMM layout (module docstring)."""
+    _check_packable(name, weight, "AWQ")
+    if not weight.sorted_groups():
+        raise CheckpointLayoutError(
+            f"{name} was quantized with act-order (its g_idx reorders the groups) and the AWQ layout has no g_idx",
+            where=name, fix="write a GPTQ checkpoint instead, or quantize without act-order")
+    n, k = weight.out_features, weight.in_features
+    order = list(AWQ_ORDER)
+    codes = unpack_int4(weight.qweight).t().reshape(k, n // 8, 8)[..., order]
+    zeros = weight.zeros.t().reshape(-1, n // 8, 8)[..., order]
+    return {"qweight": pack_nibbles(codes).contiguous(), "qzeros": pack_nibbles(zeros).contiguous(),
+            "scales": _fp16_scales(name, weight)}
+
+
+def write_gptq_checkpoint(model: nn.Module, out: Path | str, *, config: Mapping[str, Any] | None = None,
+                          source_dir: Path | str | None = None, checkpoint_format: str = "gptq",
+                          force: bool = False) -> Path:
+    """Write ``model`` as a GPTQ checkpoint folder at ``out``; returns ``out``.
+
+    ``config`` is the model's config as a dict (default: ``model.config.to_dict()``);
+    ``checkpoint_format`` is ``"gptq"`` (v1) or ``"gptq_v2"``; ``force`` replaces an existing folder.
+    """
+    layers = _quantized_layers(model)
+    group_size = _common_group_size(layers)
+    tensors = {}
+    for name, weight in layers.items():
+        tensors.update({f"{name}.{key}": value for key, value in pack_gptq(name, weight, checkpoint_format).items()})
+    quantized = sorted(layers)
+    quant_config = {
+        "quant_method": "gptq", "bits": 4, "group_size": group_size,
+        "desc_act": not all(w.sorted_groups() for w in layers.values()),
+        "sym": all(bool((w.zeros == 8).all()) for w in layers.values()),
+        "checkpoint_format": checkpoint_format, "format": checkpoint_format,
+        "lm_head": False,
+        "block_name_to_quantize": _common_prefix(quantized),
+        "modules_in_block_to_quantize": [quantized],
+    }
+    return _write(model, Path(out), tensors, layers, quant_config, config, source_dir, force)
+
+
+def write_awq_checkpoint(model: nn.Module, out: Path | str, *, config: Mapping[str, Any] | None = None,
+                         source_dir: Path | str | None = None, force: bool = False) -> Path:
+    """Write ``model`` as an AWQ GEMM checkpoint folder at ``out``; returns ``out``.
+
+    ``config`` is the model's config as a dict (default: ``model.config.to_dict()``); ``force``
+    replaces an existing folder.
+    """
+    layers = _quantized_layers(model)
+    group_size = _common_group_size(layers)
+    tensors = {}
+    for name, weight in layers.items():
+        tensors.update({f"{name}.{key}": value for key, value in pack_awq(name, weight).items()})
+    float_linears = sorted(name for name, module in model.named_modules() if isinstance(module, nn.Linear))
+    quant_config = {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True,
+                    "version": "gemm", "modules_to_not_convert": float_linears}
+    return _write(model, Path(out), tensors, layers, quant_config, config, source_dir, force)
+
+
+def _quantized_layers(model: nn.Module) -> dict[str, Int4Weight]:
+    layers = int4_layers(model)
+    if not layers:
+        raise UsageError(f"{type(model).__name__} has no Int4Linear layers, so there is nothing to write as a "
+                         f"4-bit checkpoint", where=type(model).__name__,
+                         fix="quantize the model to INT4 first (--int4: RTN, GPTQ or AWQ)")
+    return layers
+
+
+def _common_group_size(layers: Mapping[str, Int4Weight]) -> int:
+    sizes = {name: w.group_size for name, w in layers.items()}
+    if len(set(sizes.values())) > 1:
+        listing = ", ".join(f"{name}: {size}" for name, size in sizes.items())
+        raise CheckpointLayoutError(f"the checkpoint's config holds one group size but the layers use several "
+                                    f"({listing})", fix="quantize every layer with the same group size")
+    return next(iter(sizes.values()))
+
+
+def _common_prefix(names: list[str]) -> str:
+    """The longest run of leading path components the module paths share ("model.layers")."""
+    parts = [name.split(".") for name in names]
+    common = []
+    for column in zip(*parts):
+        if len(set(column)) > 1:
+            break
+        common.append(column[0])
+    if len(common) == min(len(p) for p in parts):
+        common = common[:-1]
+    return ".".join(common)
+
+
+def _model_config(model: nn.Module, config: Mapping[str, Any] | None) -> dict[str, Any]:
+    if config is None:
+        hf_config = getattr(model, "config", None)
+        if hf_config is None or not hasattr(hf_config, "to_dict"):
+            raise UsageError(f"{type(model).__name__} has no config to write as config.json",
+                             fix="pass config= (the model's transformers config as a dict)")
+        config = hf_config.to_dict()
+    config = json.loads(json.dumps(dict(config), default=str))
+    if not config.get("architectures"):
+        config["architectures"] = [type(model).__name__]
+    config["dtype"] = "float16"
+    if "torch_dtype" in config:
+        config["torch_dtype"] = "float16"
+    return config
+
+
+def _dense_tensors(model: nn.Module, layers: Mapping[str, Int4Weight]) -> dict[str, torch.Tensor]:
+    """Every state-dict entry outside the quantized layers under its own name, floats in fp16."""
+    tensors = {}
+    for key, value in model.state_dict().items():
+        if key.rpartition(".")[0] in layers:
+            continue
+        value = value.detach().cpu()
+        tensors[key] = (value.to(torch.float16) if value.is_floating_point() else value).contiguous().clone()
+    return tensors
+
+
+def _write(model: nn.Module, out: Path, tensors: dict[str, torch.Tensor], layers: Mapping[str, Int4Weight],
+           quant_config: dict[str, Any], config: Mapping[str, Any] | None, source_dir: Path | str | None,
+           force: bool) -> Path:
+    from safetensors.torch import save_file
+
+    config = _model_config(model, config)
+    config["quantization_config"] = quant_config
+    for name in layers:
+        bias = model.get_submodule(name).bias
+        if bias is not None:
+            tensors[f"{name}.bias"] = bias.detach().cpu().to(torch.float16).contiguous()
+    tensors.update(_dense_tensors(model, layers))
+    sources = _source_files(source_dir)
+    with staged_output(out, force) as stage:
+        save_file(tensors, str(stage / WEIGHTS_FILE), metadata={"format": "pt"})
+        (stage / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        for path in sources:
+            shutil.copy2(path, stage / path.name)
+    return out
+
+
+def _source_files(source_dir: Path | str | None) -> list[Path]:
+    if source_dir is None:
+        return []
+    source_dir = Path(source_dir)
+    if not source_dir.is_dir():
+        raise UsageError(f"source folder {source_dir} does not exist or is not a folder", where=str(source_dir),
+                         fix="pass the folder the model was loaded from (with its tokenizer files), or leave it out")
+    return [source_dir / name for name in SOURCE_FILES if (source_dir / name).is_file()]
+
+
+__all__ = ["AWQ_ORDER", "CheckpointLayoutError", "GPTQ_FORMATS", "pack_awq", "pack_gptq", "pack_nibbles",
+           "write_awq_checkpoint", "write_gptq_checkpoint"]

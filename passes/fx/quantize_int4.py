@@ -1,0 +1,166 @@
+"""INT4 weight-only quantization of the model's Linear layers (RTN, GPTQ or AWQ), before capture.
+
+Works on the ``nn.Module`` (``torch -> torch``) because GPTQ and AWQ calibrate layer by layer with
+hooks (``quantize/weight_only.py``). The result holds :class:`Int4Linear` layers, which capture
+keeps as one ``infopt.int4_linear`` op each; the ONNX exporter lowers those to ``MatMulNBits``
+and the ``int4_kernels`` pass swaps them for the Triton kernel on CUDA.
+
+When the model holds a Hugging Face transformer (a submodule with a ``config``), the pass also
+writes its 4-bit checkpoint for the serving engines into ``servers/vllm/`` of the output: the GPTQ
+layout by default, or AWQ's GEMM layout (``checkpoint: awq``). After AWQ, whose per-input scales
+stay in the model as a division before each layer, no checkpoint is written unless one is asked
+for, and asking is an error that names the layer (neither layout holds such a scale).
+
+Calibration samples padded along a ``seq`` dim are batched by length and cut back when the model
+takes an ``attention_mask``: padded positions never reach the model's output, and their
+activations would otherwise dominate the Hessians and activation statistics.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Literal
+
+from pydantic import Field
+
+from infopt.artifact import Artifact
+from infopt.errors import UsageError
+from infopt.quantize.int4_config import Int4Config
+from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
+
+CHECKPOINT_DIR = "servers/vllm"
+
+
+class QuantizeInt4Options(PassOptions, Int4Config):
+    method: Literal["auto", "rtn", "gptq", "awq"] = Field(
+        "auto", description="auto: GPTQ with calibration data, RTN without; or rtn, gptq, awq")
+    checkpoint: Literal["auto", "gptq", "awq", "none"] = Field(
+        "auto", description="4-bit checkpoint for the serving engines when the model has a Hugging Face config; "
+                            "auto: GPTQ layout, none after AWQ (its input scales have no place in either layout)")
+
+
+def calibration_batches(calibration, spec, batch_size: int = 16) -> list[tuple]:
+    """The calibration set as tuples of tensors in argument order. With an ``attention_mask``
+    input, samples are sorted by length and batched, and each batch is cut to its longest
+    sample, so almost no padded positions are left."""
+    import numpy as np
+    import torch
+
+    names = spec.names
+    if "attention_mask" not in names or not spec.batch_symbol:
+        return [tuple(torch.from_numpy(np.ascontiguousarray(b[n])) for n in names) for b in calibration]
+    seq_axes = {t.name: [i for i, d in enumerate(t.shape) if isinstance(d, str) and d != spec.batch_symbol]
+                for t in spec.inputs}
+    samples = []
+    for batch in calibration:
+        for i in range(batch["attention_mask"].shape[0]):
+            present = np.nonzero(batch["attention_mask"][i])[0]
+            if present.size:
+                samples.append((int(present[-1]) + 1, {n: batch[n][i:i + 1] for n in names}))
+    samples.sort(key=lambda item: item[0])
+    out = []
+    for start in range(0, len(samples), batch_size):
+        chunk = samples[start:start + batch_size]
+        length = chunk[-1][0]
+        row = []
+        for n in names:
+            value = np.concatenate([feed[n] for _, feed in chunk])
+            for axis in seq_axes[n]:
+                value = np.take(value, np.arange(length), axis=axis)
+            row.append(torch.from_numpy(np.ascontiguousarray(value)))
+        out.append(tuple(row))
+    return out
+
+
+def hf_model(module):
+    """The Hugging Face model inside ``module`` (a submodule whose ``config`` has ``to_dict``), or None."""
+    for name, sub in module.named_modules():
+        if hasattr(getattr(sub, "config", None), "to_dict"):
+            return name, sub
+    return None
+
+
+def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) -> PassOutcome:
+    import torch
+
+    from infopt.quantize.weight_only import quantize_int4
+
+    module = artifact.obj
+    if not isinstance(module, torch.nn.Module) or isinstance(module, torch.jit.ScriptModule):
+        raise UsageError("INT4 weight-only quantization needs the model's Python nn.Module",
+                         fix="pass a Hugging Face model folder, a state dict with --model-class, or an nn.Module; "
+                             "TorchScript, .pt2 and ONNX models cannot be quantized layer by layer here")
+    method = options.method
+    if method == "auto":
+        method = "gptq" if context.calibration is not None else "rtn"
+    settings = options.model_dump(exclude={"method", "checkpoint"})
+    config = Int4Config(method=method, **settings)
+    batches = calibration_batches(context.calibration, artifact.spec) if method != "rtn" and context.calibration else None
+    if method != "rtn" and not batches:
+        raise UsageError(f"INT4 {method.upper()} needs calibration data",
+                         fix="pass --calib PATH (a text file with --tokenizer, or samples), or --int4-method rtn")
+    model = copy.deepcopy(module).eval()
+    result = quantize_int4(model, config, batches, progress=context.say)
+    layers = [row.to_json() for row in result.layers]
+    errors = [row["error"] for row in layers if row["error"] is not None]
+    grid = f"group size {config.group_size}, {'symmetric' if config.symmetric else 'asymmetric'}"
+    notes = [f"{len(layers)} Linear layers to INT4 with {method.upper()} ({grid}"
+             + (", act-order" if config.act_order and method == "gptq" else "") + ")"]
+    if options.method == "auto" and method == "rtn":
+        notes.append("no calibration data: round-to-nearest; pass --calib for GPTQ")
+    if errors:
+        notes.append(f"relative output error per layer on calibration data: mean {sum(errors) / len(errors):.2e}, "
+                     f"worst {max(errors):.2e}")
+    details: dict[str, Any] = {"method": method, "group_size": config.group_size, "symmetric": config.symmetric,
+                               "act_order": config.act_order and method == "gptq",
+                               "calibration_rows": result.rows, "layers": layers}
+    result_artifact = artifact.derive("torch", obj=model)
+    layout = options.checkpoint
+    if layout == "auto":
+        layout = "none" if method == "awq" and any(w.input_scale is not None for w in result.weights.values()) else "gptq"
+        if layout == "none":
+            notes.append("no 4-bit checkpoint: AWQ's per-input scales are kept in the model (a Mul before each "
+                         "layer), and the GPTQ and AWQ checkpoint layouts have no place for them")
+    if layout != "none":
+        notes.append(_write_checkpoint(model, layout, context, result_artifact, details))
+    return PassOutcome(result_artifact, True, notes, details)
+
+
+def _write_checkpoint(model, layout: str, context: PassContext, artifact: Artifact, details: dict) -> str:
+    from infopt.exporters.int4_checkpoint import CheckpointLayoutError, write_awq_checkpoint, write_gptq_checkpoint
+
+    found = hf_model(model)
+    if found is None:
+        details["checkpoint"] = None
+        return "no Hugging Face config in the model, so no 4-bit checkpoint for vLLM was written"
+    prefix, inner = found
+    source = getattr(model, "source_dir", None)
+    folder = context.workdir / "int4_checkpoint"
+    fmt = layout
+    if layout == "awq":
+        write_awq_checkpoint(inner, folder, source_dir=source, force=True)
+    else:
+        try:
+            write_gptq_checkpoint(inner, folder, source_dir=source, force=True)
+            fmt = "gptq"
+        except CheckpointLayoutError as exc:
+            if "gptq_v2" not in (exc.fix or ""):
+                raise
+            write_gptq_checkpoint(inner, folder, source_dir=source, checkpoint_format="gptq_v2", force=True)
+            fmt = "gptq_v2"
+    for path in sorted(folder.iterdir()):
+        artifact.attachments[f"{CHECKPOINT_DIR}/{path.name}"] = path
+    details["checkpoint"] = {"format": fmt, "folder": CHECKPOINT_DIR, "module": prefix or "(the model)"}
+    return f"{fmt.upper()} checkpoint of {prefix or 'the model'} in {CHECKPOINT_DIR}/ (vLLM, transformers)"
+
+
+PASS = Pass(
+    name="quantize_int4",
+    consumes="torch",
+    produces="torch",
+    run=run,
+    options=QuantizeInt4Options,
+    description="INT4 weight-only Linear layers (RTN, GPTQ, AWQ) in infopt's packed format; GPTQ/AWQ checkpoint",
+    needs_calibration=False,
+    ensures=("int4-weights",),
+)

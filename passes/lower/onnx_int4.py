@@ -1,0 +1,184 @@
+"""Lower ``infopt.int4_linear`` to ONNX Runtime's ``com.microsoft::MatMulNBits`` (4-bit weights).
+
+``int4_linear(x, qweight, scales, zeros, g_idx, bias, g) -> MatMulNBits([Gather](x), B, scales, zero_points, bias)``
+
+It takes two steps, because while the dynamo exporter translates a node its inputs are symbolic
+(``const_value`` is not set), so a translation cannot re-lay out the weights; and weights
+re-laid out by ONNX ops (Reshape, BitShift) on the initializers would only be folded by the
+exporter's optimizer below its input limit of 8192 elements, so a real layer would ship those
+ops.
+
+1. :func:`translation_table` maps the op to a placeholder node ``infopt::Int4Linear`` that
+   keeps the stored tensors as its inputs (its OpSchema is built in Python and not registered).
+2. :func:`lower_int4_nodes` rewrites each placeholder on the exported ``onnx_ir`` model, where
+   the initializers' values are known, into ``MatMulNBits`` with new initializers.
+
+The initializers follow ONNX Runtime's contrib op documentation
+(``docs/ContribOperators.md#com.microsoft.MatMulNBits``) and the shape checks of its CPU kernel
+(``contrib_ops/cpu/quantization/matmul_nbits_helper.h``), for ``N`` outputs, ``K`` inputs, group
+``g`` and ``G = K // g`` groups:
+
+- ``B``: uint8 ``[N, G, g // 2]``, the bytes of ``qweight`` unchanged (its rows are the blocks;
+  with act-order, the codes' columns permuted as below);
+- ``scales``: ``[N, G]`` in the input's float type;
+- ``zero_points``: uint8 ``[N, ceil(G / 2)]``, two 4-bit zero points per byte along ``G``, low
+  nibble first, each row padded on its own; left out when every zero point is 8, the op's default;
+- ``bias``: ``[N]`` in the input's float type, through the op's bias input.
+
+ONNX Runtime's CPU kernel accepts ``g`` of 16, 32, 64, 128 or 256. Its ``g_idx`` input is
+deprecated, turns off the prepacked INT4 kernels (the weight is dequantized on every run), and
+in ONNX Runtime 1.31 with packed zero points did not reproduce the dequantized weight; so GPTQ
+act-order is lowered by sorting the input features by group instead: ``Gather(x, perm, axis=-1)``
+and ``B`` built from the codes with columns ``perm``, which holds when every group has exactly ``g`` members (as GPTQ's
+act-order assigns them). AWQ's ``input_scale`` is a ``Div`` before the node in the exported graph
+and is left as it is.
+"""
+
+from __future__ import annotations
+
+from infopt.errors import BuildError
+
+DOMAIN = "infopt"
+PLACEHOLDER = "Int4Linear"
+MS_DOMAIN = "com.microsoft"
+DEFAULT_ZERO = 8
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+"""The block sizes ONNX Runtime's CPU MatMulNBits kernel accepts (1.31, ``matmul_nbits.cc``)."""
+
+
+def translation_table() -> dict:
+    """``custom_translation_table`` entries for ``torch.onnx.export`` (dynamo)."""
+    import onnxscript
+    import torch
+    from onnx.defs import OpSchema
+
+    import infopt.quantize.int4_format  # noqa: F401 - registers torch.ops.infopt.int4_linear
+
+    param, option = OpSchema.FormalParameter, OpSchema.FormalParameterOption
+    floats = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
+    schema = OpSchema(
+        PLACEHOLDER, DOMAIN, 1,
+        inputs=[param("x", "T"), param("qweight", "tensor(uint8)"), param("scales", "S"),
+                param("zeros", "tensor(uint8)"), param("g_idx", "tensor(int32)", param_option=option.Optional),
+                param("bias", "S", param_option=option.Optional)],
+        outputs=[param("y", "T")],
+        type_constraints=[("T", floats, "activations"), ("S", floats, "stored scales and bias")],
+        attributes=[OpSchema.Attribute("group_size", OpSchema.AttrType.INT, "quantization group size")],
+    )
+    placeholder = onnxscript.values.Op(onnxscript.values.Opset(DOMAIN, 1), PLACEHOLDER, schema)
+
+    def int4_linear(x, qweight, scales, zeros, g_idx=None, bias=None, group_size: int = 128):
+        return placeholder(x, qweight, scales, zeros, g_idx, bias, group_size=group_size)
+
+    return {torch.ops.infopt.int4_linear.default: int4_linear}
+
+
+def stored(value, what: str, where: str):
+    """The numpy array behind an initializer input; a computed input cannot be re-laid out."""
+    if value is None or value.const_value is None:
+        raise BuildError(f"the INT4 layer's {what} is computed in the graph, not a stored weight",
+                         where=where, fix="keep the packed INT4 tensors as buffers of the Int4Linear module")
+    return value.const_value.numpy()
+
+
+def act_order_permutation(g_idx, in_features: int, group_size: int, where: str):
+    """Input features sorted by group (stable), or a BuildError when groups are not ``g`` wide."""
+    import numpy as np
+
+    g_idx = g_idx.astype(np.int64).reshape(-1)
+    groups = in_features // group_size
+    valid = g_idx.size == in_features and g_idx.min() >= 0
+    counts = np.bincount(g_idx, minlength=groups) if valid else None
+    if counts is None or counts.size != groups or not np.all(counts == group_size):
+        raise BuildError("the INT4 layer's g_idx does not give every group exactly "
+                         f"{group_size} input features, so MatMulNBits cannot hold it",
+                         where=where, fix="quantize with act-order groups of equal size (GPTQ's) or without act-order")
+    return np.argsort(g_idx, kind="stable")
+
+
+def pack_zero_points(zeros):
+    """uint8 ``[N, G]`` (0..15) -> uint8 ``[N, ceil(G / 2)]``, low nibble first, per row."""
+    import numpy as np
+
+    if zeros.shape[1] % 2:
+        zeros = np.concatenate([zeros, np.zeros((zeros.shape[0], 1), np.uint8)], axis=1)
+    return (zeros[:, 0::2] & 0x0F) | ((zeros[:, 1::2] & 0x0F) << 4)
+
+
+def permute_packed(qweight, perm):
+    """uint8 ``[N, K // 2]`` with codes in column order ``perm``, repacked low nibble first."""
+    import numpy as np
+
+    codes = np.stack([qweight & 0x0F, qweight >> 4], axis=-1).reshape(qweight.shape[0], -1)[:, perm]
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+
+
+def lower_node(graph, node, accuracy_level: int) -> list:
+    """Replace one placeholder in ``graph`` by ``[Gather ->] MatMulNBits``; returns the stored inputs it replaced."""
+    import numpy as np
+    import onnx_ir as ir
+
+    where = f"ONNX node {node.name or PLACEHOLDER}"
+    x, qweight, scales, zeros, g_idx, bias = (list(node.inputs) + [None] * 6)[:6]
+    group_size = node.attributes["group_size"].as_int()
+    packed = stored(qweight, "qweight", where)
+    n, k = packed.shape[0], packed.shape[1] * 2
+    if group_size not in BLOCK_SIZES or k % group_size:
+        raise BuildError(f"ONNX Runtime's MatMulNBits needs a group size of {', '.join(map(str, BLOCK_SIZES))} "
+                         f"that divides K={k}; this layer has {group_size}",
+                         where=where, fix="quantize the layer again with group size 32, 64 or 128")
+    float_type = x.dtype.numpy()
+    prefix = qweight.name.removesuffix("qweight").rstrip(".") or node.name
+    new = []
+
+    def initializer(suffix: str, array):
+        tensor = ir.tensor(np.ascontiguousarray(array))
+        name, copy = f"{prefix}.nbits_{suffix}", 0
+        while name in graph.initializers:
+            copy += 1
+            name = f"{prefix}.nbits_{suffix}_{copy}"
+        value = ir.Value(name=name, type=ir.TensorType(tensor.dtype), shape=tensor.shape,
+                         const_value=tensor)
+        graph.register_initializer(value)
+        return value
+
+    a = x
+    if g_idx is not None:
+        perm = act_order_permutation(stored(g_idx, "g_idx", where), k, group_size, where)
+        if not np.array_equal(perm, np.arange(k)):
+            packed = permute_packed(packed, perm)
+            new.append(ir.node("Gather", [x, initializer("perm", perm.astype(np.int64))], {"axis": -1}))
+            a = new[-1].outputs[0]
+    zero_array = stored(zeros, "zeros", where)
+    inputs = [a, initializer("B", packed.reshape(n, k // group_size, group_size // 2)),
+              initializer("scales", stored(scales, "scales", where).astype(float_type)),
+              None if np.all(zero_array == DEFAULT_ZERO) else initializer("zero_points", pack_zero_points(zero_array)),
+              None,
+              None if bias is None else initializer("bias", stored(bias, "bias", where).astype(float_type))]
+    while inputs[-1] is None:
+        inputs.pop()
+    attributes = {"K": k, "N": n, "bits": 4, "block_size": group_size, "accuracy_level": accuracy_level}
+    new.append(ir.node("MatMulNBits", inputs, attributes, domain=MS_DOMAIN, name=node.name))
+    result = new[-1].outputs[0]
+    result.dtype, result.shape = node.outputs[0].dtype, node.outputs[0].shape
+    ir.convenience.replace_nodes_and_values(graph, node, [node], new, node.outputs, [result])
+    return [v for v in (qweight, scales, zeros, g_idx, bias) if v is not None]
+
+
+def lower_int4_nodes(model, accuracy_level: int = 0) -> int:
+    """Rewrite every ``infopt::Int4Linear`` in ``model`` (onnx_ir) in place; returns how many."""
+    import onnx_ir as ir
+
+    count, replaced = 0, []
+    for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
+        if node.domain == DOMAIN and node.op_type == PLACEHOLDER:
+            replaced += lower_node(node.graph, node, accuracy_level)
+            count += 1
+    if not count:
+        return 0
+    for value in replaced:
+        if value.is_initializer() and not value.uses() and not value.is_graph_output():
+            value.graph.initializers.pop(value.name, None)
+    model.opset_imports.pop(DOMAIN, None)
+    model.opset_imports[MS_DOMAIN] = 1
+    return count

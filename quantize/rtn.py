@@ -1,0 +1,33 @@
+"""Round-to-nearest (RTN) group-wise INT4: every weight to its nearest point on its group's grid.
+
+No data needed. The baseline GPTQ and AWQ are measured against: each group of ``g`` input
+features of an output row gets the min/max grid of :func:`infopt.quantize.int4_format.grid`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from infopt.quantize.int4_format import Int4Weight, grid, quantize_codes
+
+
+def group_grid(weight: torch.Tensor, group_size: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scales and zeros ``[N, K // g]`` for ``weight`` ``[N, K]``."""
+    rows, cols = weight.shape
+    scale, zero = grid(weight.reshape(-1, group_size), symmetric)
+    return scale.reshape(rows, cols // group_size), zero.reshape(rows, cols // group_size)
+
+
+def group_codes(weight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Codes ``[N, K]`` for ``weight`` on the group grid ``scales``/``zeros`` ``[N, K // g]``."""
+    return quantize_codes(weight, scales.repeat_interleave(group_size, 1), zeros.repeat_interleave(group_size, 1))
+
+
+def rtn_quantize(weight: torch.Tensor, group_size: int, symmetric: bool,
+                 input_scale: torch.Tensor | None = None) -> Int4Weight:
+    """RTN of ``weight`` ``[N, K]`` (already multiplied by ``input_scale`` if there is one)."""
+    weight = weight.detach().float()
+    scales, zeros = group_grid(weight, group_size, symmetric)
+    codes = group_codes(weight, scales, zeros, group_size)
+    return Int4Weight.from_codes(codes.cpu(), scales.cpu(), zeros.cpu(), group_size, symmetric,
+                                 input_scale=None if input_scale is None else input_scale.cpu())

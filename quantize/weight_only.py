@@ -1,0 +1,209 @@
+"""INT4 weight-only quantization of a model's Linear layers: one config, one verb.
+
+``quantize_int4(model, Int4Config(method="gptq"), batches)`` replaces every quantizable
+``nn.Linear`` (found by type and a filter, see :func:`quantizable_linears`) with an
+:class:`Int4Linear` in infopt's packed format. It is :func:`calibrate_int4` (which yields the
+packed weights, a serializable result) followed by :func:`apply_int4` (deterministic).
+
+Calibration streams, layer group by layer group: the Linears of one transformer block (the
+children of the model's largest ``nn.ModuleList`` of Linears), then all the others. For each
+group the calibration batches run through a working copy of the model whose earlier groups are
+already quantized (so later layers see, and GPTQ compensates, the earlier rounding), hooks on the
+group's Linears fold each batch into a per-layer statistic (GPTQ's Hessian, AWQ's activation
+sample), and the forward stops at the end of the block. Only the current group's statistics are
+held, never every layer's activations.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+from torch import nn
+
+from infopt.errors import UsageError
+from infopt.quantize.awq import ActivationSample, awq_quantize
+from infopt.quantize.int4_config import Int4Config
+from infopt.quantize.gptq import Hessian, gptq_quantize, weighted_error
+from infopt.quantize.int4_format import (Int4Linear, Int4Weight, LinearFilter, check_group_size, default_filter,
+                                         quantizable_linears, replace_module)
+from infopt.quantize.rtn import rtn_quantize
+
+@dataclass
+class LayerResult:
+    name: str
+    shape: tuple[int, int]
+    error: float | None
+    """``tr(E H E^T) / tr(W H W^T)`` on the calibration data; None for RTN without data."""
+    seconds: float
+    alpha: float | None = None
+    act_order: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Int4Result:
+    """What :func:`calibrate_int4` found: the packed weights by layer path, and per-layer figures."""
+
+    config: Int4Config
+    weights: dict[str, Int4Weight]
+    layers: list[LayerResult] = field(default_factory=list)
+    rows: int = 0
+    """Calibration rows (tokens) the busiest layer saw."""
+
+
+class _Stop(Exception):
+    """Raised by the hook at the end of a block: the rest of the forward is not needed."""
+
+
+def target_layers(model: nn.Module, config: Int4Config, keep: LinearFilter = default_filter) -> list[str]:
+    """Paths of the Linears to quantize; a clear error when there are none or a group size does not fit."""
+    names = []
+    for name, module in quantizable_linears(model, keep):
+        problem = check_group_size(name, module.in_features, config.group_size)
+        if problem:
+            raise UsageError(problem, where=f"layer {name}",
+                             fix="pick a --group-size that divides every layer's input features (32, 64 or 128 "
+                                 "usually do), or leave the layer out of the quantization filter")
+        names.append(name)
+    if not names:
+        kinds = sorted({type(m).__name__ for m in model.modules() if next(m.children(), None) is None})
+        raise UsageError("the model has no nn.Linear layers to quantize to INT4",
+                         where=f"layer types found: {', '.join(kinds[:12]) or 'none'}",
+                         fix="INT4 weight-only quantization applies to Linear layers (transformers); "
+                             "use --int8 for convolutional models")
+    return names
+
+
+def layer_groups(model: nn.Module, names: Sequence[str]) -> list[tuple[nn.Module | None, list[str]]]:
+    """The Linears by block, in block order, then the rest (block ``None``)."""
+    best: tuple[str, nn.ModuleList] | None = None
+    for path, module in model.named_modules():
+        if isinstance(module, nn.ModuleList):
+            inside = sum(1 for n in names if n.startswith(path + "."))
+            if inside and (best is None or inside > sum(1 for n in names if n.startswith(best[0] + "."))):
+                best = (path, module)
+    groups: list[tuple[nn.Module | None, list[str]]] = []
+    placed: set[str] = set()
+    if best is not None:
+        for index, block in enumerate(best[1]):
+            prefix = f"{best[0]}.{index}."
+            members = [n for n in names if n.startswith(prefix)]
+            if members:
+                groups.append((block, members))
+                placed.update(members)
+    rest = [n for n in names if n not in placed]
+    if rest:
+        groups.append((None, rest))
+    return groups
+
+
+def calibrate_int4(model: nn.Module, config: Int4Config, batches: Iterable[Sequence[torch.Tensor]] | None = None, *,
+                   keep: LinearFilter = default_filter,
+                   progress: Callable[[str], None] | None = None) -> Int4Result:
+    """Packed INT4 weights for every quantizable Linear of ``model`` (which is left unchanged).
+
+    ``batches`` are tuples of input tensors in the model's argument order; GPTQ and AWQ need
+    them, RTN does not.
+    """
+    names = target_layers(model, config, keep)
+    result = Int4Result(config, {})
+    if config.method == "rtn":
+        for name in names:
+            start = time.perf_counter()
+            layer = model.get_submodule(name)
+            result.weights[name] = rtn_quantize(layer.weight, config.group_size, config.symmetric)
+            result.layers.append(LayerResult(name, tuple(layer.weight.shape), None, time.perf_counter() - start))
+        return result
+    batches = list(batches or [])
+    if not batches:
+        raise UsageError(f"INT4 {config.method.upper()} needs calibration data", fix="pass --calib PATH, or --int4-method rtn")
+    device = config.device if config.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    work = copy.deepcopy(model).eval().to(device)
+    batches = [tuple(t.to(device) for t in batch) for batch in batches]
+    groups = layer_groups(work, names)
+    done = 0
+    for number, (block, members) in enumerate(groups, 1):
+        stats = {n: (Hessian if config.method == "gptq" else ActivationSample)(work.get_submodule(n).in_features)
+                 for n in members}
+        if config.method == "awq":
+            for n in members:
+                stats[n].max_rows = config.awq_rows
+        if progress:
+            progress(f"group {number}/{len(groups)}: collecting {config.method.upper()} statistics")
+        result.rows = max(result.rows, _collect(work, block, members, stats, batches))
+        for name in members:
+            done += 1
+            if progress:
+                progress(f"layer {done}/{len(names)} {name}")
+            layer = work.get_submodule(name)
+            start = time.perf_counter()
+            weight, row = _quantize_layer(name, layer, stats[name], config)
+            row.seconds = time.perf_counter() - start
+            result.weights[name] = weight
+            result.layers.append(row)
+            replace_module(work, name, Int4Linear(weight, layer.bias).to(device))
+        stats.clear()
+    return result
+
+
+def _collect(work: nn.Module, block: nn.Module | None, members: list[str], stats: dict, batches) -> int:
+    handles = [work.get_submodule(n).register_forward_pre_hook(lambda _m, args, n=n: stats[n].add(args[0]))
+               for n in members]
+    if block is not None:
+        def stop(_module, _args, _output):
+            raise _Stop
+
+        handles.append(block.register_forward_hook(stop))
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                try:
+                    work(*batch)
+                except _Stop:
+                    pass
+    finally:
+        for handle in handles:
+            handle.remove()
+    first = stats[members[0]]
+    return int(getattr(first, "rows", 0))
+
+
+def _quantize_layer(name: str, layer: nn.Linear, stat, config: Int4Config) -> tuple[Int4Weight, LayerResult]:
+    weight = layer.weight.detach().float()
+    shape = tuple(weight.shape)
+    if stat.rows == 0:
+        raise UsageError(f"layer {name} saw no calibration rows", where=f"layer {name}",
+                         fix="the calibration data must run through the layer; check the inputs reach it")
+    if config.method == "gptq":
+        packed = gptq_quantize(weight, stat.matrix, config.group_size, config.symmetric, damp=config.damp,
+                               act_order=config.act_order, block_size=config.block_size)
+        error = weighted_error(weight.cpu(), packed.effective_weight(), stat.matrix.cpu())
+        return packed, LayerResult(name, shape, error, 0.0, act_order=config.act_order)
+    packed, alpha = awq_quantize(weight, stat, config.group_size, config.symmetric,
+                                 grid_points=config.awq_grid, clip=config.awq_clip)
+    x = stat.sample.cpu()
+    error = weighted_error(weight.cpu(), packed.effective_weight(), x.T @ x)
+    return packed, LayerResult(name, shape, error, 0.0, alpha=alpha)
+
+
+def apply_int4(model: nn.Module, weights: dict[str, Int4Weight]) -> nn.Module:
+    """Replace each named Linear of ``model`` (in place) by an :class:`Int4Linear` holding its weight."""
+    for name, packed in weights.items():
+        layer = model.get_submodule(name)
+        replace_module(model, name, Int4Linear(packed, layer.bias))
+    return model
+
+
+def quantize_int4(model: nn.Module, config: Int4Config | None = None,
+                  batches: Iterable[Sequence[torch.Tensor]] | None = None, *, keep: LinearFilter = default_filter,
+                  progress: Callable[[str], None] | None = None) -> Int4Result:
+    """Calibrate, then apply: ``model`` ends with its quantizable Linears as INT4."""
+    result = calibrate_int4(model, config or Int4Config(), batches, keep=keep, progress=progress)
+    apply_int4(model, result.weights)
+    return result

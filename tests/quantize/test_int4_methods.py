@@ -1,0 +1,171 @@
+"""INT4 weight-only methods on synthetic layers whose inputs are built to show each method's point:
+the packed format, RTN's grid, GPTQ's error compensation, AWQ's activation-aware scaling, and
+the streaming driver."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from infopt.errors import UsageError
+from infopt.quantize.awq import ActivationSample, awq_quantize
+from infopt.quantize.gptq import Hessian, gptq_quantize, weighted_error
+from infopt.quantize.int4_config import Int4Config
+from infopt.quantize.int4_format import Int4Linear, decompose_int4, pack_int4, unpack_int4
+from infopt.quantize.rtn import rtn_quantize
+from infopt.quantize.weight_only import calibrate_int4, layer_groups, quantize_int4
+
+
+def correlated_inputs(rows: int, features: int, seed: int = 0) -> torch.Tensor:
+    """Activations with a few dominant directions and some loud features, as in transformers."""
+    g = torch.Generator().manual_seed(seed)
+    basis = torch.randn(8, features, generator=g)
+    x = torch.randn(rows, 8, generator=g) @ basis + 0.3 * torch.randn(rows, features, generator=g)
+    x[:, :4] *= 12
+    return x
+
+
+def output_error(weight: torch.Tensor, quantized: torch.Tensor, x: torch.Tensor) -> float:
+    return float(((x @ weight.T - x @ quantized.T) ** 2).mean())
+
+
+def test_pack_layout_is_low_nibble_first_and_round_trips():
+    codes = torch.randint(0, 16, (5, 12), generator=torch.Generator().manual_seed(0))
+    packed = pack_int4(codes)
+    assert packed.shape == (5, 6) and packed.dtype == torch.uint8
+    assert int(packed[2, 3]) == int(codes[2, 6]) | (int(codes[2, 7]) << 4)
+    assert torch.equal(unpack_int4(packed), codes.to(torch.uint8))
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_rtn_stays_within_half_a_step(symmetric):
+    weight = torch.randn(16, 256, generator=torch.Generator().manual_seed(1))
+    packed = rtn_quantize(weight, 64, symmetric)
+    step = packed.scales.repeat_interleave(64, 1)
+    assert packed.qweight.shape == (16, 128) and packed.scales.shape == (16, 4)
+    if symmetric:
+        assert bool((packed.zeros == 8).all())
+        inside = weight.abs() <= 7 * step
+        assert bool(((packed.dequantize() - weight).abs()[inside] <= step[inside] / 2 + 1e-6).all())
+    else:
+        assert float(((packed.dequantize() - weight).abs() / step).max()) <= 0.5 + 1e-4
+
+
+def test_hessian_streamed_in_batches_equals_the_whole_gram_matrix():
+    x = correlated_inputs(300, 32)
+    hessian = Hessian(32)
+    for part in torch.split(x, [100, 57, 143]):
+        hessian.add(part.reshape(1, -1, 32))
+    assert hessian.rows == 300
+    torch.testing.assert_close(hessian.matrix, 2 * x.T @ x / 300, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_gptq_has_less_output_error_than_rtn(act_order):
+    weight = torch.randn(48, 256, generator=torch.Generator().manual_seed(2)) * 0.05
+    x = correlated_inputs(2048, 256)
+    hessian = Hessian(256)
+    hessian.add(x)
+    gptq = gptq_quantize(weight, hessian.matrix, 64, False, act_order=act_order)
+    rtn = rtn_quantize(weight, 64, False)
+    gptq_err = weighted_error(weight, gptq.effective_weight(), hessian.matrix)
+    rtn_err = weighted_error(weight, rtn.effective_weight(), hessian.matrix)
+    assert gptq_err < 0.7 * rtn_err, (gptq_err, rtn_err)
+    assert output_error(weight, gptq.effective_weight(), x) < output_error(weight, rtn.effective_weight(), x)
+    if act_order:
+        assert gptq.g_idx is not None and gptq.g_idx.shape == (256,)
+        assert torch.equal(torch.bincount(gptq.g_idx.long()), torch.full((4,), 64))
+    else:
+        assert gptq.g_idx is None
+
+
+def test_awq_scales_loud_features_and_beats_rtn():
+    g = torch.Generator().manual_seed(3)
+    weight = torch.randn(64, 256, generator=g) * 0.05
+    x = torch.randn(4096, 256, generator=g)
+    x[:, 7::32] *= 30
+    stats = ActivationSample(256, max_rows=1024)
+    for part in torch.split(x, 512):
+        stats.add(part)
+    assert stats.rows == 4096 and stats.sample.shape == (1024, 256)
+    awq, alpha = awq_quantize(weight, stats, 64, False)
+    rtn = rtn_quantize(weight, 64, False)
+    assert alpha is not None and awq.input_scale is not None
+    assert float(awq.input_scale[7::32].mean()) > float(awq.input_scale.mean())
+    assert output_error(weight, awq.effective_weight(), x) < 0.8 * output_error(weight, rtn.effective_weight(), x)
+
+
+class Stack(nn.Module):
+    """Embedding -> blocks (a ModuleList) -> head, like a transformer's layer stack."""
+
+    def __init__(self, dim: int = 64, blocks: int = 3):
+        super().__init__()
+        self.embed = nn.Embedding(50, dim)
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
+                                    for _ in range(blocks))
+        self.head = nn.Linear(dim, 8)
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        for block in self.blocks:
+            h = h + block(h)
+        return self.head(h)
+
+
+def test_driver_quantizes_block_by_block_and_stops_each_forward_at_its_block():
+    torch.manual_seed(0)
+    model = Stack().eval()
+    batches = [(torch.randint(0, 50, (4, 10)),) for _ in range(3)]
+    groups = layer_groups(model, [n for n, m in model.named_modules() if isinstance(m, nn.Linear)])
+    assert [members for _, members in groups] == [["blocks.0.0", "blocks.0.2"], ["blocks.1.0", "blocks.1.2"],
+                                                  ["blocks.2.0", "blocks.2.2"], ["head"]]
+    last_block_runs = []
+    model.blocks[2].register_forward_hook(lambda *_: last_block_runs.append(1))
+    with torch.no_grad():
+        reference = model(batches[0][0])
+    last_block_runs.clear()
+    said = []
+    result = calibrate_int4(model, Int4Config(method="gptq", group_size=32), batches, progress=said.append)
+    # blocks 0 and 1 stop before block 2 runs; block 2's group and the head's group run it
+    assert len(last_block_runs) == 2 * len(batches)
+    assert sum("collecting" in s for s in said) == 4
+    assert set(result.weights) == {"blocks.0.0", "blocks.0.2", "blocks.1.0", "blocks.1.2", "blocks.2.0", "blocks.2.2", "head"}
+    assert all(isinstance(m, nn.Linear) for n, m in model.named_modules() if n in result.weights)
+    quantize_int4(model, Int4Config(method="gptq", group_size=32), batches)
+    assert sum(isinstance(m, Int4Linear) for m in model.modules()) == 7
+    with torch.no_grad():
+        cos = torch.nn.functional.cosine_similarity(model(batches[0][0]).flatten(), reference.flatten(), dim=0)
+    assert float(cos) > 0.99
+
+
+def test_int4_layer_exports_as_one_op_and_decomposes_to_the_same_numbers():
+    torch.manual_seed(0)
+    model = Stack(blocks=1).eval()
+    quantize_int4(model, Int4Config(method="rtn", group_size=32))
+    ids = torch.randint(0, 50, (2, 5))
+    program = torch.export.export(model, (ids,))
+    ops = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    assert ops.count(torch.ops.infopt.int4_linear.default) == 3
+    decomposed, count = decompose_int4(program)
+    assert count == 3
+    assert not any(n.target is torch.ops.infopt.int4_linear.default for n in decomposed.graph.nodes)
+    torch.testing.assert_close(decomposed.module()(ids), model(ids))
+
+
+def test_no_linear_layers_is_a_clear_error():
+    conv = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU())
+    with pytest.raises(UsageError, match="no nn.Linear layers") as info:
+        quantize_int4(conv, Int4Config(method="rtn"))
+    assert "Conv2d" in info.value.where and "--int8" in info.value.fix
+
+
+def test_group_size_that_does_not_divide_names_the_layer():
+    with pytest.raises(UsageError, match="does not divide blocks.0.0's 64 input features") as info:
+        quantize_int4(Stack(), Int4Config(method="rtn", group_size=48))
+    assert info.value.where == "layer blocks.0.0"
+
+
+def test_gptq_without_calibration_data_says_so():
+    with pytest.raises(UsageError, match="needs calibration data"):
+        quantize_int4(Stack(), Int4Config(method="gptq", group_size=32), [])

