@@ -34,7 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import infopt  # noqa: E402
-from benchmarks.common import arguments, environment, publish, timed  # noqa: E402
+from benchmarks.common import arguments, environment, minilm_eval, publish, timed  # noqa: E402
 from infopt.recipe import bundled_recipes  # noqa: E402
 from infopt.runner import AotiRunner, OrtRunner, TorchRunner  # noqa: E402
 
@@ -72,36 +72,21 @@ def builds(module, work: Path, tag: str, common: dict, notes: list[str]) -> dict
 
 
 def minilm_case(work: Path, quick: bool, notes: list[str]):
-    from examples.minilm import INPUTS, load_encoder, sentences, tokenize
+    from examples.minilm import INPUTS
 
-    model = load_encoder()
-    calib_text, eval_text = sentences()
-    if quick:
-        eval_text = eval_text[:64]
-    calib, evaluation = tokenize(calib_text), tokenize(eval_text)
-    np.savez(work / "minilm_val.npz", **calib)
+    ev = minilm_eval(quick)
+    np.savez(work / "minilm_val.npz", **ev.calib)
     common = {"inputs": INPUTS, "dims": ["batch=1:32:64", "seq=1:64:128"], "batch_sizes": list(BATCHES),
               "val": str(work / "minilm_val.npz")}
-    paths = builds(model, work, "MiniLM", common, notes)
-    names = ("input_ids", "attention_mask")
-
-    def feed(b):
-        return {k: np.ascontiguousarray(v[:b]) for k, v in evaluation.items()}
-
-    def embed(run):
-        out = np.concatenate([run({k: np.ascontiguousarray(v[i:i + 32]) for k, v in evaluation.items()})[0]
-                              for i in range(0, len(eval_text), 32)])
-        return out / np.linalg.norm(out, axis=1, keepdims=True)
-
-    reference = embed(TorchRunner(model, names).run)
+    paths = builds(ev.model, work, "MiniLM", common, notes)
 
     def accuracy(run):
-        cos = (embed(run) * reference).sum(1)
+        cos = ev.cosine(run)
         return f"min cosine {cos.min():.7f} (1 - min {1 - cos.min():.1e}; mean {cos.mean():.7f})"
 
-    notes.append(f"MiniLM accuracy: cosine to eager FP32 over {len(eval_text)} held-out evaluation sentences (seq 64), "
-                 f"none used by any build ({len(calib_text)} calibration sentences validate the builds)")
-    return "all-MiniLM-L6-v2 (seq 64)", model, names, paths, feed, accuracy, lambda runners: []
+    notes.append(f"MiniLM accuracy: cosine to eager FP32 over {len(ev.eval_text)} held-out evaluation sentences "
+                 f"(seq 64), none used by any build ({len(ev.calib_text)} calibration sentences validate the builds)")
+    return "all-MiniLM-L6-v2 (seq 64)", ev.model, ev.names, paths, ev.feed, accuracy, lambda runners: []
 
 
 def cnn_case(work: Path, quick: bool, notes: list[str]):

@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import infopt  # noqa: E402
-from benchmarks.common import arguments, environment, publish, timed  # noqa: E402
+from benchmarks.common import arguments, environment, minilm_eval, publish, timed  # noqa: E402
 from infopt.runner import OrtRunner, TorchRunner  # noqa: E402
 
 MS = (1, 4, 16, 64)
@@ -189,19 +189,15 @@ def verdict(result) -> str:
 
 
 def minilm_section(args, work: Path, threads: int, notes: list[str]) -> str:
-    from examples.minilm import INPUTS, load_encoder, sentences, tokenize
+    from examples.minilm import INPUTS
 
-    model = load_encoder()
-    calib_text, eval_text = sentences()
-    if args.quick:
-        eval_text = eval_text[:64]
-    calib, evaluation = tokenize(calib_text), tokenize(eval_text)
-    calibration = [{k: v[i:i + 16] for k, v in calib.items()} for i in range(0, len(calib_text), 16)]
+    ev = minilm_eval(args.quick)
+    model, calib = ev.model, ev.calib
+    calibration = [{k: v[i:i + 16] for k, v in calib.items()} for i in range(0, len(ev.calib_text), 16)]
     np.savez(work / "minilm_val.npz", **calib)
     common = {"inputs": INPUTS, "dims": ["batch=1:16:64", "seq=1:64:128"], "calibration": calibration,
               "calib_samples": None, "val": str(work / "minilm_val.npz"), "progress": False, "force": True}
-    names = ("input_ids", "attention_mask")
-    runners = {EAGER: TorchRunner(model, names).run}
+    runners = {EAGER: TorchRunner(model, ev.names).run}
     sizes = {}
     builds = [(ORT32, "fp32", "fp32", {})] + [
         (name, "int4", f"int4-acc{level}", {"pass_options": {"onnx_export": {"int4_accuracy_level": level}}})
@@ -218,17 +214,11 @@ def minilm_section(args, work: Path, threads: int, notes: list[str]) -> str:
                      f"verdict {'passed' if result.passed else 'FAILED'} ({verdict(result)})"
                      + (f"; {int4_note(result)}" if precision == "int4" else "") + f"; matrix ops: {op_types(path)}")
 
-    def embed(run):
-        out = np.concatenate([run({k: np.ascontiguousarray(v[i:i + 32]) for k, v in evaluation.items()})[0]
-                              for i in range(0, len(eval_text), 32)])
-        return out / np.linalg.norm(out, axis=1, keepdims=True)
-
-    reference = embed(runners[EAGER])
-    cosine = {name: (embed(run) * reference).sum(1) for name, run in runners.items()}
-    notes.append(f"MiniLM accuracy: cosine to eager FP32 over {len(eval_text)} held-out evaluation sentences "
-                 f"(seq 64), none used by any build ({len(calib_text)} calibration sentences calibrate GPTQ and "
+    cosine = {name: ev.cosine(run) for name, run in runners.items()}
+    notes.append(f"MiniLM accuracy: cosine to eager FP32 over {len(ev.eval_text)} held-out evaluation sentences "
+                 f"(seq 64), none used by any build ({len(ev.calib_text)} calibration sentences calibrate GPTQ and "
                  "validate the builds)")
-    feeds = {b: {k: np.ascontiguousarray(v[:b]) for k, v in evaluation.items()} for b in BATCHES}
+    feeds = {b: ev.feed(b) for b in BATCHES}
     stats, note = timed("MiniLM", runners, feeds, args.warmup, args.iterations, threads)
     notes.append(note)
     fp32_bytes = sum(p.numel() * p.element_size() for p in model.state_dict().values())

@@ -4,7 +4,8 @@ For the real all-MiniLM-L6-v2 sentence encoder (seq 64) and the example DigitsCN
 each runner in its own warm-up and timed block at batch 1 and 32:
 
 1. eager FP32 PyTorch (the baseline);
-2. ONNX Runtime FP32: the model of ``infopt.build(precision="fp32", backend="onnxruntime")``;
+2. ONNX Runtime FP32: the model of ``infopt.build(recipe="fp32-onnxruntime")`` (that one recipe:
+   ``backend="onnxruntime"`` would also build the fused variant and ship the faster);
 3. ORT dynamic defaults: ``onnxruntime.quantization.quantize_dynamic(plain, out)`` with every option
    at its default, on the plain FP32 ONNX this script exports with ``torch.onnx.export(dynamo=True)``
    (no infopt passes, no ORT pre-processing), which is what a user reaches for first;
@@ -34,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import infopt  # noqa: E402
-from benchmarks.common import arguments, environment, publish, timed  # noqa: E402
+from benchmarks.common import arguments, environment, minilm_eval, publish, timed  # noqa: E402
 from infopt.runner import OrtRunner, TorchRunner  # noqa: E402
 
 EAGER, ORT32, ORTQ, STATIC, DYNAMIC = ("eager fp32", "onnxruntime fp32 (infopt build)", "ORT quantize_dynamic defaults",
@@ -82,53 +83,39 @@ def int8_note(result) -> str:
 def builds(module, work: Path, tag: str, common: dict, calib: Path, budget: str, notes: list[str]) -> dict:
     """infopt fp32, int8 static and int8 dynamic builds; name -> model.onnx path."""
     paths = {}
-    for runner, folder, kw in ((ORT32, "fp32", {"precision": "fp32", "backend": "onnxruntime"}),
+    for runner, folder, kw in ((ORT32, "fp32", {"recipe": "fp32-onnxruntime"}),
                                (STATIC, "int8-static", {"precision": "int8", "calibration": str(calib), "max_drift": budget}),
                                (DYNAMIC, "int8-dynamic", {"precision": "int8", "max_drift": budget})):
         start = time.perf_counter()
         result = infopt.build(module, output=work / f"{tag}-{folder}", force=True, progress=False,
                               val=str(calib), **common, **kw)
         paths[runner] = result.output_dir / "model" / "model.onnx"
-        if kw["precision"] == "int8":
+        if runner != ORT32:
             notes.append(f"{tag} {runner}: {int8_note(result)}; build {time.perf_counter() - start:.0f} s")
     return paths
 
 
 def minilm_case(work: Path, quick: bool, notes: list[str]):
-    from examples.minilm import INPUTS, load_encoder, sentences, tokenize
+    from examples.minilm import INPUTS
 
-    model = load_encoder()
-    calib_text, eval_text = sentences()
-    if quick:
-        eval_text = eval_text[:64]
-    calib, evaluation = tokenize(calib_text), tokenize(eval_text)
+    ev = minilm_eval(quick)
+    calib = ev.calib
     np.savez(work / "minilm_calib.npz", **calib)
     common = {"inputs": INPUTS, "dims": ["batch=1:32:64", "seq=1:64:128"], "batch_sizes": [1, 32],
               "calib_samples": 32 if quick else 128}
-    paths = builds(model, work, "MiniLM", common, work / "minilm_calib.npz", "cosine_mean=0.99", notes)
+    paths = builds(ev.model, work, "MiniLM", common, work / "minilm_calib.npz", "cosine_mean=0.99", notes)
     example = (torch.from_numpy(calib["input_ids"][:2]), torch.from_numpy(calib["attention_mask"][:2]))
     dyn = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
-    plain = plain_export(model, example, ["input_ids", "attention_mask"], dyn, work / "minilm_plain.onnx")
+    plain = plain_export(ev.model, example, list(ev.names), dyn, work / "minilm_plain.onnx")
     paths[ORTQ] = ort_defaults(plain, work / "minilm_ort_dynamic.onnx", "MiniLM", notes)
-    names = ("input_ids", "attention_mask")
-
-    def feed(b):
-        return {k: np.ascontiguousarray(v[:b]) for k, v in evaluation.items()}
-
-    def embed(run):
-        out = np.concatenate([run({k: v[i:i + 32] for k, v in evaluation.items()})[0]
-                              for i in range(0, len(eval_text), 32)])
-        return out / np.linalg.norm(out, axis=1, keepdims=True)
-
-    reference = embed(TorchRunner(model, names).run)
 
     def accuracy(run):
-        cos = (embed(run) * reference).sum(1)
+        cos = ev.cosine(run)
         return f"cosine mean {cos.mean():.4f} (min {cos.min():.4f})"
 
-    notes.append(f"MiniLM accuracy: over {len(eval_text)} held-out evaluation sentences (seq 64), "
-                 f"none used by any build ({len(calib_text)} calibration sentences calibrate and validate)")
-    return "all-MiniLM-L6-v2 (seq 64)", model, names, paths, feed, accuracy
+    notes.append(f"MiniLM accuracy: over {len(ev.eval_text)} held-out evaluation sentences (seq 64), "
+                 f"none used by any build ({len(ev.calib_text)} calibration sentences calibrate and validate)")
+    return "all-MiniLM-L6-v2 (seq 64)", ev.model, ev.names, paths, ev.feed, accuracy
 
 
 def cnn_case(work: Path, quick: bool, notes: list[str]):

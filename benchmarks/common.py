@@ -1,5 +1,5 @@
 """What every benchmark script shares: its command line, the environment lines, timing with a
-contention note, and writing the result."""
+contention note, writing the result, and the MiniLM evaluation set."""
 
 from __future__ import annotations
 
@@ -7,9 +7,13 @@ import argparse
 import os
 import platform
 import time
+from dataclasses import dataclass
+from functools import cached_property
 from importlib.metadata import version
 from pathlib import Path
+from typing import Callable
 
+import numpy as np
 import torch
 
 import infopt
@@ -75,3 +79,51 @@ def timed(label: str, runners, feeds, warmup: int, iterations: int, threads: int
     other = max(busy - own, 0.0)
     return stats, (f"{label} timing: {wall:.1f} s; other processes used {other:.1f} CPU-s "
                    f"of the {threads * wall:.1f} the cores had ({other / (threads * wall):.0%})")
+
+
+@dataclass
+class MiniLMEval:
+    """all-MiniLM-L6-v2 with its calibration and held-out evaluation sentences, tokenized at seq 64.
+
+    Accuracy is judged on the evaluation sentences, which no build sees: each runner's embeddings,
+    scaled to unit length, against eager FP32's (``reference``), so ``cosine`` is one cosine
+    similarity per sentence."""
+
+    model: torch.nn.Module
+    calib_text: list[str]
+    eval_text: list[str]
+    calib: dict[str, np.ndarray]
+    evaluation: dict[str, np.ndarray]
+    names: tuple[str, ...] = ("input_ids", "attention_mask")
+
+    def feed(self, batch: int) -> dict[str, np.ndarray]:
+        """The first ``batch`` evaluation sentences, as a timing feed."""
+        return {k: np.ascontiguousarray(v[:batch]) for k, v in self.evaluation.items()}
+
+    def embed(self, run: Callable) -> np.ndarray:
+        """Unit-length embeddings of every evaluation sentence, run 32 at a time."""
+        out = np.concatenate([run({k: np.ascontiguousarray(v[i:i + 32]) for k, v in self.evaluation.items()})[0]
+                              for i in range(0, len(self.eval_text), 32)])
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+    @cached_property
+    def reference(self) -> np.ndarray:
+        """Eager FP32's embeddings, computed at first use."""
+        from infopt.runner import TorchRunner
+
+        return self.embed(TorchRunner(self.model, self.names).run)
+
+    def cosine(self, run: Callable) -> np.ndarray:
+        """Per evaluation sentence, the cosine similarity of ``run``'s embedding to eager FP32's."""
+        return (self.embed(run) * self.reference).sum(1)
+
+
+def minilm_eval(quick: bool) -> MiniLMEval:
+    """Load the encoder and tokenize its sentences; ``quick`` keeps 64 evaluation sentences."""
+    from examples.minilm import load_encoder, sentences, tokenize
+
+    model = load_encoder()
+    calib_text, eval_text = sentences()
+    if quick:
+        eval_text = eval_text[:64]
+    return MiniLMEval(model, calib_text, eval_text, tokenize(calib_text), tokenize(eval_text))

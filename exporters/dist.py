@@ -60,11 +60,25 @@ def staged_output(out: Path, force: bool) -> Iterator[Path]:
             shutil.rmtree(stage, ignore_errors=True)
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
+def _hash_into(digest, path: Path) -> None:
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    _hash_into(digest, path)
+    return digest.hexdigest()
+
+
+def model_sha256(path: Path) -> str:
+    """sha256 over a model file followed by its external-data sidecar (``<name>.data``) where there
+    is one, so two ONNX models with the same graph and different weights differ."""
+    digest = hashlib.sha256()
+    for part in (path, path.with_name(path.name + ".data")):
+        if part.exists():
+            _hash_into(digest, part)
     return digest.hexdigest()
 
 

@@ -82,6 +82,10 @@ class CheckpointLayoutError(UsageError):
     title = "cannot write checkpoint"
 
 
+class V1ZeroPointError(CheckpointLayoutError):
+    """A zero point of 0 next to code 15: GPTQ's v1 format (zero - 1) cannot hold it; v2 can."""
+
+
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     """``[..., 8]`` values 0..15 -> int32 ``[...]`` with value ``i`` at bits ``4 * i`` (two's complement)."""
     shifts = torch.arange(0, 32, 4, dtype=torch.int64)
@@ -149,7 +153,7 @@ def _shift_zero_groups(name: str, codes: torch.Tensor, zeros: torch.Tensor,
     top = torch.zeros_like(zeros).scatter_reduce(1, groups.expand_as(codes), codes, "amax", include_self=False)
     stuck = at_zero & (top == MAXQ)
     if bool(stuck.any()):
-        raise CheckpointLayoutError(
+        raise V1ZeroPointError(
             f"{name} has {int(stuck.sum())} row groups with zero point 0 that use code 15; GPTQ's v1 checkpoint "
             f"format stores zero - 1 and cannot hold them", where=name,
             fix='write checkpoint_format="gptq_v2" (read by vLLM and GPTQModel), or quantize symmetrically')

@@ -33,9 +33,8 @@ import logging
 from typing import Literal
 
 import torch
-from torch import nn
 
-from infopt.quantize.int4_format import dequantize_int4
+from infopt.quantize.int4_format import int4_linear_torch
 
 try:
     import triton
@@ -315,9 +314,7 @@ def w4a16_linear_torch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
                        g_idx: torch.Tensor | None, bias: torch.Tensor | None, group_size: int) -> torch.Tensor:
     """The reference: ``y = x @ W.T + b`` in fp32 from the exactly dequantized ``W``, rounded once to
     ``x.dtype``. For float32 ``x`` it is ``infopt::int4_linear`` exactly."""
-    weight = dequantize_int4(qweight, scales.float(), zeros, g_idx, group_size)
-    out = nn.functional.linear(x.float(), weight, None if bias is None else bias.float())
-    return out.to(x.dtype)
+    return int4_linear_torch(x.float(), qweight, scales, zeros, g_idx, bias, group_size).to(x.dtype)
 
 
 def triton_unusable(x: torch.Tensor) -> str | None:

@@ -163,7 +163,6 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     if not artifact.output_names:
         artifact.output_names = ("output",) if len(probe) == 1 else tuple(f"output_{i}" for i in range(len(probe)))
 
-    _check_int4_source(loaded, recipes)
     if tokenizer is None and loaded.format == "hf-folder":
         from infopt.hf_folder import has_tokenizer
 
@@ -176,14 +175,6 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     with tempfile.TemporaryDirectory(prefix="infopt-build-") as work:
         return _build_in(Path(work), loaded, artifact, reference, spec, recipes, target_obj, name, out, force,
                          val, max_val_samples, console, calib, budget)
-
-
-def _check_int4_source(loaded, recipes) -> None:
-    """INT4 quantizes the Python module layer by layer: a model that has none cannot be quantized."""
-    if any(s.name == "quantize_int4" for r in recipes for s in r.passes) and loaded.format in ("onnx", "pt2", "torchscript"):
-        raise UsageError(f"INT4 weight-only quantization needs the model's Python module, and {loaded.source} is "
-                         f"{loaded.format}", where=str(loaded.source),
-                         fix="pass the Hugging Face model folder, or the state dict with --model-class")
 
 
 def _check_int8_inputs(recipe, target, calibration) -> None:

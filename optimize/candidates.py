@@ -81,13 +81,13 @@ def blocked_reason(recipe: Recipe, target, source_kind: str) -> str | None:
 def drop_duplicates(candidates: list[Candidate]) -> None:
     """A candidate whose model file is byte-identical to an earlier one's (a fusion variant that
     found nothing to fuse) is the same model: it is marked skipped rather than timed twice."""
-    from infopt.exporters.dist import sha256
+    from infopt.exporters.dist import model_sha256
 
     seen: dict[str, str] = {}
     for c in candidates:
         if c.status != "built":
             continue
-        digest = sha256(c.artifact.path)
+        digest = model_sha256(c.artifact.path)
         if digest in seen:
             c.status, c.reason, c.runner = "skipped", f"the same model file as {seen[digest]}", None
         else:
@@ -116,7 +116,9 @@ def runner_description(runner: Runner) -> str:
 
 
 def artifact_outputs(artifact: Artifact) -> list[tuple[str, str, tuple]]:
-    """(name, dtype, shape) of the final model's outputs, whatever its representation."""
+    """(name, dtype, shape) of the final model's outputs, whatever its representation; a TensorRT
+    engine's are those of the ONNX model it was built from (``artifact.obj``, see
+    ``tensorrt_build.engine_artifact``)."""
     from infopt.emit import onnx_outputs
 
     if artifact.kind == "aoti":

@@ -76,11 +76,11 @@ def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, 
     for rel, source in (attachments or {}).items():
         (stage / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(source, stage / rel)
-        key = Path(rel).stem if Path(rel).stem not in artifacts else rel
-        artifacts[key] = rel
         if rel.startswith("servers/"):
             server = rel.split("/")[1]
-            artifacts.setdefault(server, f"servers/{server}")
+            artifacts[server] = f"servers/{server}"
+        else:
+            artifacts[Path(rel).stem] = rel
     if "triton" in emit:
         folder = write_repository(stage / "servers" / "triton", name, model_file, spec,
                                   [(o["name"], o["dtype"], tuple(o["shape"])) for o in manifest["outputs"]], device,

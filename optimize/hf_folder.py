@@ -53,7 +53,7 @@ def _wrapper_class():
 
 
 def load_hf_folder(path: Path):
-    """(wrapped module, InputSpec, model class name) for the folder at ``path``."""
+    """(wrapped module, InputSpec) for the folder at ``path``."""
     config_file = path / "config.json"
     try:
         config = json.loads(config_file.read_text())
@@ -79,4 +79,4 @@ def load_hf_folder(path: Path):
         raise ModelLoadError(f"transformers cannot load {path} as {cls.__name__}: {first}",
                              fix="check that config.json and the safetensors files belong together") from exc
     module = _wrapper_class()(model.eval(), str(path)).eval()
-    return module, InputSpec.parse(list(INPUTS)), cls.__name__
+    return module, InputSpec.parse(list(INPUTS))

@@ -105,7 +105,7 @@ def load_model(path: str | Path, *, model_class: str | None = None, model_args: 
     if fmt == "hf-folder":
         from infopt.hf_folder import load_hf_folder
 
-        module, spec, _ = load_hf_folder(path)
+        module, spec = load_hf_folder(path)
         return LoadedModel(None, "hf-folder", path, module, spec.names, spec)
     import torch
 

@@ -1,7 +1,8 @@
 """Pipeline: runs a recipe's passes in order, timing each and recording its artifact size.
 
 A pass whose input representation is already behind the model (capture, for an ONNX file) is
-skipped and recorded as such. A pass that raises stops the build with an error that names it.
+skipped and recorded as such, unless it is not ``skippable``: then the build stops with a usage
+error. A pass that raises stops the build with an error that names it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from infopt.artifact import STAGE, Artifact, PassRecord
-from infopt.errors import BuildError, InfoptError, RecipeError
+from infopt.errors import BuildError, InfoptError, RecipeError, UsageError
 from infopt.recipe import Recipe
 from infopt.registry import PassContext, get_pass
 from infopt.target import Target
@@ -55,6 +56,12 @@ class Pipeline:
     def _run_one(self, definition, raw_options, artifact: Artifact) -> Artifact:
         record = PassRecord(definition.name, definition.consumes, definition.produces)
         if STAGE[definition.consumes] < STAGE[artifact.kind]:
+            if not definition.skippable:
+                needs = "the model's Python module" if definition.consumes == "torch" else f"the model as {definition.consumes}"
+                raise UsageError(f"pass {definition.name} needs {needs}, and this model is already {artifact.kind}",
+                                 where=f"recipe {self.recipe.name}",
+                                 fix="pass the model it was made from (a Hugging Face folder, a state dict with "
+                                     "--model-class, or an nn.Module)" if definition.consumes == "torch" else None)
             record.skipped = True
             record.notes.append(f"skipped: the model is already {artifact.kind}")
             artifact.lineage.append(record)

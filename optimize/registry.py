@@ -82,6 +82,9 @@ class Pass:
     description: str = ""
     needs_calibration: bool = False
     mutates_input: bool = False
+    skippable: bool = True
+    """A pass whose input is already behind the model (capture, for an ONNX file) is skipped; one
+    that is not skippable (a quantization that defines the precision) stops the build instead."""
     requires: tuple[str, ...] = ()
     ensures: tuple[str, ...] = ()
 

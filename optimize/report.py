@@ -132,7 +132,7 @@ def candidates_section(manifest: dict[str, Any]) -> Section | None:
                      *[_num(c["p50_ms"].get(str(b)), ".3f") for b in batches],
                      f"{c['speedup']:.2f}x" if c["speedup"] else "-", _bytes(c["size_bytes"]), "yes" if c["chosen"] else ""])
         notes += [f"{c['recipe']} failed {r}" for r in c["failed_checks"]]
-    if rows_in and any(c["status"] == "built" for c in rows_in):
+    if any(c["status"] == "built" for c in rows_in):
         runs_on = {c["runs_on"] for c in rows_in if c["status"] == "built"}
         notes.append(f"measured on {', '.join(sorted(runs_on))}; p50 in ms; speedup is the geometric mean over batch "
                      "sizes of eager p50 / candidate p50")

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from infopt.quantize.int4_format import Int4Weight, MAXQ, grid
+from infopt.quantize.int4_format import Int4Weight, fake_quantize, grid
 from infopt.quantize.rtn import group_codes, group_grid
 
 
@@ -59,9 +59,9 @@ class ActivationSample:
 
 
 def _fake_quant(weight: torch.Tensor, group_size: int, symmetric: bool) -> torch.Tensor:
+    """``weight`` rounded to its RTN group grid and back."""
     scales, zeros = group_grid(weight, group_size, symmetric)
-    codes = group_codes(weight, scales, zeros, group_size)
-    return (codes - zeros.repeat_interleave(group_size, 1)) * scales.repeat_interleave(group_size, 1)
+    return fake_quantize(weight, scales.repeat_interleave(group_size, 1), zeros.repeat_interleave(group_size, 1))
 
 
 def search_scale(weight: torch.Tensor, stats: ActivationSample, group_size: int, symmetric: bool,
@@ -109,8 +109,7 @@ def search_clip(weight: torch.Tensor, x: torch.Tensor, group_size: int, symmetri
         r = 1.0 - step * 0.5 / ratios
         clipped = torch.clamp(w, lo * r, hi * r)
         scale, zero = grid(clipped.reshape(-1, group_size), symmetric)
-        codes = torch.clamp(torch.round(w.reshape(-1, group_size) / scale[:, None]) + zero[:, None], 0, MAXQ)
-        quantized = ((codes - zero[:, None]) * scale[:, None]).reshape(rows, groups, group_size)
+        quantized = fake_quantize(w.reshape(-1, group_size), scale, zero).reshape(rows, groups, group_size)
         err = ((torch.einsum("tgk,ngk->tng", x, quantized) - reference) ** 2).mean(0)
         better = err < best_err
         best_err = torch.where(better, err, best_err)

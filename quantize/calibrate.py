@@ -13,12 +13,13 @@ import hashlib
 import json
 import logging
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from infopt.exporters.dist import model_sha256
 from infopt.quantize.calib_data import CalibrationSet
 from infopt.quantize.observers import Observer
 
@@ -62,21 +63,11 @@ def cache_dir() -> Path:
     return cache_root() / "calibration"
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    for p in (path, path.with_name(path.name + ".data")):
-        if p.exists():
-            with open(p, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
-                    h.update(chunk)
-    return h.hexdigest()
-
-
 def calibrate(model_path: Path, tensors: list[str], data: CalibrationSet, observer: Observer, *,
               channel_tensors: list[str] = (), use_cache: bool = True) -> CalibrationTable:
     """Ranges of ``tensors`` (and per-channel maxima of ``channel_tensors``) over ``data``."""
     options = {"percentile": observer.percentile, "bins": observer.bins} if observer.needs_histogram else {}
-    model_sha = file_sha256(model_path)
+    model_sha = model_sha256(model_path)
     key = hashlib.sha256(json.dumps([model_sha, data.digest, observer.method, options, sorted(tensors),
                                      sorted(channel_tensors)]).encode()).hexdigest()[:32]
     cached = cache_dir() / f"{key}.json"
@@ -101,7 +92,7 @@ def calibrate(model_path: Path, tensors: list[str], data: CalibrationSet, observ
 def _run(model_path: Path, tensors: list[str], channel_tensors: list[str], data: CalibrationSet,
          observer: Observer) -> tuple[dict[str, tuple[float, float]], dict[str, list[float]]]:
     wanted = list(dict.fromkeys([*tensors, *channel_tensors]))
-    observers = {t: Observer(observer.method, observer.percentile, observer.bins) for t in tensors}
+    observers = {t: replace(observer) for t in tensors}
     absmax: dict[str, np.ndarray] = {}
     with tempfile.TemporaryDirectory(prefix="infopt-calib-") as tmp:
         session = _tapped_session(model_path, wanted, Path(tmp))

@@ -91,7 +91,8 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, 
         for i in range(end - start):
             col = start + i
             if col % group_size == 0:
-                ahead = torch.cat([block[:, i:], w[:, end:]], dim=1)[:, :group_size]
+                inside = block[:, i:i + group_size]
+                ahead = torch.cat([inside, w[:, end:end + group_size - inside.shape[1]]], dim=1)
                 scale, zero = grid(ahead, symmetric)
                 scales[:, col // group_size], zeros[:, col // group_size] = scale, zero
             column = block[:, i]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Method = Literal["rtn", "gptq", "awq"]
 
@@ -28,3 +28,10 @@ class Int4Config(BaseModel):
     awq_clip: bool = Field(True, description="AWQ: search a clipping ratio per row and group")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where to calibrate and quantize: auto is cuda when there is a GPU")
     awq_rows: int = Field(2048, ge=16, description="AWQ: calibration rows kept per layer for the searches")
+
+    @field_validator("group_size")
+    @classmethod
+    def _even(cls, value: int) -> int:
+        if value % 2:
+            raise ValueError(f"group size {value} must be even (two 4-bit codes per byte); 32, 64 or 128 usually fit")
+        return value

@@ -140,16 +140,14 @@ class Int4Weight:
         weight = cls(pack_int4(codes), scales.float().contiguous(), zeros.to(torch.uint8).contiguous(),
                      group_size, symmetric, None if g_idx is None else g_idx.to(torch.int32).contiguous(),
                      None if input_scale is None else input_scale.float().contiguous())
-        if not weight.sorted_groups():
-            return weight
-        weight.g_idx = None
+        if weight.sorted_groups():
+            weight.g_idx = None
         return weight
 
 
 def check_group_size(name: str, in_features: int, group_size: int) -> str | None:
-    """Why ``group_size`` cannot quantize a layer with ``in_features`` inputs, or None if it can."""
-    if group_size < 2 or group_size % 2:
-        return f"group size {group_size} must be an even number of at least 2"
+    """Why ``group_size`` (even, checked by :class:`Int4Config`) cannot quantize a layer with
+    ``in_features`` inputs, or None if it can."""
     if in_features % group_size:
         return (f"group size {group_size} does not divide {name}'s {in_features} input features "
                 f"({in_features} / {group_size} = {in_features / group_size:.2f})")

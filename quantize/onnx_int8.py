@@ -31,7 +31,7 @@ DYNAMIC_OPS = ("MatMul",)
 
 @dataclass(frozen=True)
 class Layer:
-    """One quantizable node: its name, op, activation input, weight initializer and module."""
+    """One quantizable node: its name, op, activation input, weight initializer, module and output."""
 
     node: str
     op: str
@@ -39,11 +39,7 @@ class Layer:
     weight: str
     channel_axis: int
     module: str
-
-    output: str = ""
-
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
+    output: str
 
 
 def calibration_tensors(layers_: list[Layer]) -> list[str]:
@@ -107,8 +103,7 @@ def quantize_static(src: Path, dst: Path, ranges: dict[str, tuple[float, float]]
     quantizer = QDQQuantizer(model, True, False, QuantType.QInt8, QuantType.QInt8 if trt else QuantType.QUInt8,
                              tensors, list(nodes) or ["(none)"], [], list(STATIC_OPS), extra)
     quantizer.quantize_model()
-    _save(quantizer.model.model, dst)
-    return dst
+    return save_model(quantizer.model.model, dst)
 
 
 def quantize_dynamic(src: Path, dst: Path, nodes: list[str]) -> Path:
@@ -122,14 +117,19 @@ def quantize_dynamic(src: Path, dst: Path, nodes: list[str]) -> Path:
     return dst
 
 
-def _save(model, dst: Path) -> None:
+def save_model(model, dst: Path) -> Path:
+    """Save an ``onnx.ModelProto`` at ``dst``; a model over ``EXTERNAL_DATA_BYTES`` keeps its tensors in
+    ``<name>.data`` beside it (one protobuf cannot exceed 2 GB)."""
     import onnx
 
+    from infopt.passes.lower.onnx_export import EXTERNAL_DATA_BYTES
+
     dst.parent.mkdir(parents=True, exist_ok=True)
-    if model.ByteSize() > 1_800_000_000:
+    if model.ByteSize() > EXTERNAL_DATA_BYTES:
         onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
     else:
         onnx.save(model, str(dst))
+    return dst
 
 
 def quantized_nodes(path: Path) -> dict[str, int]:

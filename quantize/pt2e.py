@@ -20,8 +20,6 @@ Reference: https://pytorch.org/tutorials/prototype/pt2e_quant_x86_inductor.html
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -158,8 +156,9 @@ def quantize_pt2e(program_or_module, example_args: Sequence[Any], calibration_ba
 
 
 def _check_cxx() -> None:
-    configured = os.environ.get("CXX", "g++")
-    if not any(shutil.which(c) for c in (configured, "g++", "c++", "clang++")):
+    from infopt.doctor import cpp_compiler
+
+    if cpp_compiler() is None:
         raise EnvironmentProblem("Inductor on CPU compiles C++ and no C++ compiler was found",
                                  fix="install g++ (apt-get install g++) or set CXX to a C++ compiler")
 

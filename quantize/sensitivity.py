@@ -21,11 +21,11 @@ import numpy as np
 from infopt.quantize.onnx_int8 import Layer
 from infopt.validators import metrics
 from infopt.validators.drift import worst
+from infopt.validators.verdict import CHECKS
 
 MASK = "infopt_qmask"
-LOWER_IS_BETTER = ("max_abs", "mean_abs", "max_rel")
-THRESHOLD_OF = {"cosine_mean": "min_mean_cosine", "cosine_min": "min_cosine", "sqnr_db": "min_sqnr_db",
-                "top1": "min_top1", "max_abs": "max_abs", "mean_abs": "mean_abs", "max_rel": "max_rel"}
+LOWER_IS_BETTER = tuple(metric for _, metric, kind in CHECKS if kind == "max")
+THRESHOLD_OF = {metric: threshold for threshold, metric, _ in CHECKS}
 """Budget metric -> the validation threshold that checks the same figure on the --val data."""
 
 

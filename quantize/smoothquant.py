@@ -29,7 +29,7 @@ class SmoothResult:
     layers: int
 
 
-def smoothable(model, layers: list[Layer]) -> dict[str, list[Layer]]:
+def smoothable(layers: list[Layer]) -> dict[str, list[Layer]]:
     """MatMul/Gemm layers grouped by the activation they read."""
     groups: dict[str, list[Layer]] = {}
     for layer in layers:

@@ -2,8 +2,9 @@
 
 ``quantize_int4(model, Int4Config(method="gptq"), batches)`` replaces every quantizable
 ``nn.Linear`` (found by type and a filter, see :func:`quantizable_linears`) with an
-:class:`Int4Linear` in infopt's packed format. It is :func:`calibrate_int4` (which yields the
-packed weights, a serializable result) followed by :func:`apply_int4` (deterministic).
+:class:`Int4Linear` in infopt's packed format. :func:`calibrate_int4` yields the packed weights
+(a serializable result) and :func:`apply_int4` applies them (deterministic); ``quantize_int4``
+does both in one pass over the model, without a second copy of it.
 
 Calibration streams, layer group by layer group: the Linears of one transformer block (the
 children of the model's largest ``nn.ModuleList`` of Linears), then all the others. For each
@@ -31,6 +32,7 @@ from infopt.quantize.gptq import Hessian, gptq_quantize, weighted_error
 from infopt.quantize.int4_format import (Int4Linear, Int4Weight, LinearFilter, check_group_size, default_filter,
                                          quantizable_linears, replace_module)
 from infopt.quantize.rtn import rtn_quantize
+
 
 @dataclass
 class LayerResult:
@@ -82,18 +84,16 @@ def target_layers(model: nn.Module, config: Int4Config, keep: LinearFilter = def
 
 def layer_groups(model: nn.Module, names: Sequence[str]) -> list[tuple[nn.Module | None, list[str]]]:
     """The Linears by block, in block order, then the rest (block ``None``)."""
-    best: tuple[str, nn.ModuleList] | None = None
-    for path, module in model.named_modules():
-        if isinstance(module, nn.ModuleList):
-            inside = sum(1 for n in names if n.startswith(path + "."))
-            if inside and (best is None or inside > sum(1 for n in names if n.startswith(best[0] + "."))):
-                best = (path, module)
+    def inside(path: str) -> int:
+        return sum(1 for n in names if n.startswith(path + "."))
+
+    lists = [(path, m) for path, m in model.named_modules() if isinstance(m, nn.ModuleList)]
+    best = max(lists, key=lambda item: inside(item[0]), default=None)
     groups: list[tuple[nn.Module | None, list[str]]] = []
     placed: set[str] = set()
-    if best is not None:
+    if best is not None and inside(best[0]):
         for index, block in enumerate(best[1]):
-            prefix = f"{best[0]}.{index}."
-            members = [n for n in names if n.startswith(prefix)]
+            members = [n for n in names if n.startswith(f"{best[0]}.{index}.")]
             if members:
                 groups.append((block, members))
                 placed.update(members)
@@ -104,12 +104,13 @@ def layer_groups(model: nn.Module, names: Sequence[str]) -> list[tuple[nn.Module
 
 
 def calibrate_int4(model: nn.Module, config: Int4Config, batches: Iterable[Sequence[torch.Tensor]] | None = None, *,
-                   keep: LinearFilter = default_filter,
-                   progress: Callable[[str], None] | None = None) -> Int4Result:
-    """Packed INT4 weights for every quantizable Linear of ``model`` (which is left unchanged).
+                   keep: LinearFilter = default_filter, progress: Callable[[str], None] | None = None,
+                   inplace: bool = False) -> Int4Result:
+    """Packed INT4 weights for every quantizable Linear of ``model``.
 
     ``batches`` are tuples of input tensors in the model's argument order; GPTQ and AWQ need
-    them, RTN does not.
+    them, RTN does not. ``model`` is left unchanged (the work is done on a copy) unless
+    ``inplace``: then it ends with its Linears as :class:`Int4Linear`, on its own device.
     """
     names = target_layers(model, config, keep)
     result = Int4Result(config, {})
@@ -119,37 +120,42 @@ def calibrate_int4(model: nn.Module, config: Int4Config, batches: Iterable[Seque
             layer = model.get_submodule(name)
             result.weights[name] = rtn_quantize(layer.weight, config.group_size, config.symmetric)
             result.layers.append(LayerResult(name, tuple(layer.weight.shape), None, time.perf_counter() - start))
+        if inplace:
+            apply_int4(model, result.weights)
         return result
     batches = list(batches or [])
     if not batches:
-        raise UsageError(f"INT4 {config.method.upper()} needs calibration data", fix="pass --calib PATH, or --int4-method rtn")
+        raise UsageError(f"INT4 {config.method.upper()} needs calibration data",
+                         fix="pass --calib PATH (a text file with --tokenizer, or samples), or --int4-method rtn")
+    home, training = next(model.parameters()).device, model.training
     device = config.device if config.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    work = copy.deepcopy(model).eval().to(device)
+    work = (model if inplace else copy.deepcopy(model)).eval().to(device)
     batches = [tuple(t.to(device) for t in batch) for batch in batches]
     groups = layer_groups(work, names)
-    done = 0
     for number, (block, members) in enumerate(groups, 1):
-        stats = {n: (Hessian if config.method == "gptq" else ActivationSample)(work.get_submodule(n).in_features)
-                 for n in members}
-        if config.method == "awq":
-            for n in members:
-                stats[n].max_rows = config.awq_rows
+        stats = {n: _statistic(config, work.get_submodule(n).in_features) for n in members}
         if progress:
             progress(f"group {number}/{len(groups)}: collecting {config.method.upper()} statistics")
         result.rows = max(result.rows, _collect(work, block, members, stats, batches))
         for name in members:
-            done += 1
             if progress:
-                progress(f"layer {done}/{len(names)} {name}")
+                progress(f"layer {len(result.layers) + 1}/{len(names)} {name}")
             layer = work.get_submodule(name)
             start = time.perf_counter()
-            weight, row = _quantize_layer(name, layer, stats[name], config)
-            row.seconds = time.perf_counter() - start
+            weight, error, alpha = _quantize_layer(name, layer, stats[name], config)
             result.weights[name] = weight
-            result.layers.append(row)
+            result.layers.append(LayerResult(name, tuple(layer.weight.shape), error, time.perf_counter() - start,
+                                             alpha=alpha, act_order=config.method == "gptq" and config.act_order))
             replace_module(work, name, Int4Linear(weight, layer.bias).to(device))
-        stats.clear()
+    if inplace:
+        work.to(home).train(training)
     return result
+
+
+def _statistic(config: Int4Config, in_features: int):
+    if config.method == "gptq":
+        return Hessian(in_features)
+    return ActivationSample(in_features, max_rows=config.awq_rows)
 
 
 def _collect(work: nn.Module, block: nn.Module | None, members: list[str], stats: dict, batches) -> int:
@@ -170,26 +176,23 @@ def _collect(work: nn.Module, block: nn.Module | None, members: list[str], stats
     finally:
         for handle in handles:
             handle.remove()
-    first = stats[members[0]]
-    return int(getattr(first, "rows", 0))
+    return stats[members[0]].rows
 
 
-def _quantize_layer(name: str, layer: nn.Linear, stat, config: Int4Config) -> tuple[Int4Weight, LayerResult]:
+def _quantize_layer(name: str, layer: nn.Linear, stat, config: Int4Config) -> tuple[Int4Weight, float, float | None]:
+    """The packed weight, its relative output error on the calibration rows, and AWQ's alpha."""
     weight = layer.weight.detach().float()
-    shape = tuple(weight.shape)
     if stat.rows == 0:
         raise UsageError(f"layer {name} saw no calibration rows", where=f"layer {name}",
                          fix="the calibration data must run through the layer; check the inputs reach it")
     if config.method == "gptq":
         packed = gptq_quantize(weight, stat.matrix, config.group_size, config.symmetric, damp=config.damp,
                                act_order=config.act_order, block_size=config.block_size)
-        error = weighted_error(weight.cpu(), packed.effective_weight(), stat.matrix.cpu())
-        return packed, LayerResult(name, shape, error, 0.0, act_order=config.act_order)
+        return packed, weighted_error(weight.cpu(), packed.effective_weight(), stat.matrix.cpu()), None
     packed, alpha = awq_quantize(weight, stat, config.group_size, config.symmetric,
                                  grid_points=config.awq_grid, clip=config.awq_clip)
     x = stat.sample.cpu()
-    error = weighted_error(weight.cpu(), packed.effective_weight(), x.T @ x)
-    return packed, LayerResult(name, shape, error, 0.0, alpha=alpha)
+    return packed, weighted_error(weight.cpu(), packed.effective_weight(), x.T @ x), alpha
 
 
 def apply_int4(model: nn.Module, weights: dict[str, Int4Weight]) -> nn.Module:
@@ -203,7 +206,5 @@ def apply_int4(model: nn.Module, weights: dict[str, Int4Weight]) -> nn.Module:
 def quantize_int4(model: nn.Module, config: Int4Config | None = None,
                   batches: Iterable[Sequence[torch.Tensor]] | None = None, *, keep: LinearFilter = default_filter,
                   progress: Callable[[str], None] | None = None) -> Int4Result:
-    """Calibrate, then apply: ``model`` ends with its quantizable Linears as INT4."""
-    result = calibrate_int4(model, config or Int4Config(), batches, keep=keep, progress=progress)
-    apply_int4(model, result.weights)
-    return result
+    """Calibrate in place: ``model`` ends with its quantizable Linears as INT4."""
+    return calibrate_int4(model, config or Int4Config(), batches, keep=keep, progress=progress, inplace=True)

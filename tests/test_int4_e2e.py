@@ -48,13 +48,19 @@ def build(llama, out, *args):
                    "--dim", "seq=1:32:64", "--batch-sizes", "1,4", *args, cwd=llama)
 
 
-def test_hf_folder_int4_gptq_gives_matmulnbits_onnx_and_a_gptq_checkpoint(llama):
-    import onnx
-
+@pytest.fixture(scope="module")
+def gptq_build(llama):
+    """``infopt build tiny-llama --int4 --calib calib.txt``: (output folder, manifest)."""
     out = llama / "dist-gptq"
     proc = build(llama, out, "--calib", "calib.txt", "--backend", "onnxruntime")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    manifest = json.loads(proc.stdout)
+    return out, json.loads(proc.stdout)
+
+
+def test_hf_folder_int4_gptq_gives_matmulnbits_onnx_and_a_gptq_checkpoint(gptq_build):
+    import onnx
+
+    out, manifest = gptq_build
     assert manifest["source"]["format"] == "hf-folder" and "model.safetensors" in manifest["source"]["files"]
     assert manifest["validation"]["verdict"]["passed"]
     details = next(p for p in manifest["passes"] if p["name"] == "quantize_int4")["details"]
@@ -70,21 +76,20 @@ def test_hf_folder_int4_gptq_gives_matmulnbits_onnx_and_a_gptq_checkpoint(llama)
     assert "GPTQ" in (out / "report.md").read_text()
 
 
-def test_gptq_checkpoint_from_the_build_loads_in_transformers_and_agrees_with_the_onnx_model(llama):
+def test_gptq_checkpoint_from_the_build_loads_in_transformers_and_agrees_with_the_onnx_model(gptq_build):
     pytest.importorskip("gptqmodel", reason="transformers loads GPTQ checkpoints on CPU through gptqmodel")
     pytest.importorskip("optimum")
     import infopt
+    from infopt.validators.metrics import cosine_per_sample
 
-    out = llama / "dist-gptq"
-    if not out.exists():
-        pytest.skip("needs the build of the test before")
+    out, _ = gptq_build
     ids = np.random.default_rng(0).integers(1000, 30000, (2, 12))
     feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
     onnx_logits = infopt.load(out).run(feed)[0]
     model = transformers.AutoModelForCausalLM.from_pretrained(out / "servers" / "vllm", device_map="cpu")
     with torch.inference_mode():
         logits = model(input_ids=torch.from_numpy(ids)).logits.float().numpy()
-    cosine = np.sum(logits * onnx_logits, -1) / np.linalg.norm(logits, axis=-1) / np.linalg.norm(onnx_logits, axis=-1)
+    cosine = cosine_per_sample(onnx_logits.reshape(-1, onnx_logits.shape[-1]), logits.reshape(-1, logits.shape[-1]))
     assert float(cosine.min()) > 0.99, cosine
 
 

@@ -88,14 +88,18 @@ def build(
 
 
 def _int4_options(method, group_size, act_order, checkpoint) -> dict[str, dict]:
-    from infopt.errors import UsageError
+    """The INT4 flags as ``quantize_int4`` options; a value outside the option's choices names its flag.
+    (The group size is checked by the options themselves, for recipes as well.)"""
+    from typing import get_args
 
-    choices = {"--int4-method": (method, ("rtn", "gptq", "awq")), "--int4-checkpoint": (checkpoint, ("auto", "gptq", "awq", "none"))}
-    for flag, (value, allowed) in choices.items():
+    from infopt.errors import UsageError
+    from infopt.passes.fx.quantize_int4 import QuantizeInt4Options
+
+    fields = QuantizeInt4Options.model_fields
+    for flag, value, field in (("--int4-method", method, "method"), ("--int4-checkpoint", checkpoint, "checkpoint")):
+        allowed = get_args(fields[field].annotation)
         if value is not None and value not in allowed:
             raise UsageError(f"unknown {flag} {value!r}", fix=f"use one of: {', '.join(allowed)}")
-    if group_size is not None and (group_size < 2 or group_size % 2):
-        raise UsageError(f"--group-size {group_size} must be an even number of at least 2", fix="use 32, 64 or 128")
     values = {"method": method, "group_size": group_size, "act_order": act_order or None, "checkpoint": checkpoint}
     found = {k: v for k, v in values.items() if v is not None}
     return {"quantize_int4": found} if found else {}

@@ -87,7 +87,7 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
 
     module = artifact.obj
     if not isinstance(module, torch.nn.Module) or isinstance(module, torch.jit.ScriptModule):
-        raise UsageError("INT4 weight-only quantization needs the model's Python nn.Module",
+        raise UsageError("INT4 weight-only quantization needs the model's Python module (an nn.Module)",
                          fix="pass a Hugging Face model folder, a state dict with --model-class, or an nn.Module; "
                              "TorchScript, .pt2 and ONNX models cannot be quantized layer by layer here")
     method = options.method
@@ -96,9 +96,6 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
     settings = options.model_dump(exclude={"method", "checkpoint"})
     config = Int4Config(method=method, **settings)
     batches = calibration_batches(context.calibration, artifact.spec) if method != "rtn" and context.calibration else None
-    if method != "rtn" and not batches:
-        raise UsageError(f"INT4 {method.upper()} needs calibration data",
-                         fix="pass --calib PATH (a text file with --tokenizer, or samples), or --int4-method rtn")
     model = copy.deepcopy(module).eval()
     result = quantize_int4(model, config, batches, progress=context.say)
     layers = [row.to_json() for row in result.layers]
@@ -127,7 +124,7 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
 
 
 def _write_checkpoint(model, layout: str, context: PassContext, artifact: Artifact, details: dict) -> str:
-    from infopt.exporters.int4_checkpoint import CheckpointLayoutError, write_awq_checkpoint, write_gptq_checkpoint
+    from infopt.exporters.int4_checkpoint import V1ZeroPointError, write_awq_checkpoint, write_gptq_checkpoint
 
     found = hf_model(model)
     if found is None:
@@ -143,9 +140,7 @@ def _write_checkpoint(model, layout: str, context: PassContext, artifact: Artifa
         try:
             write_gptq_checkpoint(inner, folder, source_dir=source, force=True)
             fmt = "gptq"
-        except CheckpointLayoutError as exc:
-            if "gptq_v2" not in (exc.fix or ""):
-                raise
+        except V1ZeroPointError:
             write_gptq_checkpoint(inner, folder, source_dir=source, checkpoint_format="gptq_v2", force=True)
             fmt = "gptq_v2"
     for path in sorted(folder.iterdir()):
@@ -162,5 +157,6 @@ PASS = Pass(
     options=QuantizeInt4Options,
     description="INT4 weight-only Linear layers (RTN, GPTQ, AWQ) in infopt's packed format; GPTQ/AWQ checkpoint",
     needs_calibration=False,
+    skippable=False,
     ensures=("int4-weights",),
 )

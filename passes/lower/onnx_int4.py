@@ -99,18 +99,22 @@ def act_order_permutation(g_idx, in_features: int, group_size: int, where: str):
 def pack_zero_points(zeros):
     """uint8 ``[N, G]`` (0..15) -> uint8 ``[N, ceil(G / 2)]``, low nibble first, per row."""
     import numpy as np
+    import torch
+
+    from infopt.quantize.int4_format import pack_int4
 
     if zeros.shape[1] % 2:
         zeros = np.concatenate([zeros, np.zeros((zeros.shape[0], 1), np.uint8)], axis=1)
-    return (zeros[:, 0::2] & 0x0F) | ((zeros[:, 1::2] & 0x0F) << 4)
+    return pack_int4(torch.from_numpy(np.ascontiguousarray(zeros))).numpy()
 
 
 def permute_packed(qweight, perm):
     """uint8 ``[N, K // 2]`` with codes in column order ``perm``, repacked low nibble first."""
-    import numpy as np
+    import torch
 
-    codes = np.stack([qweight & 0x0F, qweight >> 4], axis=-1).reshape(qweight.shape[0], -1)[:, perm]
-    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8)
+    from infopt.quantize.int4_format import pack_int4, unpack_int4
+
+    return pack_int4(unpack_int4(torch.from_numpy(qweight.copy()))[:, torch.from_numpy(perm)]).numpy()
 
 
 def lower_node(graph, node, accuracy_level: int) -> list:

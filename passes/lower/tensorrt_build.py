@@ -33,7 +33,8 @@ from infopt.tensorrt_runner import INSTALL_FIX, make_logger, tensorrt_unavailabl
 SERVER_PRECISION_MODES = {"fp32": "FP32", "fp16": "FP16", "int8": "INT8"}
 """What Triton's ONNX Runtime backend's TensorRT accelerator accepts as ``precision_mode``."""
 
-__all__ = ["PASS", "TensorRTOptions", "build_engine", "server_precision_mode", "tensorrt_unavailable"]
+__all__ = ["PASS", "TensorRTOptions", "build_engine", "engine_artifact", "server_precision_mode",
+           "tensorrt_unavailable"]
 
 
 class TensorRTOptions(PassOptions):
@@ -65,6 +66,13 @@ def timing_cache_path(target_arch: str) -> Path:
 
     label = torch.cuda.get_device_name() if torch.cuda.is_available() else target_arch
     return cache_dir("tensorrt") / f"timing-{re.sub(r'[^A-Za-z0-9_.-]+', '-', label).strip('-')}.cache"
+
+
+def engine_artifact(onnx_artifact: Artifact, plan_path: Path) -> Artifact:
+    """The ``tensorrt`` artifact for an engine built from ``onnx_artifact``: ``path`` is the plan and
+    ``obj`` the ONNX file it was built from, whose outputs the engine keeps (the manifest reads
+    the model's outputs from it)."""
+    return onnx_artifact.derive("tensorrt", path=plan_path, obj=onnx_artifact.path)
 
 
 def _parse(trt, network, logger, path: Path) -> None:
@@ -147,7 +155,7 @@ def build_engine(artifact: Artifact, options: TensorRTOptions, context: PassCont
     }
     notes = [f"TensorRT {trt.__version__} {options.precision} engine, one profile: "
              + "; ".join(f"{n} {s['min']}..{s['max']}" for n, s in shapes.items())]
-    return PassOutcome(artifact.derive("tensorrt", path=plan_path), True, notes, details)
+    return PassOutcome(engine_artifact(artifact, plan_path), True, notes, details)
 
 
 def run(artifact: Artifact, options: TensorRTOptions, context: PassContext) -> PassOutcome:

@@ -67,8 +67,7 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
     model = onnx.load(str(artifact.path))
     onnx_int8.ensure_node_names(model)
     del model.graph.value_info[:]  # the quantizers re-infer shapes; stale exporter hints can contradict them
-    src = context.workdir / "fp32-named.onnx"
-    onnx.save(model, str(src))
+    src = onnx_int8.save_model(model, context.workdir / "fp32-named.onnx")
     layers = onnx_int8.layers(model, onnx_int8.STATIC_OPS if mode == "static" else onnx_int8.DYNAMIC_OPS)
     if not layers:
         kinds = "Conv/MatMul/Gemm" if mode == "static" else "MatMul"
@@ -89,6 +88,7 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
     probe = sensitivity.Probe(src, layers, ranges, symmetric=placement == "tensorrt")
     try:
         reference = probe.reference(batches)
+        _check_budget_applies(budget, reference)
         ranked = sensitivity.rank(probe, sample_batches, budget, context.say)
         excluded, steps = (sensitivity.choose_fallback(probe, batches, budget, ranked, context.say, reference)
                            if options.fallback else ([], []))
@@ -127,6 +127,21 @@ def _why(mode: str, context: PassContext) -> str:
     if mode == "static":
         return f"calibrated on {context.calibration.count} samples from {context.calibration.source}"
     return "no calibration data; activations are quantized per batch at run time"
+
+
+def _check_budget_applies(budget, reference) -> None:
+    """Refuse a budget metric the model's outputs do not have: the fallback could not measure it,
+    and every quantized model would meet it."""
+    from infopt.quantize.sensitivity import output_drift
+
+    if output_drift(reference, reference).get(budget.metric) is not None:
+        return
+    shapes = ", ".join(str(tuple(r.shape)) for r in reference)
+    why = ("top1 (argmax agreement over classes) needs a [batch, classes] output" if budget.metric == "top1"
+           else f"{budget.metric} is not defined for them")
+    raise UsageError(f"drift budget {budget} cannot be measured on this model's outputs (shaped {shapes}): {why}",
+                     fix="use a metric every output has, e.g. --max-drift cosine_mean=0.99 or sqnr_db=30 "
+                         "(max_drift=... in the API)")
 
 
 def _calibrate(src, layers, options, context):

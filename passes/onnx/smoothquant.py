@@ -28,7 +28,7 @@ def run(artifact: Artifact, options: SmoothQuantOptions, context: PassContext) -
     if context.calibration is None:
         return PassOutcome(artifact, False, ["skipped: no calibration data (SmoothQuant serves static INT8)"])
     model = onnx.load(str(artifact.path))
-    groups = smoothquant.smoothable(model, onnx_int8.layers(model))
+    groups = smoothquant.smoothable(onnx_int8.layers(model))
     if not groups:
         return PassOutcome(artifact, False, ["no MatMul/Gemm layers with constant weights to smooth"])
     context.say(f"activation channel maxima of {len(groups)} tensors")
@@ -38,8 +38,7 @@ def run(artifact: Artifact, options: SmoothQuantOptions, context: PassContext) -
     if not result.groups:
         return PassOutcome(artifact, False, [f"no layer group could be smoothed (none has a channel outlier "
                                              f"ratio of {options.min_outlier_ratio:g} or more)"])
-    path = context.workdir / "smoothed.onnx"
-    onnx.save(model, str(path))
+    path = onnx_int8.save_model(model, context.workdir / "smoothed.onnx")
     notes = [f"alpha {options.alpha:g}: {result.layers} layers in {result.groups} groups; "
              f"{result.folded} scales folded into LayerNorm, {result.inserted} Mul nodes inserted"]
     details = {"alpha": options.alpha, "groups": result.groups, "layers": result.layers,

@@ -1,20 +1,11 @@
 """Kernel tests run the Triton launchers on CUDA when there is a GPU, else in Triton's CPU
-interpreter: ``TRITON_INTERPRET=1`` must be set before triton is first imported, which this
-module does when pytest collects the folder."""
+interpreter: ``TRITON_INTERPRET=1`` must be set before triton is first imported, which
+``tests/conftest.py`` does; the ``device`` fixture checks that the kernels were built for it."""
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
 import torch
-
-if not torch.cuda.is_available():
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "").lower() not in ("1", "true", "yes", "on"):
-        raise RuntimeError("triton was imported before tests/kernels could set TRITON_INTERPRET=1; "
-                           "run with TRITON_INTERPRET=1 in the environment")
-    os.environ["TRITON_INTERPRET"] = "1"
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -126,6 +126,20 @@ def test_error_mode_is_an_environment_problem(conv_onnx, tmp_path, no_tensorrt):
     assert "pip install tensorrt" in caught.value.fix and "--backend tensorrt" in caught.value.fix
 
 
+def test_engine_artifact_reports_the_onnx_models_outputs(conv_onnx, tmp_path):
+    """The manifest's outputs of a built engine come from the ONNX model it was built from."""
+    from infopt.candidates import artifact_outputs
+    from infopt.emit import onnx_outputs
+
+    plan = tmp_path / "model.plan"
+    plan.write_bytes(b"engine")
+    engine = tensorrt_build.engine_artifact(conv_onnx, plan)
+    assert engine.kind == "tensorrt" and engine.path == plan and engine.spec == conv_onnx.spec
+    expected = onnx_outputs(conv_onnx.path)
+    assert [(dtype, shape) for _, dtype, shape in expected] == [("float32", ("batch", 4))]
+    assert artifact_outputs(engine) == expected
+
+
 @pytest.mark.parametrize("precision", ["fp8", "bf16"])
 def test_fp8_and_bf16_cannot_be_left_to_the_server(conv_onnx, tmp_path, no_tensorrt, precision):
     with pytest.raises(EnvironmentProblem) as caught:

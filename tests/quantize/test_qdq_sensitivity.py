@@ -40,7 +40,7 @@ def test_layers_are_the_matmuls_with_constant_weights(setup):
 def test_smoothquant_keeps_outputs_and_flattens_the_outlier_channel(setup):
     tmp, path, x, data, layers = setup
     model = onnx.load(str(path))
-    groups = smoothquant.smoothable(model, layers)
+    groups = smoothquant.smoothable(layers)
     table = calibrate(path, [], data, Observer("minmax"), channel_tensors=list(groups))
     result = smoothquant.smooth(model, groups, table.channel_absmax, alpha=0.5, fold_only=False)
     assert (result.folded, result.inserted, result.layers) == (1, 1, 2)
@@ -117,3 +117,30 @@ def test_bad_budgets(text, message):
     with pytest.raises(UsageError, match=message):
         Budget.parse(text)
     assert Budget.parse("top1=0.99").threshold_name == "min_top1"
+
+
+def test_top1_budget_on_a_non_classifier_output_is_a_usage_error(tmp_path):
+    """x[batch, seq, 16] -> MatMul -> y[batch, seq, 8]: no [batch, classes] output to take top-1 of."""
+    from onnx import TensorProto, helper
+
+    from infopt.artifact import Artifact
+    from infopt.registry import PassContext, get_pass
+    from infopt.target import get_target
+
+    weight = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")], "seq_mlp",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 8])],
+                              [numpy_helper.from_array(weight, "w")])
+    path = tmp_path / "seq.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), str(path))
+    artifact = Artifact("onnx", InputSpec.parse(["x:float32[batch,seq,16]"]), path=path, output_names=("y",))
+    x = np.random.default_rng(1).standard_normal((4, 5, 16)).astype(np.float32)
+    definition = get_pass("quantize_int8")
+    context = PassContext(get_target("cpu"), tmp_path, budget="top1=0.99", check_batches=[{"x": x}])
+    with pytest.raises(UsageError) as caught:
+        definition.run(artifact, definition.parse_options({}), context)
+    assert "top1" in caught.value.what and "[batch, classes]" in caught.value.what and "(4, 5, 8)" in caught.value.what
+    assert "cosine_mean" in caught.value.fix
+    context.budget = "cosine_mean=0.9"  # the same model under a metric it has builds
+    assert definition.run(artifact, definition.parse_options({}), context).details["budget_met"]
