@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet -c constraints.txt torch
 	# BUILD_CUDA_EXT=0: gptqmodel (which lets transformers load GPTQ/AWQ checkpoints on CPU in the tests) builds no CUDA code
 	BUILD_CUDA_EXT=0 $(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	# the KServe SDK only for its model classes (tests deserialize the manifests); its own dependencies would downgrade protobuf
+	$(PY) -m pip install --quiet --no-deps "kserve==0.21.0"
 	touch $(STAMP)
 
 install: $(STAMP)

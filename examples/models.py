@@ -1,9 +1,10 @@
-"""Two small models that infopt's demo, tests and benchmarks train and build.
+"""The small models that infopt's demo, tests and benchmarks train and build.
 
 - ``DigitsCNN``: conv-BN-ReLU blocks, dropout and a linear head over 8x8 digit images
   (scikit-learn's bundled ``load_digits``).
 - ``TinyEncoder``: a two-layer pre-norm transformer encoder over token ids, mean-pooled into a
   classifier head; both the batch and the sequence length are dynamic.
+- ``WithExtraWork``: any model plus work that does not change its predictions (a slower release).
 """
 
 from __future__ import annotations
@@ -73,3 +74,20 @@ class TinyEncoder(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x).mean(dim=1))
+
+
+class WithExtraWork(nn.Module):
+    """A model plus a wide MLP on its flattened input whose result barely touches the output: the
+    same predictions for several times the work. The release gate's tests and benchmark use it as a
+    candidate that got slower."""
+
+    def __init__(self, model: nn.Module, in_features: int = 64, width: int = 1024):
+        super().__init__()
+        self.model = model
+        g = torch.Generator().manual_seed(0)
+        self.w1 = nn.Parameter(torch.randn(in_features, width, generator=g) / in_features ** 0.5, requires_grad=False)
+        self.w2 = nn.Parameter(torch.randn(width, width, generator=g) / width ** 0.5, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        extra = torch.tanh(torch.tanh(x.flatten(1) @ self.w1) @ self.w2)
+        return self.model(x) + 1e-9 * extra.mean(dim=1, keepdim=True)

@@ -1,7 +1,7 @@
 """infopt: turn a trained PyTorch model into a validated, deployable inference artifact.
 
 ``infopt.build(...)`` builds, validates and emits; ``infopt.load(dist_dir)`` returns a callable
-runner for an emitted artifact. Heavy libraries load on first use, so ``import infopt`` is quick.
+runner for an emitted artifact; ``infopt.gate(candidate, baseline)`` is the release gate. Heavy libraries load on first use, so ``import infopt`` is quick.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 
 if TYPE_CHECKING:
     from infopt.api import BuildResult, build, load
+    from infopt.gating import gate
     from infopt.inprocess import compile
 
-__all__ = ["build", "load", "compile", "BuildResult", "__version__"]
+__all__ = ["build", "load", "gate", "compile", "BuildResult", "__version__"]
 
 
 def __getattr__(name: str):
@@ -26,6 +27,10 @@ def __getattr__(name: str):
         from infopt import api
 
         return getattr(api, name)
+    if name == "gate":
+        from infopt.gating import gate
+
+        return gate
     if name == "compile":
         from infopt.inprocess import compile
 

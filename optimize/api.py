@@ -114,7 +114,7 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
           allow_pickle: bool = False, max_val_samples: int = DEFAULT_MAX_VAL_SAMPLES,
           calibration: Any = None, calib_samples: int | None = 128, calib_seed: int = 0, tokenizer: str | None = None,
           max_drift: str | None = None, pass_options: dict[str, dict[str, Any]] | None = None,
-          progress: bool | Any = True) -> BuildResult:
+          progress: bool | Any = True, command: Sequence[str] | None = None) -> BuildResult:
     """Build, validate and emit a deployable artifact.
 
     ``model`` is a path (TorchScript, ``.pt2``, state_dict with ``model_class``, ONNX, or a pickled
@@ -123,9 +123,16 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
 
     ``calibration`` (a path, an iterable or DataLoader, or ``"module:function"``) makes INT8
     static; ``max_drift`` (``"cosine_mean=0.995"``) is the budget the INT8 fallback holds and the
-    verdict checks; ``pass_options`` overrides recipe options by pass name.
+    verdict checks; ``pass_options`` overrides recipe options by pass name. ``command`` is the
+    command line that asked for the build (the CLI passes it); the manifest records it, or else the
+    Python call.
     """
     from infopt.loading import _from_module, load_model
+    from infopt.provenance import call_text
+
+    defaults = build.__kwdefaults__
+    call = call_text(model, {k: v for k, v in locals().items() if k in defaults and k not in ("progress", "command")
+                             and v is not None and v != defaults[k]})
     from infopt.recipe import load_recipe, recipes_for
     from infopt.target import get_target
 
@@ -173,8 +180,9 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
 
         calib = load_calibration(calibration, spec, samples=calib_samples, seed=calib_seed, tokenizer=tokenizer)
     with tempfile.TemporaryDirectory(prefix="infopt-build-") as work:
+        build_in = _BuildContext(command, call, calib, budget)
         return _build_in(Path(work), loaded, artifact, reference, spec, recipes, target_obj, name, out, force,
-                         val, max_val_samples, console, calib, budget)
+                         val, max_val_samples, console, build_in)
 
 
 def _check_int8_inputs(recipe, target, calibration) -> None:
@@ -240,8 +248,18 @@ def _latency_feeds(spec, recipe, module):
     return {b: random_feed(spec, int_high=vocab, **{batch: b}) for b in sizes}
 
 
+@dataclass
+class _BuildContext:
+    """What the build records and passes on besides the model: how it was asked for, calibration, budget."""
+
+    command: Sequence[str] | None
+    call: str
+    calib: Any = None
+    budget: Any = None
+
+
 def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, out, force, val, max_samples, console,
-              calib=None, budget=None):
+              ctx: _BuildContext):
     from infopt import candidates as cand
     from infopt.emit import base_manifest, source_info, store_samples, write_output
     from infopt.exporters.dist import staged_output
@@ -251,7 +269,7 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
     from infopt.validators.verdict import judge
 
     batches, source = _validation_batches(spec, val, max_samples, loaded.module)
-    candidates = _build_candidates(work, artifact, recipes, target, console, calib, budget, batches)
+    candidates = _build_candidates(work, artifact, recipes, target, console, ctx.calib, ctx.budget, batches)
     built = [c for c in candidates if c.status == "built"]
     max_batch = spec.dims[spec.batch_symbol].max if spec.batch_symbol else 1
     batches = list(split_batches(batches, spec, max_batch))
@@ -275,6 +293,7 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
         c.verdict = judge(c.recipe.validation, c.drift.worst, [t.p99_ms for t in timings if t.runner == c.label])
     chosen, why = cand.choose(built, timings, target)
     chosen.chosen = True
+    curve = _measure_curve(chosen, spec, loaded.module, console)
     final, recipe = chosen.artifact, chosen.recipe
     server = _server_engine(final.lineage)
     notes = _int8_notes(final.lineage) + _engine_notes(server)
@@ -283,19 +302,78 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
                      f"{cand.runner_description(chosen.runner)}, not on the target")
     latency = [t.to_json() for t in timings if t.runner == "eager"]
     latency += [{**t.to_json(), "runner": "infopt"} for t in timings if t.runner == chosen.label]
-    validation = {"device": cand.runner_description(chosen.runner), "notes": notes, "drift": chosen.drift.to_json(),
-                  "latency": latency, "verdict": chosen.verdict.to_json()}
+    validation = {"device": cand.runner_description(chosen.runner), "runs_on": chosen.runner.device, "notes": notes, "drift": chosen.drift.to_json(),
+                  "latency": latency, "curve": curve, "work": _work(loaded.module, spec, final.path),
+                  "verdict": chosen.verdict.to_json()}
     names = tuple(o[0] for o in chosen.outputs)
     manifest = base_manifest(name, source_info(loaded.source, loaded.format), target, recipe, spec, chosen.outputs,
                              final.lineage, validation)
     manifest["candidates"] = cand.table(candidates, timings)
     manifest["selection"] = why
+    from infopt.provenance import data_sha256, record
+
+    manifest["provenance"] = record(ctx.command, ctx.call, recipe.name, ctx.calib,
+                                    {"source": source, "samples": sum(int(next(iter(b.values())).shape[0]) if spec.batch_symbol else 1 for b in batches),
+                                     "sha256": data_sha256(batches)})
     with staged_output(out, force) as stage:
         stored = store_samples(stage / "validation" / "samples.npz", batches, ref_out, names, spec.batch_symbol is not None)
         manifest["validation"]["stored_samples"] = stored
         manifest = write_output(stage, manifest, final.path, spec, target.device, recipe.emit, final.attachments,
                                 server_engine=_triton_engine(server))
     return BuildResult(name, out, manifest, final, candidates)
+
+
+CURVE_WARMUP = 3
+
+
+def _curve_batches(spec) -> list[int]:
+    """Powers of two from the batch dim's min to its max, and the max: the latency-versus-batch curve."""
+    if spec.batch_symbol is None:
+        return []
+    r = spec.dims[spec.batch_symbol]
+    sizes = {r.max}
+    b = 1
+    while b <= r.max:
+        if b >= r.min:
+            sizes.add(b)
+        b *= 2
+    return sorted(sizes)
+
+
+def _measure_curve(chosen, spec, module, console) -> list[dict[str, Any]]:
+    """Latency of the shipped model at each batch size of the curve (Triton tuning and the report's plot)."""
+    from infopt.sample_inputs import embedding_vocab, random_feed
+    from infopt.validators import latency as latency_mod
+
+    sizes = _curve_batches(spec)
+    if not sizes:
+        return []
+    vocab = embedding_vocab(module) or 2
+    feeds = {b: random_feed(spec, int_high=vocab, **{spec.batch_symbol: b}) for b in sizes}
+    status = console.status(f"measuring the latency-versus-batch curve ({', '.join(map(str, sizes))})") if console else None
+    if status:
+        status.start()
+    try:
+        lat = chosen.recipe.validation.latency
+        stats = latency_mod.measure({"infopt": chosen.runner.run}, feeds, CURVE_WARMUP, lat.curve_iterations,
+                                    devices={"infopt": chosen.runner.device})
+    finally:
+        if status:
+            status.stop()
+    # throughput at the p50: one slow outlier run moves the mean, and with it the curve's shape
+    return [{**{k: v for k, v in s.to_json().items() if k != "runner"}, "throughput": s.batch / (s.p50_ms / 1e3)}
+            for s in stats]
+
+
+def _work(module, spec, model_file: Path) -> dict[str, Any]:
+    """FLOPs and bytes per sample, for the report's roofline line."""
+    from infopt.sample_inputs import embedding_vocab, random_feed
+    from infopt.validators.roofline import count_work
+
+    weight_bytes = sum(p.stat().st_size for p in (model_file, model_file.with_name(model_file.name + ".data")) if p.exists())
+    dims = {spec.batch_symbol: 1} if spec.batch_symbol else {}
+    feed = random_feed(spec, int_high=embedding_vocab(module) or 2, **dims)
+    return count_work(module, feed, spec.names, weight_bytes)
 
 
 def _build_candidates(work, artifact, recipes, target, console, calib, budget, check_batches):

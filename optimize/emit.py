@@ -3,31 +3,21 @@
 from __future__ import annotations
 
 import datetime as _dt
-import platform
 import shutil
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from infopt.exporters.dist import file_table, sha256, write_manifest
-from infopt.exporters.servers.triton import write_repository
+from infopt.exporters.servers.triton import max_batch_size, write_repository
+from infopt.exporters.servers.triton_tuning import tune
+from infopt.provenance import tool_versions
 from infopt.report import to_markdown
 
 SAMPLES_FILE = "validation/samples.npz"
 MAX_STORED_SAMPLES = 64
 """Validation inputs and reference outputs kept in the output folder for ``infopt validate``."""
-
-
-def tool_versions() -> dict[str, str]:
-    found = {"python": platform.python_version(), "platform": platform.platform()}
-    for pkg in ("infopt", "torch", "onnx", "onnxscript", "onnxruntime", "numpy"):
-        try:
-            found[pkg] = version(pkg)
-        except PackageNotFoundError:
-            found[pkg] = "not installed"
-    return found
 
 
 def onnx_outputs(path: Path) -> list[tuple[str, str, tuple]]:
@@ -82,15 +72,42 @@ def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, 
         else:
             artifacts[Path(rel).stem] = rel
     if "triton" in emit:
-        folder = write_repository(stage / "servers" / "triton", name, model_file, spec,
-                                  [(o["name"], o["dtype"], tuple(o["shape"])) for o in manifest["outputs"]], device,
-                                  server_engine=server_engine)
+        outputs = [(o["name"], o["dtype"], tuple(o["shape"])) for o in manifest["outputs"]]
+        validation = manifest["validation"]
+        tuning = tune(validation.get("curve") or [], device, spec, max_batch_size(spec, outputs),
+                      measured_on_target=validation.get("runs_on", device) == device)
+        manifest["triton_tuning"] = tuning.to_json()
+        folder = write_repository(stage / "servers" / "triton", name, model_file, spec, outputs, device,
+                                  server_engine=server_engine, tuning=tuning)
         artifacts["triton"] = folder.relative_to(stage).as_posix()
+    if "torchserve" in emit and model_file.suffix in (".onnx", ".pt2"):  # a TensorRT plan is served by Triton alone
+        from infopt.exporters.servers.torchserve import write_torchserve
+
+        write_torchserve(stage / "servers" / "torchserve", name, stage / rel_model, manifest)
+        artifacts["torchserve"] = "servers/torchserve"
     manifest["artifacts"] = artifacts
-    manifest["files"] = file_table(stage, skip=("manifest.json", "report.md"))
-    (stage / "report.md").write_text(to_markdown(manifest))
+    if "kserve" in emit and "triton" in artifacts:
+        from infopt.exporters.servers.kserve import write_kserve
+
+        artifacts["kserve"] = write_kserve(stage / "servers" / "kserve", name, manifest).relative_to(stage).as_posix()
+    manifest["files"] = file_table(stage)
+    write_reports(stage, manifest)
     write_manifest(stage, manifest)
     return manifest
+
+
+REPORTS = ("report.md", "report.html")
+
+
+def write_reports(stage: Path, manifest: dict[str, Any]) -> None:
+    """``report.md`` and the self-contained ``report.html``, made from the manifest (whose file
+    table they show), then hashed into it, so ``infopt verify`` covers them too."""
+    from infopt.report_html import to_html
+
+    (stage / "report.md").write_text(to_markdown(manifest))
+    (stage / "report.html").write_text(to_html(manifest))
+    for rel in REPORTS:
+        manifest["files"][rel] = {"bytes": (stage / rel).stat().st_size, "sha256": sha256(stage / rel)}
 
 
 def base_manifest(name: str, source: dict[str, Any], target, recipe, spec, outputs, passes, validation) -> dict[str, Any]:

@@ -255,19 +255,24 @@ def _load_state(module, state) -> tuple[list[str], list[str]]:
     return list(result.missing_keys), list(result.unexpected_keys)
 
 
+def import_named(text: str, what: str) -> Any:
+    """The object ``pkg.module:name`` names (the current folder is importable), or an error naming ``what``."""
+    module_name, _, attr = text.partition(":")
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise UsageError(f"cannot import {what} {text}: {exc}",
+                         fix="name it as package.module:name, importable from the current folder or installed") from exc
+
+
 def instantiate(model_class: str, model_args: str | dict | None):
     """Import ``pkg.module:Class`` (the current folder is importable) and build it with ``model_args``."""
     if ":" not in model_class:
         raise UsageError(f"--model-class {model_class!r} is not of the form pkg.module:Class",
                          fix="for example --model-class mypkg.models:ResNet")
-    module_name, _, attr = model_class.partition(":")
-    if str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise UsageError(f"cannot import {model_class}: {exc}",
-                         fix="make sure the module is importable from the current folder or installed") from exc
+    cls = import_named(model_class, "the model class")
     if isinstance(model_args, str):
         try:
             model_args = json.loads(model_args)

@@ -44,6 +44,7 @@ class LatencyConfig(_Strict):
     iterations: int = Field(50, ge=1, description="timed runs per batch size")
     batch_sizes: list[int] | None = Field(None, description="batch sizes to time; default 1 and the batch dim's opt")
     max_p99_ms: float | None = Field(None, description="fail if p99 latency at any batch size exceeds this")
+    curve_iterations: int = Field(20, ge=1, description="timed runs per batch size of the shipped model's latency-versus-batch curve")
 
 
 class Validation(_Strict):
@@ -58,7 +59,7 @@ class Recipe(_Strict):
     description: str = ""
     passes: list[PassStep]
     validation: Validation = Field(default_factory=Validation)
-    emit: list[Literal["onnx", "triton"]] = Field(default_factory=lambda: ["onnx", "triton"])
+    emit: list[Literal["onnx", "triton", "torchserve", "kserve"]] = Field(default_factory=lambda: ["onnx", "triton", "torchserve", "kserve"])
 
     @model_validator(mode="after")
     def _check_passes(self) -> "Recipe":

@@ -143,16 +143,36 @@ def candidates_section(manifest: dict[str, Any]) -> Section | None:
 
 def files_section(manifest: dict[str, Any]) -> Section:
     rows = [[rel, _bytes(info["bytes"]), info["sha256"][:16]] for rel, info in manifest.get("files", {}).items()]
-    return Section("Files", ["path", "size", "sha256 (first 16)"], rows, ["report.md and manifest.json are not listed"])
+    return Section("Files", ["path", "size", "sha256 (first 16)"], rows, ["the reports and manifest.json are not listed here; the manifest holds the reports' sha256 too"])
 
 
 def versions_section(manifest: dict[str, Any]) -> Section:
     return Section("Versions", ["tool", "version"], [[k, str(v)] for k, v in manifest["versions"].items()])
 
 
+def provenance_section(manifest: dict[str, Any]) -> Section | None:
+    prov = manifest.get("provenance")
+    if not prov:
+        return None
+    rows = [["command", prov["command"] or prov["python_call"]], ["recipe", prov["recipe"]]]
+    for key in ("calibration", "validation_data"):
+        data = prov.get(key)
+        if data:
+            rows.append([key.replace("_", " "), f"{data['samples']} samples from {data['source']}, sha256 {data['sha256'][:16]}"])
+    source = manifest["source"]
+    if source.get("sha256"):
+        rows.append(["source", f"{source['path']}, sha256 {source['sha256'][:16]}"])
+    return Section("Provenance", ["", ""], rows, ["`infopt verify DIST` re-hashes every file against this manifest"])
+
+
 def sections(manifest: dict[str, Any]) -> list[Section]:
+    from infopt.exporters.servers.triton_tuning import tuning_section
+    from infopt.validators.roofline import cost_section, curve_section, roofline_section
+
     found = [summary(manifest), candidates_section(manifest), io_section(manifest), passes_section(manifest), int8_section(manifest),
-             drift_section(manifest), latency_section(manifest), files_section(manifest), versions_section(manifest)]
+             drift_section(manifest), latency_section(manifest), curve_section(manifest), roofline_section(manifest),
+             cost_section(manifest), tuning_section(manifest), provenance_section(manifest), files_section(manifest),
+             versions_section(manifest)]
     return [s for s in found if s is not None]
 
 

@@ -13,8 +13,6 @@ content hash the calibration cache is keyed by.
 
 from __future__ import annotations
 
-import hashlib
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -125,12 +123,9 @@ def _text(path: Path, spec: InputSpec, tokenizer: str | None):
 
 
 def _from_function(text: str) -> Any:
-    module_name, _, attr = text.partition(":")
-    try:
-        function = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise UsageError(f"cannot import calibration function {text!r}: {exc}",
-                         fix="name an importable function as package.module:function") from exc
+    from infopt.loading import import_named
+
+    function = import_named(text, "the calibration function")
     return function() if callable(function) else function
 
 
@@ -181,10 +176,6 @@ def _batch(rows: list[dict[str, np.ndarray]], spec: InputSpec, size: int) -> lis
 
 
 def _digest(batches: list[dict[str, np.ndarray]]) -> str:
-    h = hashlib.sha256()
-    for batch in batches:
-        for name in sorted(batch):
-            array = np.ascontiguousarray(batch[name])
-            h.update(f"{name}:{array.dtype}:{array.shape};".encode())
-            h.update(array.tobytes())
-    return h.hexdigest()
+    from infopt.provenance import data_sha256
+
+    return data_sha256(batches)

@@ -47,8 +47,12 @@ def test_cnn_layout_and_manifest(cnn_dist):
     assert all(p["seconds"] > 0 and p["size_bytes"] > 0 for p in manifest["passes"])
     assert manifest["recipe"]["name"] == "fp32-onnxruntime"
     assert set(manifest["files"]) == {"model/model.onnx", "servers/triton/digits/config.pbtxt",
-                                      "servers/triton/digits/1/model.onnx", "validation/samples.npz"}
-    assert {"torch", "onnx", "onnxruntime", "python"} <= set(manifest["versions"])
+                                      "servers/triton/digits/1/model.onnx", "validation/samples.npz", "report.md",
+                                      "report.html", "servers/kserve/inferenceservice.yaml",
+                                      "servers/torchserve/model-store/digits.mar", "servers/torchserve/config.properties"}
+    on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()}
+    assert on_disk == set(manifest["files"]) | {"manifest.json"}
+    assert {"torch", "onnx", "onnxruntime", "python", "torch.cuda"} <= set(manifest["versions"])
     drift = manifest["validation"]["drift"]
     assert drift["random_inputs"] is False and drift["samples"] == 256
     assert drift["worst"]["max_abs"] <= 1e-4 and drift["worst"]["top1"] == 1.0
@@ -67,6 +71,44 @@ def test_cnn_report_and_triton_config(cnn_dist):
     assert cfg.max_batch_size == 64 and cfg.HasField("dynamic_batching")
     assert list(cfg.input[0].dims) == [1, 8, 8] and list(cfg.output[0].dims) == [10]
     onnx.checker.check_model(str(out / "servers/triton/digits/1/model.onnx"))
+
+
+def test_provenance_records_the_command_line_and_data(cnn_dist, files):
+    out, _ = cnn_dist
+    prov = json.loads((out / "manifest.json").read_text())["provenance"]
+    assert prov["command"].startswith("infopt build ") and f"--val {files / 'digits_val.npz'}" in prov["command"]
+    assert prov["python_call"] is None and prov["recipe"] == "fp32-onnxruntime" and prov["calibration"] is None
+    with np.load(files / "digits_val.npz") as data:
+        x = data["x"]
+    from infopt.provenance import data_sha256
+
+    # the validation data as fed: 256 samples in batches of the batch dim's max (64)
+    assert prov["validation_data"]["samples"] == 256
+    assert prov["validation_data"]["sha256"] == data_sha256([{"x": x[i:i + 64]} for i in range(0, 256, 64)])
+    assert "## Provenance" in (out / "report.md").read_text()
+
+
+def test_verify_passes_then_names_every_changed_missing_or_added_file(cnn_dist, tmp_path):
+    import shutil
+
+    out, _ = cnn_dist
+    proc = run_cli("verify", str(out), "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["passed"] and {f["status"] for f in result["files"]} == {"ok"}
+    assert {"report.html", "model/model.onnx"} <= {f["path"] for f in result["files"]}
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    config = copy / "servers/triton/digits/config.pbtxt"
+    config.write_text(config.read_text().replace("max_batch_size: 64", "max_batch_size: 65"))
+    (copy / "report.html").unlink()
+    (copy / "model" / "extra.bin").write_bytes(b"x")
+    proc = run_cli("verify", str(copy / "manifest.json"))
+    assert proc.returncode == 1, proc.stdout
+    assert "servers/triton/digits/config.pbtxt: sha256 differs from the manifest" in proc.stdout
+    assert "report.html: missing" in proc.stdout and "model/extra.bin: not in the manifest" in proc.stdout
+    proc = run_cli("verify", str(tmp_path))
+    assert proc.returncode == 2 and "not an infopt output folder" in proc.stderr
 
 
 def test_built_cnn_keeps_its_accuracy(cnn_dist, digits):

@@ -41,28 +41,24 @@ def summarize(runner: str, batch: int, seconds: list[float]) -> LatencyStats:
     return LatencyStats(runner, batch, float(p50), float(p90), float(p99), mean, batch / (mean / 1e3), len(ms))
 
 
-def _host_times(fn: Callable[[dict], object], feed: dict, iterations: int) -> list[float]:
-    times = []
-    for _ in range(iterations):
-        start = time.perf_counter()
-        fn(feed)
-        times.append(time.perf_counter() - start)
-    return times
+def host_timer(fn: Callable[[dict], object], feed: dict) -> float:
+    """Seconds one call takes on the host clock."""
+    start = time.perf_counter()
+    fn(feed)
+    return time.perf_counter() - start
 
 
-def _cuda_times(fn: Callable[[dict], object], feed: dict, iterations: int) -> list[float]:
+def cuda_timer(fn: Callable[[dict], object], feed: dict) -> float:
+    """Seconds one call takes on the GPU: CUDA events around it, after a synchronize."""
     import torch
 
-    times = []
-    for _ in range(iterations):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        fn(feed)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return times
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    fn(feed)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
 
 
 def measure(runners: dict[str, Callable[[dict], object]], feeds: dict[int, dict[str, np.ndarray]],
@@ -74,6 +70,6 @@ def measure(runners: dict[str, Callable[[dict], object]], feeds: dict[int, dict[
         for name, fn in runners.items():
             for _ in range(warmup):
                 fn(feed)
-            timer = _cuda_times if (devices or {}).get(name) == "cuda" else _host_times
-            results.append(summarize(name, batch, timer(fn, feed, iterations)))
+            timer = cuda_timer if (devices or {}).get(name) == "cuda" else host_timer
+            results.append(summarize(name, batch, [timer(fn, feed) for _ in range(iterations)]))
     return results

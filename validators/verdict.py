@@ -26,10 +26,14 @@ class Check:
     limit: float
     passed: bool
 
-    def describe(self) -> str:
+    @property
+    def rule(self) -> str:
         op = "<=" if self.name in ("max_abs", "mean_abs", "max_rel", "max_p99_ms") else ">="
+        return f"{op} {self.limit:g}"
+
+    def describe(self) -> str:
         got = "not measured" if self.measured is None else f"{self.measured:.6g}"
-        return f"{self.name}: {got} (limit {op} {self.limit:g})"
+        return f"{self.name}: {got} (limit {self.rule})"
 
 
 @dataclass

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infopt.errors import UsageError
 from infopt.inputspec import InputSpec
+
+if TYPE_CHECKING:
+    from infopt.exporters.servers.triton_tuning import Tuning
 
 TRITON_DTYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float64": "TYPE_FP64",
                  "int64": "TYPE_INT64", "int32": "TYPE_INT32", "int16": "TYPE_INT16", "int8": "TYPE_INT8",
@@ -100,32 +103,77 @@ def _tensor_block(name: str, dtype: str, dims: list[int]) -> str:
             f"    dims: [ {', '.join(str(d) for d in dims)} ]\n  }}")
 
 
-def config_pbtxt(name: str, spec: InputSpec, outputs: list[tuple[str, str, tuple]], device: str,
-                 backend: str = "onnxruntime", extra: str = "", platform: str | None = None) -> str:
-    """The config text; ``outputs`` are (name, dtype, shape) with symbols for dynamic dims.
+def _batching_block(preferred: list[int], delay_us: int) -> str:
+    sizes = f"  preferred_batch_size: [ {', '.join(map(str, preferred))} ]\n" if preferred else ""
+    return f"dynamic_batching {{\n{sizes}  max_queue_delay_microseconds: {delay_us}\n}}"
 
-    ``platform`` (such as ``tensorrt_plan``) replaces the ``backend`` line when given."""
+
+def _warmup_block(entries: list[dict[str, Any]]) -> str:
+    """``model_warmup`` in text format; ``entries`` as in ``Tuning.warmup``."""
+    blocks = []
+    for entry in entries:
+        inputs = ""
+        for name, tensor in entry["inputs"].items():
+            fill = "random_data" if tensor.get("random_data") else "zero_data"
+            inputs += (f'    inputs {{\n      key: "{name}"\n      value {{\n        data_type: {tensor["data_type"]}\n'
+                       f"        dims: [ {', '.join(str(d) for d in tensor['dims'])} ]\n        {fill}: true\n      }}\n    }}\n")
+        blocks.append(f'  {{\n    name: "{entry["name"]}"\n    batch_size: {entry["batch_size"]}\n{inputs}'
+                      f"    count: {entry['count']}\n  }}")
+    return "model_warmup [\n" + ",\n".join(blocks) + "\n]"
+
+
+def max_batch_size(spec: InputSpec, outputs: list[tuple[str, str, tuple]]) -> int:
+    """The config's ``max_batch_size``: the batch dim's max when every input and output leads with it, else 0."""
     batch = spec.batch_symbol
     batched = batch is not None and all(o[2] and o[2][0] == batch for o in outputs)
-    cut = 1 if batched else 0
+    return spec.dims[batch].max if batched and batch is not None else 0
+
+
+def config_pbtxt(name: str, spec: InputSpec, outputs: list[tuple[str, str, tuple]], device: str,
+                 backend: str = "onnxruntime", extra: str = "", platform: str | None = None, *,
+                 tuning: Tuning | None = None) -> str:
+    """The config text; ``outputs`` are (name, dtype, shape) with symbols for dynamic dims.
+
+    ``platform`` (such as ``tensorrt_plan``) replaces the ``backend`` line when given. ``tuning``
+    (from :func:`infopt.exporters.servers.triton_tuning.tune`) sets the dynamic batcher, the
+    instance group and the warm-up; without it the batcher prefers the batch dim's opt and max,
+    waits 100 us, and one instance serves."""
+    max_batch = max_batch_size(spec, outputs)
+    cut = 1 if max_batch else 0
+    kind = "KIND_GPU" if device == "cuda" else "KIND_CPU"
+    if tuning is not None:
+        _check_tuning(tuning, max_batch, kind)
 
     def dims(shape) -> list[int]:
         return [d if isinstance(d, int) else -1 for d in shape[cut:]]
 
     engine_line = f'platform: "{platform}"' if platform else f'backend: "{backend}"'
-    lines = [f'name: "{name}"', engine_line, f"max_batch_size: {spec.dims[batch].max if batched else 0}"]
+    lines = [f'name: "{name}"', engine_line, f"max_batch_size: {max_batch}"]
     lines.append("input [\n" + ",\n".join(_tensor_block(t.name, t.dtype, dims(t.shape)) for t in spec.inputs) + "\n]")
     lines.append("output [\n" + ",\n".join(_tensor_block(n, d, dims(s)) for n, d, s in outputs) + "\n]")
-    if batched:
-        opt = spec.dims[batch].opt
-        preferred = sorted({b for b in (opt, spec.dims[batch].max) if b > 1})
-        lines.append("dynamic_batching {\n" + (f"  preferred_batch_size: [ {', '.join(map(str, preferred))} ]\n" if preferred else "")
-                     + "  max_queue_delay_microseconds: 100\n}")
-    kind = "KIND_GPU" if device == "cuda" else "KIND_CPU"
-    lines.append(f"instance_group [\n  {{\n    count: 1\n    kind: {kind}\n  }}\n]")
+    if tuning is not None:
+        if tuning.dynamic_batching:
+            lines.append(_batching_block(tuning.preferred_batch_sizes, tuning.max_queue_delay_us))
+    elif max_batch and spec.batch_symbol:
+        batch = spec.dims[spec.batch_symbol]
+        lines.append(_batching_block(sorted({b for b in (batch.opt, batch.max) if b > 1}), 100))
+    count = tuning.instance_count if tuning is not None else 1
+    lines.append(f"instance_group [\n  {{\n    count: {count}\n    kind: {kind}\n  }}\n]")
     if extra:
         lines.append(extra)
+    if tuning is not None and tuning.warmup:
+        lines.append(_warmup_block(tuning.warmup))
     return "\n".join(lines) + "\n"
+
+
+def _check_tuning(tuning: Tuning, max_batch: int, kind: str) -> None:
+    """A tuning made for another batch layout or device would give warm-up dims or instances that do not fit."""
+    if tuning.max_batch != max_batch:
+        raise UsageError(f"the Triton tuning was made for max_batch_size {tuning.max_batch}, but this config has {max_batch}",
+                         fix="call tune() with max_batch=max_batch_size(spec, outputs)")
+    if tuning.instance_kind != kind:
+        raise UsageError(f"the Triton tuning was made for {tuning.instance_kind}, but this model is served on {kind}",
+                         fix='call tune() with the device the server runs the model on ("cuda" for TensorRT engines)')
 
 
 def profile_shapes(spec: InputSpec, pick: str) -> str:
@@ -153,8 +201,11 @@ def tensorrt_accelerator(name: str, spec: InputSpec, server_engine: dict[str, An
 
 def write_repository(root: Path, name: str, model_file: Path, spec: InputSpec,
                      outputs: list[tuple[str, str, tuple]], device: str, *,
-                     server_engine: dict[str, Any] | None = None) -> Path:
-    """Write ``root/<name>/config.pbtxt`` and ``root/<name>/1/model.<suffix>``; returns the model folder."""
+                     server_engine: dict[str, Any] | None = None, tuning: Tuning | None = None) -> Path:
+    """Write ``root/<name>/config.pbtxt`` and ``root/<name>/1/model.<suffix>``; returns the model folder.
+
+    ``tuning`` is passed to :func:`config_pbtxt`; it must be made for the device the model is
+    served on, which is ``cuda`` for a ``.plan`` or a server-built engine."""
     suffix = model_file.suffix
     if suffix not in (".onnx", ".plan", ".pt2"):
         raise UsageError(f"Triton cannot serve {model_file.name}", where=str(model_file),
@@ -171,13 +222,14 @@ def write_repository(root: Path, name: str, model_file: Path, spec: InputSpec,
         if data.exists():
             shutil.copyfile(data, version / data.name)
         if server_engine is None:
-            text = config_pbtxt(name, spec, outputs, device)
+            text = config_pbtxt(name, spec, outputs, device, tuning=tuning)
         else:
-            text = config_pbtxt(name, spec, outputs, "cuda", extra=tensorrt_accelerator(name, spec, server_engine))
+            text = config_pbtxt(name, spec, outputs, "cuda", extra=tensorrt_accelerator(name, spec, server_engine),
+                                tuning=tuning)
     elif suffix == ".plan":
-        text = config_pbtxt(name, spec, outputs, "cuda", platform="tensorrt_plan")
+        text = config_pbtxt(name, spec, outputs, "cuda", platform="tensorrt_plan", tuning=tuning)
     else:
         (version / "model.py").write_text(PYTHON_MODEL)
-        text = config_pbtxt(name, spec, outputs, device, backend="python")
+        text = config_pbtxt(name, spec, outputs, device, backend="python", tuning=tuning)
     (folder / "config.pbtxt").write_text(text)
     return folder

@@ -13,14 +13,16 @@ from typing import Annotated, Optional
 import typer
 
 from infopt.cli.build import build
+from infopt.cli.gate import gate
 from infopt.cli.info import doctor, recipes, targets
 from infopt.cli.inspect_model import inspect
 from infopt.cli.validate import validate
+from infopt.cli.verify import verify
 
 app = typer.Typer(
     name="infopt",
     help="Turn a trained PyTorch model into a validated, deployable inference artifact.\n\n"
-         "Exit codes: 0 ok, 1 validation failed, 2 bad input, 3 build failed, 4 environment.",
+         "Exit codes: 0 ok, 1 validation or gate failed, 2 bad input, 3 build failed, 4 environment.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -50,6 +52,8 @@ def root(
 
 app.command()(build)
 app.command()(validate)
+app.command()(verify)
+app.command()(gate)
 app.command()(inspect)
 app.command()(targets)
 app.command()(recipes)
@@ -73,6 +77,6 @@ def main() -> None:
 def _print_error(title: str, message: str) -> None:
     from rich.console import Console
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)
     console.print(f"[bold red]error[/] ({title}): ", end="")
     console.print(message, markup=False, highlight=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -75,6 +76,7 @@ def build(
         allow_pickle=allow_pickle, progress=False if quiet else stderr(), calibration=calib, calib_samples=calib_samples, tokenizer=tokenizer,
         max_drift=max_drift, pass_options={**_pass_options(calib_method, calib_percentile, calib_bins, smoothquant_alpha),
                                            **_int4_options(int4_method, group_size, act_order, int4_checkpoint)},
+        command=["infopt", *sys.argv[1:]],
     )
     if as_json:
         print_json({"output_dir": str(result.output_dir), **result.manifest})
@@ -82,7 +84,7 @@ def build(
         m = result.manifest
         chosen_sections = [summary(m), candidates_section(m), passes_section(m), int8_section(m), drift_section(m), latency_section(m)]
         print_sections(stdout(), [s for s in chosen_sections if s is not None])
-        stdout().print(f"wrote {result.output_dir}/ (report.md, manifest.json)", markup=False)
+        stdout().print(f"wrote {result.output_dir}/ (report.md, report.html, manifest.json)", markup=False)
     if not result.passed:
         raise typer.Exit(1)
 

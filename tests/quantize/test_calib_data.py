@@ -88,7 +88,7 @@ def test_empty_sources_and_bad_counts(tmp_path):
         load_calibration([images(1)], IMG, samples=0)
     with pytest.raises(UsageError, match="not found"):
         load_calibration(tmp_path / "missing", IMG)
-    with pytest.raises(UsageError, match="cannot import calibration function"):
+    with pytest.raises(UsageError, match="cannot import the calibration function"):
         load_calibration("no_such_module_x:batches", IMG)
 
 

@@ -1,0 +1,423 @@
+"""TorchServe model store: ``<folder>/model-store/<name>.mar`` and ``<folder>/config.properties``.
+
+The archive is built by torch-model-archiver (run as ``python -m model_archiver.model_packaging``
+in a private temporary folder, since the archiver stages its files in ``$TMPDIR/<model name>`` and
+deletes whatever is there first). It holds, at its root::
+
+    infopt_handler.py       the handler: one class, ``InfoptHandler``, needing numpy and
+                            onnxruntime (ONNX) or torch (AOTInductor) but not infopt
+    model.onnx              the model file under its own name (``model.pt2`` for AOTInductor),
+    model.onnx.data         beside its external-data sidecar when it has one
+    infopt_io.json          input and output names, dtypes and shapes, the batch dim
+    model-config.yaml       workers, server-side batching (``batchSize``, ``maxBatchDelay``)
+    MAR-INF/MANIFEST.json   written by the archiver; names the handler and the model file
+
+The model file's suffix picks the runtime: ``.onnx`` runs in an ONNX Runtime session (the CUDA
+execution provider on the worker's GPU when the target is CUDA and the server has it), ``.pt2``
+through ``torch._inductor.aoti_load_package`` on the device it was compiled for. A TensorRT
+``.plan`` is not offered: serve it with Triton.
+
+Requests are JSON, the batch dim included::
+
+    POST /predictions/<name>   {"inputs": {"x": [[...]]}}
+    ->                         {"outputs": {"output": [[...]]}}
+
+KServe v2-style bodies (``{"inputs": [{"name", "shape", "datatype", "data"}]}``) are answered in
+kind (``{"model_name", "outputs": [{"name", "shape", "datatype", "data"}]}``, data flattened).
+When every input and output leads with the same dynamic batch dim, TorchServe batches requests
+on the server and the handler runs each group of requests with equal non-batch dims as one call,
+in chunks of at most the batch dim's max. A request that cannot run (not JSON, a missing or unknown
+input, a wrong dtype or shape) is answered with status 400 and ``{"error": "..."}`` naming the
+problem; the other requests in its batch are unaffected.
+
+``config.properties`` binds the inference, management and metrics APIs and gRPC to 127.0.0.1 on
+TorchServe's default ports (8080, 8081, 8082; 7070, 7071), loads ``<name>.mar`` from the
+``model-store`` folder beside it and turns token authorization (on by default since TorchServe
+0.12) off, which is safe only on loopback. Start the server from that folder::
+
+    cd dist/<name>/servers/torchserve && torchserve --start --ncs --ts-config config.properties
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from infopt.errors import BuildError, EnvironmentProblem, UsageError
+from infopt.inputspec import InputSpec
+
+HANDLER_FILE = "infopt_handler.py"
+IO_FILE = "infopt_io.json"
+MODEL_CONFIG_FILE = "model-config.yaml"
+MODEL_VERSION = "1.0"
+MAX_BATCH_REQUESTS = 8
+"""Requests TorchServe gathers into one handler call (``batchSize``); each may hold several rows."""
+MAX_BATCH_DELAY_MS = 5
+"""How long TorchServe waits to fill a batch (``maxBatchDelay``)."""
+RESPONSE_TIMEOUT_S = 120
+DEFAULT_PORTS = {"inference": 8080, "management": 8081, "metrics": 8082, "grpc_inference": 7070, "grpc_management": 7071}
+MODEL_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_\-.]*$")
+"""The model names torch-model-archiver accepts."""
+
+HANDLER = '''"""TorchServe handler for an infopt artifact: the model file and ``infopt_io.json`` beside it.
+
+Needs numpy and onnxruntime (``.onnx``) or torch (``.pt2``). Request bodies are
+``{"inputs": {"<name>": nested list}}`` or KServe v2-style ``{"inputs": [{"name", "shape",
+"datatype", "data"}]}``; the batch dim is part of each input. A request that cannot run gets
+status 400 and ``{"error": ...}``; the model failing on a valid request gets status 500.
+"""
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+V2_DATATYPES = {"float32": "FP32", "float16": "FP16", "float64": "FP64", "bfloat16": "BF16", "int64": "INT64",
+                "int32": "INT32", "int16": "INT16", "int8": "INT8", "uint8": "UINT8", "bool": "BOOL"}
+
+
+def wire_dtype(dtype):
+    """The numpy dtype an input of the spec's ``dtype`` is read into (numpy has no bfloat16)."""
+    return np.dtype("float32" if dtype == "bfloat16" else dtype)
+
+
+def load_onnx(path, io, gpu_id):
+    import onnxruntime as ort
+
+    providers = ["CPUExecutionProvider"]
+    if io["device"] == "cuda" and gpu_id is not None and "CUDAExecutionProvider" in ort.get_available_providers():
+        providers.insert(0, ("CUDAExecutionProvider", {"device_id": int(gpu_id)}))
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(str(path), options, providers=providers)
+    names = [t["name"] for t in io["inputs"]]
+
+    def run(arrays):
+        return session.run(None, dict(zip(names, arrays)))
+
+    return run
+
+
+def load_aoti(path, io, gpu_id):
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    index = -1
+    if io["device"] == "cuda":
+        index = int(gpu_id or 0)
+        torch.cuda.set_device(index)
+    package = torch._inductor.aoti_load_package(str(path), device_index=index)
+    device = package.get_metadata().get("AOTI_DEVICE_KEY", "cpu")
+    dtypes = [getattr(torch, t["dtype"]) for t in io["inputs"]]
+
+    def run(arrays):
+        # a fresh C-ordered copy: an AOTInductor package indexes inputs by their strides, and numpy
+        # keeps odd strides on size-1 dims of views it calls contiguous
+        args = [torch.from_numpy(np.array(a, order="C", copy=True)).to(device=device, dtype=d)
+                for a, d in zip(arrays, dtypes)]
+        with torch.inference_mode():
+            result = package(*args)
+        leaves = [t.detach().cpu() for t in tree_leaves(result) if isinstance(t, torch.Tensor)]
+        return [(t.float() if t.dtype == torch.bfloat16 else t).numpy() for t in leaves]
+
+    return run
+
+
+class InfoptHandler:
+    """Parses each request, runs requests with equal non-batch dims together, answers each one."""
+
+    def __init__(self):
+        self.io = None
+        self.model = None
+
+    def initialize(self, context):
+        props = context.system_properties
+        folder = Path(props["model_dir"])
+        self.io = json.loads((folder / "infopt_io.json").read_text())
+        load = load_aoti if self.io["format"] == "aoti" else load_onnx
+        self.model = load(folder / self.io["model_file"], self.io, props.get("gpu_id"))
+        logger.info("loaded %s (%s) for %s", self.io["model_file"], self.io["format"], self.io["name"])
+
+    def handle(self, data, context):
+        answers = [None] * len(data)
+        parsed = []
+        for idx, row in enumerate(data):
+            try:
+                parsed.append((idx, *self.parse(row)))
+            except ValueError as exc:
+                answers[idx] = self.error(context, idx, 400, str(exc))
+        groups = self.groups(parsed)
+        logger.info("batch of %d requests in %d groups", len(data), len(groups))
+        for group in groups:
+            try:
+                results = self.run_group(group)
+            except Exception as exc:  # the model failed: answer, keep the worker
+                logger.exception("the model failed on %d requests", len(group))
+                for idx, _, _ in group:
+                    answers[idx] = self.error(context, idx, 500, f"the model failed: {type(exc).__name__}: {exc}")
+                continue
+            for (idx, style, _), outputs in zip(group, results):
+                context.set_response_content_type(idx, "application/json")
+                answers[idx] = json.dumps(self.render(style, outputs))
+        return answers
+
+    # ---- requests ------------------------------------------------------------------------------
+    def parse(self, row):
+        """(style, arrays in input order) for one request; ValueError says what is wrong with it."""
+        body = row.get("body") if row.get("body") is not None else row.get("data")
+        if isinstance(body, (bytes, bytearray)):
+            try:
+                body = json.loads(body)
+            except ValueError as exc:
+                raise ValueError(f"the request body is not JSON: {exc}") from None
+        names = [t["name"] for t in self.io["inputs"]]
+        usage = 'send {"inputs": {' + ", ".join(f'"{n}": [...]' for n in names) + "}}"
+        if not isinstance(body, dict) or "inputs" not in body:
+            raise ValueError(f"the request has no \\"inputs\\": {usage}")
+        given = body["inputs"]
+        if isinstance(given, dict):
+            style, values = "infopt", given
+        elif isinstance(given, list):
+            style, values = "v2", self.v2_values(given)
+        else:
+            raise ValueError(f"\\"inputs\\" must be an object or a list: {usage}")
+        missing = [n for n in names if n not in values]
+        unknown = [n for n in values if n not in names]
+        if missing or unknown:
+            problems = [f"missing input {', '.join(missing)}"] if missing else []
+            problems += [f"unknown input {', '.join(map(str, unknown))}"] if unknown else []
+            raise ValueError(f"{'; '.join(problems)}: this model takes {', '.join(names)}")
+        arrays = [self.to_array(t, values[t["name"]]) for t in self.io["inputs"]]
+        self.check_dims(arrays)
+        return style, arrays
+
+    @staticmethod
+    def v2_values(items):
+        values = {}
+        for item in items:
+            if not isinstance(item, dict) or "name" not in item or "data" not in item:
+                raise ValueError("each v2 input needs \\"name\\" and \\"data\\" (and \\"shape\\", \\"datatype\\")")
+            data = np.asarray(item["data"]) if "shape" in item else item["data"]
+            if "shape" in item:
+                try:
+                    data = data.reshape([int(d) for d in item["shape"]])
+                except (ValueError, TypeError) as exc:
+                    raise ValueError(f"input {item['name']}: data does not fit shape {item['shape']}: {exc}") from None
+            values[item["name"]] = data
+        return values
+
+    @staticmethod
+    def to_array(tensor, value):
+        name, dtype = tensor["name"], tensor["dtype"]
+        try:
+            array = np.asarray(value)
+        except ValueError:
+            raise ValueError(f"input {name} is not a rectangular nested list") from None
+        if array.dtype.kind not in "biuf":
+            raise ValueError(f"input {name} must hold numbers of dtype {dtype}, not {array.dtype}")
+        want = wire_dtype(dtype)
+        if want.kind in "iub" and array.dtype.kind == "f" and not np.all(np.mod(array, 1) == 0):
+            raise ValueError(f"input {name} is {dtype} and got fractional values")
+        if want.kind == "b" and array.dtype.kind != "b" and not np.all((array == 0) | (array == 1)):
+            raise ValueError(f"input {name} is bool and got values other than 0 and 1")
+        if want.kind == "u" and np.any(array < 0):
+            raise ValueError(f"input {name} is {dtype} and got negative values")
+        shape = tensor["shape"]
+        if array.ndim != len(shape):
+            raise ValueError(f"input {name} has shape {list(array.shape)}, expected [{', '.join(map(str, shape))}]")
+        return array.astype(want)
+
+    def check_dims(self, arrays):
+        """Static dims match; each symbol has one value across inputs, within its range."""
+        bound = {}
+        for tensor, array in zip(self.io["inputs"], arrays):
+            for axis, (want, got) in enumerate(zip(tensor["shape"], array.shape)):
+                if isinstance(want, int):
+                    if want != got:
+                        raise ValueError(f"input {tensor['name']} has {got} on axis {axis}, expected {want}")
+                    continue
+                if bound.setdefault(want, got) != got:
+                    raise ValueError(f"dim {want} is {bound[want]} on one input and {got} on {tensor['name']}")
+                limits = self.io["dims"].get(want)
+                top = None if want == self.io["batch"] else limits and limits["max"]
+                if got < 1 or (limits and got < limits["min"]) or (top is not None and got > top):
+                    span = f"{limits['min']}..{limits['max']}" if limits else ">= 1"
+                    raise ValueError(f"dim {want} of input {tensor['name']} is {got}, outside {span}")
+
+    # ---- running -------------------------------------------------------------------------------
+    def groups(self, parsed):
+        """Requests that can be concatenated on the batch dim: equal shapes past it."""
+        if self.io["batch"] is None:
+            return [[p] for p in parsed]
+        keyed = {}
+        for item in parsed:
+            keyed.setdefault(tuple(a.shape[1:] for a in item[2]), []).append(item)
+        return list(keyed.values())
+
+    def run_group(self, group):
+        """Outputs per request: one call per chunk of at most ``max_batch`` rows."""
+        if len(group) == 1 and self.io["batch"] is None:
+            return [self.model(group[0][2])]
+        rows = [item[2][0].shape[0] for item in group]
+        joined = [np.concatenate([item[2][i] for item in group]) for i in range(len(self.io["inputs"]))]
+        step = self.io["max_batch"] or sum(rows)
+        chunks = [self.model([a[start:start + step] for a in joined]) for start in range(0, sum(rows), step)]
+        outputs = [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]
+        cuts = np.cumsum(rows)[:-1]
+        per_output = [np.split(o, cuts) for o in outputs]
+        return [[parts[k] for parts in per_output] for k in range(len(group))]
+
+    # ---- responses -----------------------------------------------------------------------------
+    def render(self, style, outputs):
+        names = [o["name"] for o in self.io["outputs"]]
+        if style == "infopt":
+            return {"outputs": {n: np.asarray(o).tolist() for n, o in zip(names, outputs)}}
+        return {"model_name": self.io["name"],
+                "outputs": [{"name": n, "shape": list(np.shape(o)), "datatype": V2_DATATYPES.get(spec["dtype"], "FP32"),
+                             "data": np.asarray(o).ravel().tolist()}
+                            for n, spec, o in zip(names, self.io["outputs"], outputs)]}
+
+    @staticmethod
+    def error(context, idx, code, message):
+        context.set_response_status(code, message, idx)
+        context.set_response_content_type(idx, "application/json")
+        return json.dumps({"error": message, "code": code})
+'''
+
+
+def io_description(name: str, model_file: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+    """What the handler reads from ``infopt_io.json``: names, dtypes, shapes, dims and the batch dim.
+
+    ``batch`` is the symbol leading every input and output (null when there is none, and then
+    requests are never joined); ``max_batch`` is its max, the most rows run in one call."""
+    spec = InputSpec.from_json(manifest["inputs"])
+    outputs = [{"name": o["name"], "dtype": o["dtype"], "shape": list(o["shape"])} for o in manifest["outputs"]]
+    batch = spec.batch_symbol
+    if batch is not None and not all(o["shape"] and o["shape"][0] == batch for o in outputs):
+        batch = None
+    device = (manifest.get("target") or {}).get("device", "cpu")
+    return {
+        "name": name,
+        "model_file": model_file.name,
+        "format": "aoti" if model_file.suffix == ".pt2" else "onnx",
+        "device": device,
+        "inputs": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in spec.inputs],
+        "outputs": outputs,
+        "dims": {k: {"min": v.min, "opt": v.opt, "max": v.max} for k, v in spec.dims.items()},
+        "batch": batch,
+        "max_batch": spec.dims[batch].max if batch is not None and batch in spec.dims else None,
+    }
+
+
+def model_config_yaml(batched: bool) -> str:
+    """Per-model settings in the archive: one worker, and server-side batching when batched."""
+    lines = ["minWorkers: 1", "maxWorkers: 1", f"batchSize: {MAX_BATCH_REQUESTS if batched else 1}",
+             f"maxBatchDelay: {MAX_BATCH_DELAY_MS if batched else 0}", f"responseTimeout: {RESPONSE_TIMEOUT_S}"]
+    return "\n".join(lines) + "\n"
+
+
+def config_properties(name: str, host: str = "127.0.0.1", ports: dict[str, int] | None = None) -> str:
+    """The server configuration: APIs on ``host``, the store in ``model-store``, ``<name>.mar`` loaded.
+
+    ``ports`` overrides entries of ``DEFAULT_PORTS`` (inference, management, metrics,
+    grpc_inference, grpc_management)."""
+    port = {**DEFAULT_PORTS, **(ports or {})}
+    lines = [
+        f"# TorchServe configuration for {name}; start the server from this folder:",
+        "#   torchserve --start --ncs --ts-config config.properties",
+        f"inference_address=http://{host}:{port['inference']}",
+        f"management_address=http://{host}:{port['management']}",
+        f"metrics_address=http://{host}:{port['metrics']}",
+        f"grpc_inference_address={host}",
+        f"grpc_inference_port={port['grpc_inference']}",
+        f"grpc_management_address={host}",
+        f"grpc_management_port={port['grpc_management']}",
+        "model_store=model-store",
+        f"load_models={name}.mar",
+        "default_workers_per_model=1",
+        "# token authorization is on by default since 0.12; the APIs above listen on loopback only",
+        "disable_token_authorization=true",
+        "enable_model_api=false",
+        "install_py_dep_per_model=false",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _check_archiver() -> None:
+    try:
+        import model_archiver  # noqa: F401 - only whether it is installed
+    except ImportError as exc:
+        raise EnvironmentProblem("torch-model-archiver is not installed, so the TorchServe archive cannot be built",
+                                 where=sys.executable, fix="pip install torch-model-archiver") from exc
+
+
+def _archive(work: Path, name: str, model_file: Path, extra: list[Path], store: Path) -> Path:
+    """Run torch-model-archiver; it stages its files in ``work/staging/<name>``, not the shared temp folder.
+
+    ``extra`` are paths inside ``work``: the archiver splits ``--extra-files`` on commas and expands
+    ``*?[]`` in it, so files from elsewhere are linked in under a plain name first."""
+    command = [sys.executable, "-m", "model_archiver.model_packaging",
+               "--model-name", name, "--version", MODEL_VERSION,
+               "--handler", str(work / HANDLER_FILE), "--serialized-file", str(model_file),
+               "--extra-files", ",".join(str(p) for p in extra),
+               "--config-file", str(work / MODEL_CONFIG_FILE),
+               "--export-path", str(store), "--force"]
+    staging = work / "staging"
+    staging.mkdir()
+    env = {**os.environ, "TMPDIR": str(staging), "TEMP": str(staging), "TMP": str(staging)}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=work)
+    mar = store / f"{name}.mar"
+    if done.returncode != 0 or not mar.is_file():
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
+        raise BuildError(f"torch-model-archiver failed for {model_file.name} (exit {done.returncode}): {tail}",
+                         where=str(model_file), fix="check that torch-model-archiver runs: torch-model-archiver --help")
+    return mar
+
+
+def write_torchserve(folder: Path, name: str, model_file: Path, manifest: dict[str, Any]) -> Path:
+    """Write ``folder/model-store/<name>.mar`` and ``folder/config.properties``; returns the archive.
+
+    ``model_file`` is the built ``.onnx`` (with its ``<file>.data`` sidecar beside it, if any) or
+    ``.pt2``; ``manifest`` supplies ``inputs`` (an InputSpec's JSON), ``outputs`` and, if present,
+    ``target.device``."""
+    folder, model_file = Path(folder), Path(model_file)
+    if model_file.suffix == ".plan":
+        raise UsageError("TorchServe is not offered for TensorRT plans", where=str(model_file),
+                         fix="serve the plan with Triton (servers/triton), or build with --backend onnxruntime or inductor")
+    if model_file.suffix not in (".onnx", ".pt2"):
+        raise UsageError(f"TorchServe cannot serve {model_file.name}", where=str(model_file),
+                         fix="give an .onnx or .pt2 (AOTInductor) model")
+    if not MODEL_NAME_RE.match(name):
+        raise UsageError(f"{name!r} is not a TorchServe model name", where="write_torchserve",
+                         fix="use letters, digits, '_', '-' and '.', starting with a letter or digit")
+    if not model_file.is_file():
+        raise UsageError(f"model file {model_file} does not exist", fix="pass the built model file")
+    _check_archiver()
+    io = io_description(name, model_file, manifest)
+    store = folder / "model-store"
+    store.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="infopt-torchserve-") as tmp:
+        work = Path(tmp)
+        (work / HANDLER_FILE).write_text(HANDLER)
+        (work / IO_FILE).write_text(json.dumps(io, indent=2) + "\n")
+        (work / MODEL_CONFIG_FILE).write_text(model_config_yaml(io["batch"] is not None))
+        extra = [work / IO_FILE]
+        sidecar = model_file.with_name(model_file.name + ".data")
+        if model_file.suffix == ".onnx" and sidecar.is_file():
+            (work / sidecar.name).symlink_to(sidecar.resolve())
+            extra.append(work / sidecar.name)
+        mar = _archive(work, name, model_file, extra, store)
+    (folder / "config.properties").write_text(config_properties(name))
+    return mar
+
+
+__all__ = ["write_torchserve", "config_properties", "io_description", "HANDLER"]

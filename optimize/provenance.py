@@ -1,0 +1,115 @@
+"""Provenance: what made an artifact, recorded in its manifest, and ``infopt verify`` to check it.
+
+The manifest's ``provenance`` block holds the command line (or the Python call), the recipe's
+name, the sha256 of the calibration and validation data as they were fed to the model, and the
+toolchain's versions; ``files`` holds the size and sha256 of every file in the output folder but
+the manifest itself. ``verify`` re-hashes the folder against it: a changed, missing or added file
+is a mismatch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import platform
+import shlex
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+TOOLCHAIN = ("infopt", "torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu", "numpy", "tensorrt", "triton",
+             "torchao", "transformers", "gptqmodel", "torch-model-archiver")
+"""Packages whose versions the manifest records (those not installed are recorded as such)."""
+
+
+def tool_versions() -> dict[str, str]:
+    found = {"python": platform.python_version(), "platform": platform.platform()}
+    for pkg in TOOLCHAIN:
+        try:
+            found[pkg] = version(pkg)
+        except PackageNotFoundError:
+            if pkg not in ("onnxruntime-gpu", "tensorrt", "gptqmodel"):
+                found[pkg] = "not installed"
+    try:
+        import torch
+
+        found["torch.cuda"] = torch.version.cuda or "none (CPU build)"
+    except ImportError:  # pragma: no cover - a core dependency
+        pass
+    return found
+
+
+def data_sha256(batches: Iterable[dict[str, np.ndarray]]) -> str:
+    """sha256 over every array's name, dtype, shape and bytes, in order: the data the model saw."""
+    digest = hashlib.sha256()
+    for batch in batches:
+        for name in sorted(batch):
+            array = np.ascontiguousarray(batch[name])
+            digest.update(f"{name}:{array.dtype}:{array.shape};".encode())
+            digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def call_text(model: Any, options: dict[str, Any]) -> str:
+    """The Python call that made a build, for a build not started from the command line: the model
+    (a path, or the module's class) and every option that differs from its default."""
+    what = repr(str(model)) if isinstance(model, (str, Path)) else f"<{type(model).__name__} module>"
+    shown = [f"{k}={_short(v)}" for k, v in options.items()]
+    return f"infopt.build({', '.join([what, *shown])})"
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, (str, int, float, bool, type(None), Path)):
+        return repr(str(value) if isinstance(value, Path) else value)
+    if isinstance(value, (list, tuple, dict)) and len(repr(value)) <= 200:
+        return repr(value)
+    return f"<{type(value).__name__}>"
+
+
+def record(command: Sequence[str] | None, call: str, recipe_name: str, calibration, validation: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's provenance block."""
+    return {
+        "command": shlex.join(command) if command else None,
+        "python_call": None if command else call,
+        "recipe": recipe_name,
+        "calibration": None if calibration is None else {"source": calibration.source, "samples": calibration.count,
+                                                         "sha256": calibration.digest},
+        "validation_data": validation,
+    }
+
+
+def verify(root: Path) -> dict[str, Any]:
+    """Re-hash an output folder against its manifest. ``problems`` lists every changed, missing or
+    unlisted file; an empty list means the folder is exactly what the build wrote."""
+    from infopt.exporters.dist import MANIFEST, read_manifest, sha256
+
+    root = Path(root)
+    manifest = read_manifest(root)
+    listed = manifest.get("files") or {}
+    rows, problems = [], []
+    for rel, info in listed.items():
+        path = root / rel
+        if not isinstance(info, dict) or not info.get("sha256"):
+            rows.append({"path": rel, "status": "unrecorded", "bytes": None, "sha256": None})
+            problems.append(f"{rel}: the manifest records no sha256 for it")
+            continue
+        if not path.is_file():
+            status = "missing"
+        elif path.stat().st_size != info.get("bytes", path.stat().st_size) or sha256(path) != info["sha256"]:
+            status = "changed"
+        else:
+            status = "ok"
+        rows.append({"path": rel, "status": status, "bytes": info.get("bytes"), "sha256": info["sha256"]})
+        if status != "ok":
+            problems.append(f"{rel}: {'missing' if status == 'missing' else 'sha256 differs from the manifest'}")
+    on_disk = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+    for rel in on_disk:
+        if rel != MANIFEST and rel not in listed:
+            rows.append({"path": rel, "status": "unlisted", "bytes": (root / rel).stat().st_size, "sha256": None})
+            problems.append(f"{rel}: not in the manifest (added after the build)")
+    if not listed:
+        problems.append(f"{MANIFEST} lists no files")
+    return {"dist": str(root), "name": manifest.get("name"), "manifest_sha256": sha256(root / MANIFEST),
+            "files": rows, "problems": problems, "passed": not problems,
+            "provenance": manifest.get("provenance"), "versions": manifest.get("versions")}

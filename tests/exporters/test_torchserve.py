@@ -1,0 +1,350 @@
+"""TorchServe: the archive torch-model-archiver writes, and a real TorchServe serving it.
+
+The server tests build the digits CNN, write its model store, and start ``torchserve`` (Java
+frontend, Python worker) on loopback with the written ``config.properties`` moved to free ports.
+The server's pid file, worker sockets and logs live in the test's own temporary folder, and the
+server is stopped, its whole process group killed and checked gone, whatever the test's outcome.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from infopt.errors import EnvironmentProblem, UsageError
+from infopt.exporters.servers.torchserve import DEFAULT_PORTS, HANDLER, write_torchserve
+
+HAS_ARCHIVER = importlib.util.find_spec("model_archiver") is not None
+TORCHSERVE = Path(sys.executable).with_name("torchserve")
+READY_TIMEOUT_S = 120
+
+needs_archiver = pytest.mark.skipif(not HAS_ARCHIVER, reason="torch-model-archiver is not installed "
+                                    "(pip install torch-model-archiver)")
+
+
+def _server_missing() -> str | None:
+    if shutil.which("java") is None:
+        return "java is not installed: TorchServe's frontend is a Java program"
+    if not HAS_ARCHIVER or not TORCHSERVE.exists():
+        return "torchserve and torch-model-archiver are not installed (pip install torchserve torch-model-archiver)"
+    return None
+
+
+needs_server = pytest.mark.skipif(_server_missing() is not None, reason=_server_missing() or "")
+
+
+def two_input_manifest(batched_output: bool = True) -> dict[str, Any]:
+    return {"name": "m",
+            "inputs": {"inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", 3]},
+                                  {"name": "ids", "dtype": "int64", "shape": ["batch", "seq"]}],
+                       "dims": {"batch": {"min": 1, "opt": 4, "max": 16}, "seq": {"min": 2, "opt": 8, "max": 32}}},
+            "outputs": [{"name": "y", "dtype": "float32", "shape": ["batch", 2] if batched_output else [2]}]}
+
+
+def read_mar(path: Path) -> dict[str, bytes]:
+    assert zipfile.is_zipfile(path)
+    with zipfile.ZipFile(path) as archive:
+        return {info.filename: archive.read(info) for info in archive.infolist()}
+
+
+def properties(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if line and not line.startswith("#"))
+
+
+# ---- the archive --------------------------------------------------------------------------------
+
+@needs_archiver
+def test_onnx_archive_holds_handler_model_sidecar_and_io(tmp_path):
+    model = tmp_path / "built, v[1]" / "model.onnx"  # the archiver splits on commas and globs [..]
+    model.parent.mkdir()
+    model.write_bytes(b"onnx graph bytes")
+    (model.parent / "model.onnx.data").write_bytes(b"external weights")
+    folder = tmp_path / "servers" / "torchserve"
+    mar = write_torchserve(folder, "enc", model, {**two_input_manifest(), "target": {"device": "cpu"}})
+
+    assert mar == folder / "model-store" / "enc.mar"
+    files = read_mar(mar)
+    assert set(files) == {"infopt_handler.py", "model.onnx", "model.onnx.data", "infopt_io.json",
+                          "model-config.yaml", "MAR-INF/MANIFEST.json"}
+    assert files["model.onnx"] == b"onnx graph bytes" and files["model.onnx.data"] == b"external weights"
+    assert files["infopt_handler.py"].decode() == HANDLER
+    compile(HANDLER, "infopt_handler.py", "exec")
+
+    manifest = json.loads(files["MAR-INF/MANIFEST.json"])
+    assert manifest["runtime"] == "python"
+    assert manifest["model"]["modelName"] == "enc"
+    assert manifest["model"]["handler"] == "infopt_handler.py"
+    assert manifest["model"]["serializedFile"] == "model.onnx"
+    assert manifest["model"]["configFile"] == "model-config.yaml"
+
+    io = json.loads(files["infopt_io.json"])
+    assert io["model_file"] == "model.onnx" and io["format"] == "onnx" and io["device"] == "cpu"
+    assert [(t["name"], t["dtype"], t["shape"]) for t in io["inputs"]] == [("x", "float32", ["batch", 3]),
+                                                                          ("ids", "int64", ["batch", "seq"])]
+    assert [(t["name"], t["dtype"]) for t in io["outputs"]] == [("y", "float32")]
+    assert io["batch"] == "batch" and io["max_batch"] == 16 and io["dims"]["seq"] == {"min": 2, "opt": 8, "max": 32}
+
+    settings = dict(line.split(": ") for line in files["model-config.yaml"].decode().splitlines())
+    assert settings["batchSize"] == "8" and int(settings["maxBatchDelay"]) > 0 and settings["maxWorkers"] == "1"
+
+    config = properties((folder / "config.properties").read_text())
+    assert config["inference_address"] == f"http://127.0.0.1:{DEFAULT_PORTS['inference']}"
+    assert config["management_address"] == f"http://127.0.0.1:{DEFAULT_PORTS['management']}"
+    assert config["metrics_address"] == f"http://127.0.0.1:{DEFAULT_PORTS['metrics']}"
+    assert config["grpc_inference_address"] == config["grpc_management_address"] == "127.0.0.1"
+    assert config["model_store"] == "model-store" and config["load_models"] == "enc.mar"
+    assert config["disable_token_authorization"] == "true"
+
+
+@needs_archiver
+def test_pt2_archive_and_unbatched_outputs(tmp_path):
+    package = tmp_path / "model.pt2"
+    package.write_bytes(b"aoti package")
+    (tmp_path / "model.pt2.data").write_bytes(b"not a sidecar of a .pt2")
+    mar = write_torchserve(tmp_path / "ts", "lin-1.0", package, two_input_manifest(batched_output=False))
+    files = read_mar(mar)
+    assert "model.pt2.data" not in files and files["model.pt2"] == b"aoti package"
+    assert json.loads(files["MAR-INF/MANIFEST.json"])["model"]["serializedFile"] == "model.pt2"
+    io = json.loads(files["infopt_io.json"])
+    assert io["format"] == "aoti" and io["batch"] is None and io["max_batch"] is None
+    assert "batchSize: 1\n" in files["model-config.yaml"].decode()
+
+
+@needs_archiver
+def test_refusals_are_usage_errors(tmp_path):
+    for model_name, name in (("model.plan", "m"), ("model.pt", "m"), ("model.onnx", "bad name!"), ("missing.onnx", "m")):
+        model = tmp_path / model_name
+        if model_name != "missing.onnx":
+            model.write_bytes(b"x")
+        with pytest.raises(UsageError) as caught:
+            write_torchserve(tmp_path / "ts", name, model, two_input_manifest())
+        assert caught.value.exit_code == 2
+        if model_name == "model.plan":
+            assert "TensorRT" in caught.value.what and "Triton" in caught.value.fix
+    assert not (tmp_path / "ts" / "config.properties").exists()
+
+
+def test_missing_archiver_is_an_environment_problem(tmp_path, monkeypatch):
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"x")
+    monkeypatch.setitem(sys.modules, "model_archiver", None)  # how Python spells "not importable"
+    with pytest.raises(EnvironmentProblem) as caught:
+        write_torchserve(tmp_path / "ts", "m", model, two_input_manifest())
+    assert caught.value.exit_code == 4 and caught.value.fix == "pip install torch-model-archiver"
+
+
+# ---- a real server ------------------------------------------------------------------------------
+
+@dataclass
+class Server:
+    inference: str
+    management: str
+    logs: Path
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+def request(url: str, body: Any = None, timeout: float = 60) -> tuple[int, Any]:
+    data = None if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def session_processes(sid: int) -> list[int]:
+    """Live (not zombie) processes in session ``sid``: the launcher, java and its Python workers."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                if os.getsid(int(entry)) == sid and state != "Z":
+                    found.append(int(entry))
+    return found
+
+
+def log_tail(path: Path, chars: int = 3000) -> str:
+    return path.read_text()[-chars:] if path.is_file() else f"({path.name} was not written)"
+
+
+def wait_ready(server: subprocess.Popen, management: str, name: str, output: Path, logs: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"torchserve exited with {server.returncode}:\n{log_tail(output)}")
+        with contextlib.suppress(OSError, ValueError):
+            status, described = request(f"{management}/models/{name}", timeout=5)
+            if status == 200 and described[0]["workers"] and described[0]["workers"][0]["status"] == "READY":
+                return
+        time.sleep(1)
+    pytest.fail(f"{name} was not ready after {READY_TIMEOUT_S}s; the worker's log ends:\n{log_tail(logs / 'model_log.log')}")
+
+
+@contextlib.contextmanager
+def torchserve(folder: Path, name: str, tmp: Path) -> Iterator[Server]:
+    """The written config with free ports, served from ``folder``; stopped and reaped on exit."""
+    ports = dict(zip(DEFAULT_PORTS, free_ports(len(DEFAULT_PORTS))))
+    text = (folder / "config.properties").read_text()
+    for key, port in ports.items():
+        prefix = f"{key}_address=http://127.0.0.1:" if key in ("inference", "management", "metrics") else f"{key}_port="
+        text, found = re.subn(rf"^{re.escape(prefix)}{DEFAULT_PORTS[key]}$", f"{prefix}{port}", text, flags=re.M)
+        assert found == 1, f"config.properties has no {prefix}{DEFAULT_PORTS[key]}"
+    config = tmp / "config.properties"
+    config.write_text(text)
+    private, logs, output = tmp / "tmp", tmp / "logs", tmp / "server.out"
+    private.mkdir()
+    env = {**os.environ, "TMPDIR": str(private), "TEMP": str(private), "LOG_LOCATION": str(logs),
+           "METRICS_LOCATION": str(logs)}
+    with open(output, "w") as sink:
+        server = subprocess.Popen([str(TORCHSERVE), "--start", "--foreground", "--ncs", "--ts-config", str(config)],
+                                  cwd=folder, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        management = f"http://127.0.0.1:{ports['management']}"
+        wait_ready(server, management, name, output, logs)
+        yield Server(f"http://127.0.0.1:{ports['inference']}", management, logs)
+    finally:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            subprocess.run([str(TORCHSERVE), "--stop", "--foreground"], cwd=folder, env=env, capture_output=True, timeout=90)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGKILL)
+        server.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while session_processes(server.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not session_processes(server.pid), "TorchServe processes were left running"
+
+
+def build_digits(tmp_path_factory, digits, backend: str) -> tuple[Path, dict[str, Any]]:
+    import infopt
+
+    model, data = digits
+    x = torch.from_numpy(data["val"][0][:8])
+    out = tmp_path_factory.mktemp(f"digits-{backend}") / "dist"
+    infopt.build(model, example_inputs=(x,), target="cpu", backend=backend, name="digits", output=out, progress=False)
+    return out, json.loads((out / "manifest.json").read_text())
+
+
+def eager(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
+    with torch.inference_mode():
+        return model(torch.from_numpy(x)).numpy()
+
+
+def predict(server: Server, name: str, x: np.ndarray) -> np.ndarray:
+    status, answer = request(f"{server.inference}/predictions/{name}", {"inputs": {"x": x.tolist()}})
+    assert status == 200, answer
+    return np.asarray(answer["outputs"]["output"], dtype=np.float32)
+
+
+def check_bad_requests(server: Server, name: str, x: np.ndarray) -> None:
+    url = f"{server.inference}/predictions/{name}"
+    status, answer = request(url, {"inputs": {"image": x.tolist()}})
+    assert status == 400 and "missing input x" in answer["error"] and "unknown input image" in answer["error"]
+    status, answer = request(url, {"inputs": {"x": [[["a"] * 8] * 8]}})
+    assert status == 400 and "input x" in answer["error"] and "float32" in answer["error"]
+    status, answer = request(url, {"inputs": {"x": x[:, :, :4].tolist()}})
+    assert status == 400 and "axis 2" in answer["error"] and "expected 8" in answer["error"]
+    status, answer = request(url, b"{not json")
+    assert status == 400 and "not JSON" in answer["error"]
+
+
+@pytest.fixture(scope="module")
+def digits_onnx(tmp_path_factory, digits):
+    return build_digits(tmp_path_factory, digits, "onnxruntime")
+
+
+@needs_server
+@pytest.mark.slow
+def test_torchserve_serves_the_onnx_model(digits, digits_onnx, tmp_path):
+    model, data = digits
+    x = data["val"][0][:32]
+    reference = eager(model, x)
+    dist, manifest = digits_onnx
+    # the built model with its weights moved to an external-data sidecar, which must travel with it
+    onnx = pytest.importorskip("onnx")
+    model_file = tmp_path / "external" / "model.onnx"
+    model_file.parent.mkdir()
+    onnx.save(onnx.load(str(dist / "model" / "model.onnx")), str(model_file), save_as_external_data=True,
+              location="model.onnx.data", size_threshold=1024)
+    assert model_file.with_name("model.onnx.data").stat().st_size > 10_000
+    folder = dist / "servers" / "torchserve"
+    mar = write_torchserve(folder, "digits", model_file, manifest)
+    assert {"model.onnx", "model.onnx.data"} <= set(read_mar(mar))
+
+    with torchserve(folder, "digits", tmp_path) as server:
+        status, health = request(f"{server.inference}/ping")
+        assert status == 200 and health["status"] == "Healthy"
+        np.testing.assert_allclose(predict(server, "digits", x), reference, atol=1e-4)
+
+        v2 = {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+        status, answer = request(f"{server.inference}/predictions/digits", v2)
+        assert status == 200 and answer["model_name"] == "digits"
+        (output,) = answer["outputs"]
+        assert output["name"] == "output" and output["shape"] == [32, 10] and output["datatype"] == "FP32"
+        np.testing.assert_allclose(np.reshape(output["data"], (32, 10)), reference, atol=1e-4)
+
+        check_bad_requests(server, "digits", x)
+
+        # concurrent single-row requests, one of them bad: TorchServe hands the worker batches of
+        # requests; each must get its own row's answer, the bad one its own error
+        bodies = [{"inputs": {"x": x[i:i + 1].tolist()}} for i in range(len(x))] + [{"inputs": {"y": x[:1].tolist()}}]
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda b: request(f"{server.inference}/predictions/digits", b), bodies))
+        for i, (status, answer) in enumerate(answers[:-1]):
+            assert status == 200, answer
+            np.testing.assert_allclose(np.asarray(answer["outputs"]["output"]), reference[i:i + 1], atol=1e-4)
+        assert answers[-1][0] == 400 and "missing input x" in answers[-1][1]["error"]
+        sizes = [int(n) for n in re.findall(r"batch of (\d+) requests", (server.logs / "model_log.log").read_text())]
+        assert max(sizes) > 1, f"the worker never got more than one request at a time: {sizes}"
+
+        # more rows than the batch dim's max (64) run in chunks; the worker lived through the bad requests
+        assert manifest["inputs"]["dims"]["batch"]["max"] < 100
+        big = data["val"][0][:100]
+        np.testing.assert_allclose(predict(server, "digits", big), eager(model, big), atol=1e-4)
+
+
+@needs_server
+@pytest.mark.slow
+def test_torchserve_serves_an_aoti_package(digits, tmp_path_factory, tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    model, data = digits
+    x = data["val"][0][:16]
+    dist, manifest = build_digits(tmp_path_factory, digits, "inductor")
+    folder = dist / "servers" / "torchserve"
+    write_torchserve(folder, "digits", dist / "model" / "model.pt2", manifest)
+
+    with torchserve(folder, "digits", tmp_path) as server:
+        np.testing.assert_allclose(predict(server, "digits", x), eager(model, x), atol=1e-4)
+        np.testing.assert_allclose(predict(server, "digits", x[5:6]), eager(model, x[5:6]), atol=1e-4)
+        check_bad_requests(server, "digits", x)
