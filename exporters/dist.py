@@ -72,13 +72,22 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def model_parts(path: Path) -> list[Path]:
+    """A model file and its external-data sidecar (``<name>.data``) where there is one."""
+    path = Path(path)
+    return [part for part in (path, path.with_name(path.name + ".data")) if part.exists()]
+
+
+def model_bytes(path: Path) -> int:
+    return sum(part.stat().st_size for part in model_parts(path))
+
+
 def model_sha256(path: Path) -> str:
-    """sha256 over a model file followed by its external-data sidecar (``<name>.data``) where there
-    is one, so two ONNX models with the same graph and different weights differ."""
+    """sha256 over a model file followed by its sidecar, so two ONNX models with the same graph and
+    different weights differ."""
     digest = hashlib.sha256()
-    for part in (path, path.with_name(path.name + ".data")):
-        if part.exists():
-            _hash_into(digest, part)
+    for part in model_parts(path):
+        _hash_into(digest, part)
     return digest.hexdigest()
 
 
@@ -118,13 +127,34 @@ def read_manifest(root: Path) -> dict[str, Any]:
         raise UsageError(f"{path} is not valid JSON: {exc}", fix="rebuild the artifact") from exc
 
 
+def output_root(path: Path) -> Path:
+    """The output folder named by ``path``: the folder itself, or the folder of its manifest.json."""
+    path = Path(path)
+    return path.parent if path.name == MANIFEST else path
+
+
+FILE_PROBLEMS = {"missing": "missing", "changed": "sha256 differs from the manifest",
+                 "unrecorded": "the manifest records no sha256 for it"}
+
+
+def file_status(root: Path, rel: str, info: Any) -> str:
+    """``ok``, ``missing``, ``changed`` (size or sha256 differs) or ``unrecorded`` (no sha256 in the manifest)."""
+    if not isinstance(info, dict) or not info.get("sha256"):
+        return "unrecorded"
+    path = Path(root) / rel
+    if not path.is_file():
+        return "missing"
+    size = path.stat().st_size
+    if size != info.get("bytes", size) or sha256(path) != info["sha256"]:
+        return "changed"
+    return "ok"
+
+
 def verify_files(root: Path, manifest: dict[str, Any]) -> list[str]:
-    """Files that are missing or whose sha256 differs from the manifest's."""
+    """Listed files that are missing or differ from the manifest."""
     problems = []
     for rel, info in manifest.get("files", {}).items():
-        path = Path(root) / rel
-        if not path.is_file():
-            problems.append(f"{rel}: missing")
-        elif sha256(path) != info["sha256"]:
-            problems.append(f"{rel}: sha256 differs from the manifest")
+        status = file_status(root, rel, info)
+        if status != "ok":
+            problems.append(f"{rel}: {FILE_PROBLEMS[status]}")
     return problems

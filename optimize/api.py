@@ -263,6 +263,7 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
     from infopt import candidates as cand
     from infopt.emit import base_manifest, source_info, store_samples, write_output
     from infopt.exporters.dist import staged_output
+    from infopt.provenance import data_sha256, record
     from infopt.validators import drift as drift_mod
     from infopt.validators import latency as latency_mod
     from infopt.validators.data import split_batches
@@ -310,8 +311,6 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
                              final.lineage, validation)
     manifest["candidates"] = cand.table(candidates, timings)
     manifest["selection"] = why
-    from infopt.provenance import data_sha256, record
-
     manifest["provenance"] = record(ctx.command, ctx.call, recipe.name, ctx.calib,
                                     {"source": source, "samples": sum(int(next(iter(b.values())).shape[0]) if spec.batch_symbol else 1 for b in batches),
                                      "sha256": data_sha256(batches)})
@@ -367,10 +366,11 @@ def _measure_curve(chosen, spec, module, console) -> list[dict[str, Any]]:
 
 def _work(module, spec, model_file: Path) -> dict[str, Any]:
     """FLOPs and bytes per sample, for the report's roofline line."""
+    from infopt.exporters.dist import model_bytes
     from infopt.sample_inputs import embedding_vocab, random_feed
     from infopt.validators.roofline import count_work
 
-    weight_bytes = sum(p.stat().st_size for p in (model_file, model_file.with_name(model_file.name + ".data")) if p.exists())
+    weight_bytes = model_bytes(model_file)
     dims = {spec.batch_symbol: 1} if spec.batch_symbol else {}
     feed = random_feed(spec, int_high=embedding_vocab(module) or 2, **dims)
     return count_work(module, feed, spec.names, weight_bytes)
@@ -483,9 +483,7 @@ def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None
              batch_sizes: Sequence[int] | None = None, progress: bool | Any = True) -> dict[str, Any]:
     """Re-check an output folder: file integrity against the manifest, drift of its model against
     the stored reference outputs, latency, and the verdict against the recipe's thresholds."""
-    import numpy as np
-
-    from infopt.emit import SAMPLES_FILE
+    from infopt.emit import SAMPLES_FILE, read_samples
     from infopt.exporters.dist import read_manifest, verify_files
     from infopt.recipe import Recipe
     from infopt.validators import drift as drift_mod
@@ -502,10 +500,8 @@ def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None
         result["verdict"] = {"passed": False, "reasons": [f"file check: {p}" for p in problems], "checks": []}
         return result
     runner = _manifest_runner(root, manifest)
-    with np.load(root / SAMPLES_FILE, allow_pickle=False) as data:
-        inputs = {k.split(".", 1)[1]: data[k] for k in data.files if k.startswith("input.")}
-        reference = [[data[f"reference.{o['name']}"] for o in manifest["outputs"]]]
-    drift = drift_mod.compare(reference, [runner.run(inputs)], tuple(o["name"] for o in manifest["outputs"]),
+    inputs, reference = read_samples(root, manifest)
+    drift = drift_mod.compare([reference], [runner.run(inputs)], tuple(o["name"] for o in manifest["outputs"]),
                               f"{SAMPLES_FILE} (stored at build)")
     feeds = _latency_feeds(spec, recipe, None)
     lat = recipe.validation.latency

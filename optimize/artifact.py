@@ -51,9 +51,9 @@ class Artifact:
     def size_bytes(self) -> int | None:
         """Bytes on disk (with external data) for a file, bytes of weights for an in-memory model."""
         if self.path is not None and self.path.exists():
-            total = self.path.stat().st_size
-            data = self.path.with_name(self.path.name + ".data")
-            return total + (data.stat().st_size if data.exists() else 0)
+            from infopt.exporters.dist import model_bytes
+
+            return model_bytes(self.path)
         state = getattr(self.obj, "state_dict", None)
         if state is None:
             return None

@@ -51,6 +51,14 @@ def store_samples(path: Path, batches: list[dict[str, np.ndarray]], reference: l
     return int(next(iter(inputs.values())).shape[0]) if batched else 1
 
 
+def read_samples(root: Path, manifest: dict[str, Any]) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+    """The inputs stored at build, by name, and the eager reference's outputs for them, in output order."""
+    with np.load(Path(root) / SAMPLES_FILE, allow_pickle=False) as data:
+        inputs = {k.split(".", 1)[1]: data[k] for k in data.files if k.startswith("input.")}
+        reference = [data[f"reference.{o['name']}"] for o in manifest["outputs"]]
+    return inputs, reference
+
+
 def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, device: str,
                  emit: list[str], attachments: dict[str, Path] | None = None,
                  server_engine: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -32,6 +32,10 @@ from infopt.inputspec import InputSpec
 from infopt.validators.gate_config import GateConfig
 
 
+REPORTED_DRIFT = ("max_abs", "min_cosine", "min_sqnr_db", "min_top1")
+"""Drift figures shown in the gate's table even when no threshold gates them."""
+
+
 @dataclass
 class GateCheck:
     group: str
@@ -61,9 +65,9 @@ class Artifact:
         return InputSpec.from_json(self.manifest["inputs"])
 
     def model_bytes(self) -> int:
-        rel = self.manifest["artifacts"]["model"]
-        files = self.manifest["files"]
-        return sum(files[r]["bytes"] for r in (rel, rel + ".data") if r in files)
+        from infopt.exporters.dist import model_bytes
+
+        return model_bytes(self.root / self.manifest["artifacts"]["model"])
 
     def describe(self) -> dict[str, Any]:
         m = self.manifest
@@ -94,20 +98,19 @@ class GateResult:
 
 def open_artifact(path: str | Path, label: str) -> Artifact:
     """An output folder (or its manifest.json) whose files match its manifest; else exit 2."""
-    from infopt.provenance import verify
+    from infopt.exporters.dist import output_root, read_manifest
+    from infopt.provenance import check_files
 
-    path = Path(path)
-    root = path.parent if path.name == MANIFEST else path
+    root = output_root(path)
     if not root.exists():
         raise UsageError(f"the {label} {path} does not exist", fix="pass an output folder of `infopt build`, or its manifest.json")
-    checked = verify(root)
-    if not checked["passed"]:
-        raise UsageError(f"the {label} {root} does not match its manifest: " + "; ".join(checked["problems"]),
+    manifest = read_manifest(root)
+    _, problems = check_files(root, manifest)
+    if problems:
+        raise UsageError(f"the {label} {root} does not match its manifest: " + "; ".join(problems),
                          where=str(root / MANIFEST),
                          fix=f"rebuild the {label} or restore its files; `infopt verify {root}` lists every file")
-    from infopt.exporters.dist import read_manifest
-
-    return Artifact(label, root, read_manifest(root))
+    return Artifact(label, root, manifest)
 
 
 def check_same_model(candidate: Artifact, baseline: Artifact) -> None:
@@ -145,25 +148,15 @@ def _runner(artifact: Artifact):
                          where=str(artifact.root), fix=f"rebuild the {artifact.label}") from exc
 
 
-def _stored_samples(artifact: Artifact) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
-    from infopt.emit import SAMPLES_FILE
-
-    with np.load(artifact.root / SAMPLES_FILE, allow_pickle=False) as data:
-        inputs = {k.split(".", 1)[1]: data[k] for k in data.files if k.startswith("input.")}
-        reference = [data[f"reference.{o['name']}"] for o in artifact.manifest["outputs"]]
-    return inputs, reference
-
-
 def _drift_checks(group: str, report, thresholds) -> list[GateCheck]:
     from infopt.recipe import Validation
-    from infopt.validators.verdict import judge
+    from infopt.validators.verdict import CHECKS, judge
 
     verdict = judge(Validation(drift=thresholds), report.worst, [])
     checks = [GateCheck(group, c.name, c.measured, None, c.rule, c.passed) for c in verdict.checks]
     gated = {c.name for c in checks}
-    shown = {"min_cosine": "cosine_min", "min_sqnr_db": "sqnr_db", "max_abs": "max_abs", "min_top1": "top1"}
-    for name, key in shown.items():
-        if name not in gated and report.worst.get(key) is not None:
+    for name, key, _ in CHECKS:
+        if name in REPORTED_DRIFT and name not in gated and report.worst.get(key) is not None:
             checks.append(GateCheck(group, name, report.worst[key], None, "not gated", None))
     return checks
 
@@ -176,6 +169,7 @@ def gate(candidate: str | Path, baseline: str | Path, *, config: GateConfig | No
          max_val_samples: int = 1024, memory: bool = True,
          progress: Callable[[str], None] | None = None) -> GateResult:
     """Gate ``candidate`` against ``baseline`` (output folders or their manifests); see the module doc."""
+    from infopt.emit import read_samples
     from infopt.recipe import DriftThresholds
     from infopt.validators import drift as drift_mod
     from infopt.validators.data import load_batches, split_batches
@@ -192,7 +186,7 @@ def gate(candidate: str | Path, baseline: str | Path, *, config: GateConfig | No
     names = tuple(o["name"] for o in cand.manifest["outputs"])
 
     say("drift against the eager reference")
-    stored_inputs, reference = _stored_samples(cand)
+    stored_inputs, reference = read_samples(cand.root, cand.manifest)
     ref_report = drift_mod.compare([reference], [cand_runner.run(stored_inputs)], names, "candidate's validation/samples.npz")
     recipe_limits = cand.manifest["recipe"]["validation"]["drift"]
     overrides = config.reference.model_dump(exclude_none=True) if config.reference else {}

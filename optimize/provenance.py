@@ -79,6 +79,30 @@ def record(command: Sequence[str] | None, call: str, recipe_name: str, calibrati
     }
 
 
+def check_files(root: Path, manifest: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """(a row per file with its status, the problems): every listed file re-hashed, and every file
+    on disk that the manifest does not list."""
+    from infopt.exporters.dist import FILE_PROBLEMS, MANIFEST, file_status
+
+    listed = manifest.get("files") or {}
+    rows, problems = [], []
+    for rel, info in listed.items():
+        status = file_status(root, rel, info)
+        recorded = isinstance(info, dict)
+        rows.append({"path": rel, "status": status, "bytes": info.get("bytes") if recorded else None,
+                     "sha256": info.get("sha256") if recorded else None})
+        if status != "ok":
+            problems.append(f"{rel}: {FILE_PROBLEMS[status]}")
+    for path in sorted(p for p in Path(root).rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        if rel != MANIFEST and rel not in listed:
+            rows.append({"path": rel, "status": "unlisted", "bytes": path.stat().st_size, "sha256": None})
+            problems.append(f"{rel}: not in the manifest (added after the build)")
+    if not listed:
+        problems.append(f"{MANIFEST} lists no files")
+    return rows, problems
+
+
 def verify(root: Path) -> dict[str, Any]:
     """Re-hash an output folder against its manifest. ``problems`` lists every changed, missing or
     unlisted file; an empty list means the folder is exactly what the build wrote."""
@@ -86,30 +110,7 @@ def verify(root: Path) -> dict[str, Any]:
 
     root = Path(root)
     manifest = read_manifest(root)
-    listed = manifest.get("files") or {}
-    rows, problems = [], []
-    for rel, info in listed.items():
-        path = root / rel
-        if not isinstance(info, dict) or not info.get("sha256"):
-            rows.append({"path": rel, "status": "unrecorded", "bytes": None, "sha256": None})
-            problems.append(f"{rel}: the manifest records no sha256 for it")
-            continue
-        if not path.is_file():
-            status = "missing"
-        elif path.stat().st_size != info.get("bytes", path.stat().st_size) or sha256(path) != info["sha256"]:
-            status = "changed"
-        else:
-            status = "ok"
-        rows.append({"path": rel, "status": status, "bytes": info.get("bytes"), "sha256": info["sha256"]})
-        if status != "ok":
-            problems.append(f"{rel}: {'missing' if status == 'missing' else 'sha256 differs from the manifest'}")
-    on_disk = sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
-    for rel in on_disk:
-        if rel != MANIFEST and rel not in listed:
-            rows.append({"path": rel, "status": "unlisted", "bytes": (root / rel).stat().st_size, "sha256": None})
-            problems.append(f"{rel}: not in the manifest (added after the build)")
-    if not listed:
-        problems.append(f"{MANIFEST} lists no files")
+    rows, problems = check_files(root, manifest)
     return {"dist": str(root), "name": manifest.get("name"), "manifest_sha256": sha256(root / MANIFEST),
             "files": rows, "problems": problems, "passed": not problems,
             "provenance": manifest.get("provenance"), "versions": manifest.get("versions")}

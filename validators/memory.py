@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from infopt.errors import ValidationFailed
@@ -79,17 +80,20 @@ def measure_here(dist: Path, batch: int) -> dict:
 
 
 def measure(dist: Path, batch: int) -> dict:
-    """``measure_here`` in a fresh child process."""
-    cmd = [sys.executable, "-m", "infopt.validators.memory", str(dist), str(batch)]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        raise ValidationFailed(f"measuring the memory of {dist} took over {CHILD_TIMEOUT_S} s") from None
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise ValidationFailed(f"measuring the memory of {dist} failed: {last}", fix="run `infopt validate` on it to see why it does not run")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    """``measure_here`` in a fresh child process, which writes its figures to a file of ours."""
+    with tempfile.TemporaryDirectory(prefix="infopt-memory-") as tmp:
+        result = Path(tmp) / "memory.json"
+        cmd = [sys.executable, "-m", "infopt.validators.memory", str(dist), str(batch), str(result)]
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise ValidationFailed(f"measuring the memory of {dist} took over {CHILD_TIMEOUT_S} s") from None
+        if done.returncode != 0 or not result.is_file():
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise ValidationFailed(f"measuring the memory of {dist} failed: {last}",
+                                   fix="run `infopt validate` on it to see why it does not run")
+        return json.loads(result.read_text())
 
 
 if __name__ == "__main__":
-    print(json.dumps(measure_here(Path(sys.argv[1]), int(sys.argv[2]))))
+    Path(sys.argv[3]).write_text(json.dumps(measure_here(Path(sys.argv[1]), int(sys.argv[2]))))

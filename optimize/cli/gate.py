@@ -36,7 +36,7 @@ def gate(
 ) -> None:
     """Run the candidate and the baseline on the same inputs; exit 1 with the reasons if the
     candidate is less accurate, drifts, or is slower, larger or hungrier than the limits allow."""
-    from infopt.gate_report import headline, rows, write_outputs
+    from infopt.gate_report import HEADERS, headline, rows, write_outputs
     from infopt.gating import gate as run_gate
     from infopt.validators.gate_config import load_gate_file, with_flags
 
@@ -54,7 +54,7 @@ def gate(
         print_json(result.to_json())
     else:
         console = stdout()
-        console.print(table(headline(result), ["check", "candidate", "baseline", "limit", "result", "detail"], rows(result)))
+        console.print(table(headline(result), HEADERS, rows(result)))
         for note in result.notes:
             console.print(f"  {note}", style="dim", markup=False)
         if result.passed:

@@ -16,10 +16,10 @@ def verify(
     as_json: o.Json = False,
 ) -> None:
     """Re-hash every file against the manifest; exit 1 on any changed, missing or added file."""
+    from infopt.exporters.dist import output_root
     from infopt.provenance import verify as run_verify
 
-    root = dist.parent if dist.name == "manifest.json" else dist
-    result = run_verify(root)
+    result = run_verify(output_root(dist))
     if as_json:
         print_json(result)
     else:
