@@ -28,7 +28,7 @@ demo: $(STAMP)
 	cat dist/digits_cnn/report.md
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup tests
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_fp32_eager_vs_ort.py --markdown benchmarks/results/fp32_eager_vs_ort.md

@@ -47,6 +47,8 @@ def export_module(module, spec: InputSpec, *, strict: bool = False, dynamic: boo
 
     args = example_tensors(spec, module)
     shapes = dynamic_shapes(spec) if dynamic else None
+    if shapes is not None and _takes_varargs(module):
+        shapes = (shapes,)  # torch.export matches dynamic_shapes to forward's parameters: ``*args`` is one
     try:
         with quiet_third_party():
             if isinstance(module, torch.jit.ScriptModule):
@@ -56,6 +58,17 @@ def export_module(module, spec: InputSpec, *, strict: bool = False, dynamic: boo
             return torch.export.export(module, args, dynamic_shapes=shapes, strict=strict)
     except Exception as exc:  # noqa: BLE001 - torch raises many types here; all mean capture failed
         raise capture_error(exc, module, spec) from exc
+
+
+def _takes_varargs(module) -> bool:
+    """Whether ``forward`` takes its inputs as ``*args`` (wrappers such as the precision cast do)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    return bool(params) and params[0].kind is inspect.Parameter.VAR_POSITIONAL
 
 
 def run(artifact: Artifact, options: CaptureOptions, context: PassContext) -> PassOutcome:

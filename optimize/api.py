@@ -114,7 +114,8 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
           allow_pickle: bool = False, max_val_samples: int = DEFAULT_MAX_VAL_SAMPLES,
           calibration: Any = None, calib_samples: int | None = 128, calib_seed: int = 0, tokenizer: str | None = None,
           max_drift: str | None = None, pass_options: dict[str, dict[str, Any]] | None = None,
-          progress: bool | Any = True, command: Sequence[str] | None = None) -> BuildResult:
+          allow_partial: bool = False, progress: bool | Any = True,
+          command: Sequence[str] | None = None) -> BuildResult:
     """Build, validate and emit a deployable artifact.
 
     ``model`` is a path (TorchScript, ``.pt2``, state_dict with ``model_class``, ONNX, or a pickled
@@ -123,7 +124,9 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
 
     ``calibration`` (a path, an iterable or DataLoader, or ``"module:function"``) makes INT8
     static; ``max_drift`` (``"cosine_mean=0.995"``) is the budget the INT8 fallback holds and the
-    verdict checks; ``pass_options`` overrides recipe options by pass name. ``command`` is the
+    verdict checks; ``pass_options`` overrides recipe options by pass name. When one of several
+    candidates fails to build, the build stops (``BuildError``, naming each failure) unless
+    ``allow_partial``: then the others are judged and the failures are listed. ``command`` is the
     command line that asked for the build (the CLI passes it); the manifest records it, or else the
     Python call.
     """
@@ -160,7 +163,8 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
         loaded.source = None
     spec = resolve_spec(loaded, inputs, dims, example_inputs, val)
     name = _safe_name(name or (Path(loaded.source).stem if loaded.source else type(model).__name__.lower()))
-    out = Path(output) if output else Path("dist") / name
+    # absolute from here on: servers' packagers and compilers run in other working directories
+    out = (Path(output) if output else Path("dist") / name).absolute()
     from infopt.exporters.dist import check_output
 
     check_output(out, force)
@@ -178,9 +182,10 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     if calibration is not None:
         from infopt.quantize.calib_data import load_calibration
 
-        calib = load_calibration(calibration, spec, samples=calib_samples, seed=calib_seed, tokenizer=tokenizer)
+        calib = load_calibration(calibration, spec, samples=calib_samples, seed=calib_seed, tokenizer=tokenizer,
+                                 hold_out=val is None)
     with tempfile.TemporaryDirectory(prefix="infopt-build-") as work:
-        build_in = _BuildContext(command, call, calib, budget)
+        build_in = _BuildContext(command, call, calib, budget, allow_partial)
         return _build_in(Path(work), loaded, artifact, reference, spec, recipes, target_obj, name, out, force,
                          val, max_val_samples, console, build_in)
 
@@ -221,12 +226,16 @@ def _with_overrides(recipe, thresholds, batch_sizes, pass_options=None):
     return type(recipe).from_json(data)
 
 
-def _validation_batches(spec, val, max_samples, module):
+def _validation_batches(spec, val, max_samples, module, calib=None):
+    """The inputs drift is measured on: ``val``; else calibration samples held out of the draw
+    (a model calibrated on real data is judged on real data, not noise); else random inputs."""
     from infopt.sample_inputs import embedding_vocab, random_feed
     from infopt.validators.data import load_batches
 
     if val is not None:
         return load_batches(val, spec, max_samples), str(val)
+    if calib is not None and calib.held_out:
+        return calib.held_out, f"{calib.source} (held out of calibration)"
     vocab = embedding_vocab(module) or 2
     return [random_feed(spec, seed=seed, int_high=vocab) for seed in range(4)], "random"
 
@@ -256,6 +265,7 @@ class _BuildContext:
     call: str
     calib: Any = None
     budget: Any = None
+    allow_partial: bool = False
 
 
 def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, out, force, val, max_samples, console,
@@ -269,8 +279,9 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
     from infopt.validators.data import split_batches
     from infopt.validators.verdict import judge
 
-    batches, source = _validation_batches(spec, val, max_samples, loaded.module)
-    candidates = _build_candidates(work, artifact, recipes, target, console, ctx.calib, ctx.budget, batches)
+    batches, source = _validation_batches(spec, val, max_samples, loaded.module, ctx.calib)
+    candidates = _build_candidates(work, artifact, recipes, target, console, ctx.calib, ctx.budget, batches,
+                                   ctx.allow_partial)
     built = [c for c in candidates if c.status == "built"]
     max_batch = spec.dims[spec.batch_symbol].max if spec.batch_symbol else 1
     batches = list(split_batches(batches, spec, max_batch))
@@ -280,7 +291,9 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
     try:
         ref_out = drift_mod.run_all(reference, batches)
         for c in built:
-            c.drift = drift_mod.compare(ref_out, drift_mod.run_all(c.runner, batches), tuple(o[0] for o in c.outputs), source)
+            c.drift = _run_candidate(c, lambda c=c: drift_mod.compare(ref_out, drift_mod.run_all(c.runner, batches),
+                                                                      tuple(o[0] for o in c.outputs), source))
+        built = _survivors(candidates, ctx.allow_partial)
         if status:
             status.update("validating: latency" + (f" of {len(built)} candidates" if len(built) > 1 else ""))
         lat_cfg = built[0].recipe.validation.latency
@@ -376,21 +389,52 @@ def _work(module, spec, model_file: Path) -> dict[str, Any]:
     return count_work(module, feed, spec.names, weight_bytes)
 
 
-def _build_candidates(work, artifact, recipes, target, console, calib, budget, check_batches):
-    """Run each recipe's pipeline; with several, one that cannot be built here or fails is recorded, not fatal."""
+def _run_candidate(candidate, work):
+    """``work()`` on a built candidate; the artifact failing to run on valid inputs is a build error naming it."""
+    try:
+        return work()
+    except Exception as exc:  # noqa: BLE001 - the runtime's own errors, of many types
+        from infopt.pipeline import _first_line
+
+        candidate.status, candidate.reason = "failed", f"the built model fails to run: {type(exc).__name__}: {_first_line(exc)}"
+        return None
+
+
+def _survivors(candidates, allow_partial: bool) -> list:
+    """The built candidates; a failed one stops the build (every failure named) unless ``allow_partial``."""
+    failed = [c for c in candidates if c.status == "failed"]
+    built = [c for c in candidates if c.status == "built"]
+    if failed and (not built or not allow_partial):
+        from infopt.errors import BuildError
+
+        total = len([c for c in candidates if c.status != "skipped"])
+        raise BuildError(f"{len(failed)} of {total} candidates failed: " + "; ".join(f"{c.label}: {c.reason}" for c in failed),
+                         fix="fix the cause, keep to the backends that build with --backend, or ship the others "
+                             "anyway with --allow-partial (the report lists the failures)")
+    return built
+
+
+def _build_candidates(work, artifact, recipes, target, console, calib, budget, check_batches, allow_partial=False):
+    """Run each recipe's pipeline. One this machine cannot build is recorded as skipped; one that
+    fails stops the build with every failure named, unless ``allow_partial`` keeps the survivors."""
     from infopt import candidates as cand
     from infopt.errors import BuildError, EnvironmentProblem
+    from infopt.passes.fx.quantize_int4 import has_python_module
     from infopt.pipeline import Pipeline
 
     candidates = [cand.Candidate(r) for r in recipes]
     for c in candidates:
-        reason = cand.blocked_reason(c.recipe, target, artifact.kind)
+        reason = cand.blocked_reason(c.recipe, target, artifact.kind, has_python_module(artifact))
         if reason:
             c.status, c.reason = "skipped", reason
     runnable = [c for c in candidates if c.status != "skipped"]
     if not runnable:
-        raise EnvironmentProblem(f"nothing can be built here for {target.name}: "
-                                 + "; ".join(f"{c.label}: {c.reason}" for c in candidates),
+        listing = "; ".join(f"{c.label}: {c.reason}" for c in candidates)
+        if all(cand.SOURCE_REASON in c.reason for c in candidates):
+            raise UsageError(f"this source cannot be built so: {listing}",
+                             fix="use --backend onnxruntime, or build from the Python module (a state dict with "
+                                 "--model-class, or a Hugging Face folder)")
+        raise EnvironmentProblem(f"nothing can be built here for {target.name}: {listing}",
                                  fix="build on a machine that has what is missing, or choose another --backend or precision")
     errors = []
     for c in runnable:
@@ -409,6 +453,7 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
             c.status, c.reason = "failed", str(exc).strip().splitlines()[0]
     if not any(c.status == "built" for c in candidates):
         raise errors[0]
+    _survivors(candidates, allow_partial)
     cand.drop_duplicates(candidates)
     return candidates
 

@@ -50,10 +50,20 @@ class Candidate:
         return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
-def blocked_reason(recipe: Recipe, target, source_kind: str) -> str | None:
-    """Why this machine cannot build ``recipe`` for ``target`` from a ``source_kind`` model, or None."""
+SOURCE_REASON = "needs the model's Python module"
+
+
+def blocked_reason(recipe: Recipe, target, source_kind: str, python_module: bool = True) -> str | None:
+    """Why ``recipe`` cannot be built here for ``target`` from a ``source_kind`` model, or None.
+    ``python_module``: whether the source is an ``nn.Module`` with Python layers (not TorchScript,
+    ``.pt2`` or ONNX), which module-level INT4 needs unless the recipe also quantizes the graph."""
     from infopt.artifact import STAGE
     from infopt.registry import get_pass
+
+    steps = {s.name for s in recipe.passes}
+    if not python_module and "quantize_int4" in steps and "quantize_int4_graph" not in steps:
+        return (f"INT4 through {recipe.backend} {SOURCE_REASON} (TorchScript, .pt2 and ONNX have none to quantize "
+                "layer by layer); the onnxruntime backend quantizes the graph instead")
 
     compile_step = next((get_pass(s.name) for s in recipe.passes if get_pass(s.name).produces in ("aoti", "tensorrt")), None)
     if compile_step is not None and STAGE[compile_step.consumes] < STAGE[source_kind]:

@@ -64,6 +64,7 @@ class Pipeline:
                                      "--model-class, or an nn.Module)" if definition.consumes == "torch" else None)
             record.skipped = True
             record.notes.append(f"skipped: the model is already {artifact.kind}")
+            record.details = {"options": definition.parse_options(raw_options).model_dump()}
             artifact.lineage.append(record)
             return artifact
         if definition.consumes != artifact.kind:

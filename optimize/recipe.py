@@ -141,11 +141,33 @@ def recipes_for(target: Target, precision: str, backend: str = "auto") -> list[R
     return found
 
 
+def backends_for(target: Target) -> dict[str, list[str]]:
+    """Precision -> the backends a bundled recipe builds it with for ``target``, in its order of preference."""
+    pairs = {tuple(stem.split("-")[:2]) for stem in bundled_recipes()}
+    return {p: [b for b in target.backends if (p, b) in pairs] for p in target.precisions}
+
+
 def buildable(target: Target) -> str:
     """What the bundled recipes build for ``target``: ``fp32 (onnxruntime, inductor); int8 (onnxruntime)``."""
-    pairs = {tuple(stem.split("-")[:2]) for stem in bundled_recipes()}
-    found = [(p, [b for b in target.backends if (p, b) in pairs]) for p in target.precisions]
-    return "; ".join(f"{p} ({', '.join(b)})" for p, b in found if b)
+    return "; ".join(f"{p} ({', '.join(b)})" for p, b in backends_for(target).items() if b)
+
+
+PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
+
+
+def build_table() -> dict[str, dict[str, list[str]]]:
+    """Target -> precision -> backends: what each bundled target builds (the README's table)."""
+    from infopt.target import targets
+
+    return {name: backends_for(target) for name, target in targets().items()}
+
+
+def build_table_markdown() -> str:
+    """:func:`build_table` as the Markdown table the README shows."""
+    lines = ["| target | " + " | ".join(PRECISIONS) + " |", "| --- |" + " --- |" * len(PRECISIONS)]
+    for name, row in build_table().items():
+        lines.append(f"| {name} | " + " | ".join(", ".join(row.get(p) or []) or "-" for p in PRECISIONS) + " |")
+    return "\n".join(lines)
 
 
 def find_recipe(target: Target, precision: str, backend: str = "auto") -> Recipe:

@@ -33,6 +33,7 @@ PASS_MODULES: tuple[str, ...] = (
     "infopt.passes.lower.tensorrt_build",
     "infopt.passes.onnx.ort_optimize",
     "infopt.passes.onnx.transformer_fusion",
+    "infopt.passes.onnx.quantize_int4_graph",
     "infopt.passes.onnx.smoothquant",
     "infopt.passes.onnx.quantize_int8",
 )

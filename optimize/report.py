@@ -115,6 +115,21 @@ def int8_section(manifest: dict[str, Any]) -> Section | None:
     return Section("INT8 layers", ["rank", "layer", "op", "module", f"{metric} alone", "SQNR dB", "precision"], rows, notes)
 
 
+def int4_section(manifest: dict[str, Any]) -> Section | None:
+    """The per-layer INT4 table: each Linear's group size and error, and why any stayed in float."""
+    record = next((p for p in manifest["passes"] if p["name"] in ("quantize_int4", "quantize_int4_graph")
+                   and "layers" in (p.get("details") or {})), None)
+    if record is None:
+        return None
+    d = record["details"]
+    rows = [[r["name"], "x".join(map(str, r["shape"])), "int4", str(r.get("group_size") or d["group_size"]),
+             _num(r["error"], ".3g"), ""] for r in d["layers"]]
+    rows += [[name, "-", "float", "-", "-", why] for name, why in (d.get("kept") or {}).items()]
+    notes = [f"{d['method'].upper()}, group size {d['group_size']} asked, "
+             f"{'symmetric' if d['symmetric'] else 'asymmetric'}; {len(d['layers'])}/{len(rows)} Linear layers INT4"]
+    return Section("INT4 layers", ["layer", "out x in", "precision", "group size", "relative error", "why float"], rows, notes)
+
+
 def candidates_section(manifest: dict[str, Any]) -> Section | None:
     """Every candidate the build considered: what it measured, whether it passed, which was chosen."""
     rows_in = manifest.get("candidates") or []
@@ -170,7 +185,7 @@ def sections(manifest: dict[str, Any]) -> list[Section]:
     from infopt.validators.roofline import cost_section, curve_section, roofline_section
 
     found = [summary(manifest), candidates_section(manifest), io_section(manifest), passes_section(manifest), int8_section(manifest),
-             drift_section(manifest), latency_section(manifest), curve_section(manifest), roofline_section(manifest),
+             int4_section(manifest), drift_section(manifest), latency_section(manifest), curve_section(manifest), roofline_section(manifest),
              cost_section(manifest), tuning_section(manifest), provenance_section(manifest), files_section(manifest),
              versions_section(manifest)]
     return [s for s in found if s is not None]

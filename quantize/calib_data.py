@@ -13,7 +13,7 @@ content hash the calibration cache is keyed by.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -24,6 +24,7 @@ from infopt.inputspec import InputSpec
 
 DEFAULT_SAMPLES = 128
 DEFAULT_BATCH = 16
+MAX_HELD_OUT = 64
 
 
 @dataclass
@@ -34,14 +35,19 @@ class CalibrationSet:
     count: int
     source: str
     digest: str
+    held_out: list[dict[str, np.ndarray]] = field(default_factory=list)
+    """Samples set aside before the draw and never calibrated on: validation data when none is given."""
 
     def __iter__(self):
         return iter(self.batches)
 
 
 def load_calibration(source: Any, spec: InputSpec, *, samples: int | None = DEFAULT_SAMPLES, seed: int = 0,
-                     batch_size: int = DEFAULT_BATCH, tokenizer: str | None = None) -> CalibrationSet:
-    """Read ``source`` into a :class:`CalibrationSet` of at most ``samples`` samples."""
+                     batch_size: int = DEFAULT_BATCH, tokenizer: str | None = None,
+                     hold_out: bool = False) -> CalibrationSet:
+    """Read ``source`` into a :class:`CalibrationSet` of at most ``samples`` samples. With
+    ``hold_out``, a seeded quarter of the samples (1 to :data:`MAX_HELD_OUT`) is set aside first,
+    for validating on data the calibration never saw."""
     if samples is not None and samples < 1:
         raise UsageError(f"--calib-samples is {samples}; it must be at least 1", fix="pass --calib-samples 128, say")
     if isinstance(source, (str, Path)) and Path(source).suffix == ".txt":
@@ -59,12 +65,19 @@ def load_calibration(source: Any, spec: InputSpec, *, samples: int | None = DEFA
     if not rows:
         raise UsageError(f"calibration data {label} holds no samples",
                          fix="give at least one sample (a few hundred is typical)")
+    held: list[tuple[str, dict[str, np.ndarray]]] = []
+    if hold_out and len(rows) > 1:
+        aside = set(np.random.default_rng(seed + 1).choice(len(rows), min(MAX_HELD_OUT, max(1, len(rows) // 4)),
+                                                           replace=False).tolist())
+        held = [row for i, row in enumerate(rows) if i in aside]
+        rows = [row for i, row in enumerate(rows) if i not in aside]
     if samples is not None and len(rows) > samples:
         keep = np.sort(np.random.default_rng(seed).choice(len(rows), samples, replace=False))
         rows = [rows[i] for i in keep]
     padded = _pad(rows, spec)
     batches = _batch(padded, spec, batch_size)
-    return CalibrationSet(batches, len(padded), label, _digest(batches))
+    held_batches = _batch(_pad(held, spec), spec, batch_size) if held else []
+    return CalibrationSet(batches, len(padded), label, _digest(batches), held_batches)
 
 
 def _items(source: Any, spec: InputSpec) -> tuple[Iterable[tuple[str, dict[str, np.ndarray]]], str]:

@@ -204,6 +204,14 @@ class Int4Linear(nn.Module):
         self.register_buffer("input_scale", weight.input_scale)
         self.register_buffer("bias", None if bias is None else bias.detach().float().clone())
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """A data-less ``meta`` tensor of the logical ``[out, in]`` shape and dtype. Code that reads a
+        Linear's weight shape keeps working, and PyTorch's fused transformer fast path (which
+        ``nn.TransformerEncoderLayer`` takes in inference and which needs the float weight) sees a
+        device it does not support and keeps to the ordinary path, whose Linears this replaces."""
+        return torch.empty((self.out_features, self.in_features), dtype=self.scales.dtype, device="meta")
+
     def int4_weight(self) -> Int4Weight:
         return Int4Weight(self.qweight, self.scales, self.zeros, self.group_size, self.symmetric,
                           self.g_idx, self.input_scale)

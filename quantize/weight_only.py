@@ -43,6 +43,7 @@ class LayerResult:
     seconds: float
     alpha: float | None = None
     act_order: bool = False
+    group_size: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -57,29 +58,57 @@ class Int4Result:
     layers: list[LayerResult] = field(default_factory=list)
     rows: int = 0
     """Calibration rows (tokens) the busiest layer saw."""
+    kept: dict[str, str] = field(default_factory=dict)
+    """Linears left in float, with the reason."""
 
 
 class _Stop(Exception):
     """Raised by the hook at the end of a block: the rest of the forward is not needed."""
 
 
-def target_layers(model: nn.Module, config: Int4Config, keep: LinearFilter = default_filter) -> list[str]:
-    """Paths of the Linears to quantize; a clear error when there are none or a group size does not fit."""
-    names = []
-    for name, module in quantizable_linears(model, keep):
-        problem = check_group_size(name, module.in_features, config.group_size)
-        if problem:
-            raise UsageError(problem, where=f"layer {name}",
-                             fix="pick a --group-size that divides every layer's input features (32, 64 or 128 "
-                                 "usually do), or leave the layer out of the quantization filter")
-        names.append(name)
-    if not names:
+FALLBACK_GROUP_SIZES = (128, 64, 32)
+"""Group sizes tried, largest first and none above the one asked for, for a layer that the
+configured group size does not divide (Hugging Face models' widths are multiples of 128; a
+classifier head's often are not)."""
+
+
+@dataclass
+class LayerPlan:
+    """Which Linears become INT4 and with what group size, and why the others stay in float."""
+
+    group_sizes: dict[str, int]
+    kept: dict[str, str]
+    """layer path -> why it stays in the activation precision"""
+
+
+def group_size_for(in_features: int, wanted: int) -> int | None:
+    """``wanted`` if it divides ``in_features``, else the largest of :data:`FALLBACK_GROUP_SIZES`
+    below it that does, else None (the layer stays unquantized)."""
+    for size in (wanted, *(g for g in FALLBACK_GROUP_SIZES if g < wanted)):
+        if not check_group_size("", in_features, size):
+            return size
+    return None
+
+
+def plan_layers(model: nn.Module, config: Int4Config, keep: LinearFilter = default_filter) -> LayerPlan:
+    """The Linears to quantize with their group sizes; a clear error when the model has none at all."""
+    plan = LayerPlan({}, {})
+    linears = list(quantizable_linears(model, keep))
+    for name, module in linears:
+        size = group_size_for(module.in_features, config.group_size)
+        if size is None:
+            tried = sorted({config.group_size, *(g for g in FALLBACK_GROUP_SIZES if g < config.group_size)}, reverse=True)
+            plan.kept[name] = (f"{module.in_features} input features: no group size of {', '.join(map(str, tried))} "
+                               "divides them")
+        else:
+            plan.group_sizes[name] = size
+    if not linears:
         kinds = sorted({type(m).__name__ for m in model.modules() if next(m.children(), None) is None})
         raise UsageError("the model has no nn.Linear layers to quantize to INT4",
                          where=f"layer types found: {', '.join(kinds[:12]) or 'none'}",
                          fix="INT4 weight-only quantization applies to Linear layers (transformers); "
                              "use --int8 for convolutional models")
-    return names
+    return plan
 
 
 def layer_groups(model: nn.Module, names: Sequence[str]) -> list[tuple[nn.Module | None, list[str]]]:
@@ -112,14 +141,18 @@ def calibrate_int4(model: nn.Module, config: Int4Config, batches: Iterable[Seque
     them, RTN does not. ``model`` is left unchanged (the work is done on a copy) unless
     ``inplace``: then it ends with its Linears as :class:`Int4Linear`, on its own device.
     """
-    names = target_layers(model, config, keep)
-    result = Int4Result(config, {})
+    plan = plan_layers(model, config, keep)
+    names = list(plan.group_sizes)
+    result = Int4Result(config, {}, kept=dict(plan.kept))
+    if not names:
+        return result
     if config.method == "rtn":
         for name in names:
             start = time.perf_counter()
             layer = model.get_submodule(name)
-            result.weights[name] = rtn_quantize(layer.weight, config.group_size, config.symmetric)
-            result.layers.append(LayerResult(name, tuple(layer.weight.shape), None, time.perf_counter() - start))
+            result.weights[name] = rtn_quantize(layer.weight, plan.group_sizes[name], config.symmetric)
+            result.layers.append(LayerResult(name, tuple(layer.weight.shape), None, time.perf_counter() - start,
+                                             group_size=plan.group_sizes[name]))
         if inplace:
             apply_int4(model, result.weights)
         return result
@@ -142,10 +175,12 @@ def calibrate_int4(model: nn.Module, config: Int4Config, batches: Iterable[Seque
                 progress(f"layer {len(result.layers) + 1}/{len(names)} {name}")
             layer = work.get_submodule(name)
             start = time.perf_counter()
-            weight, error, alpha = _quantize_layer(name, layer, stats[name], config)
+            layer_config = config.model_copy(update={"group_size": plan.group_sizes[name]})
+            weight, error, alpha = _quantize_layer(name, layer, stats[name], layer_config)
             result.weights[name] = weight
             result.layers.append(LayerResult(name, tuple(layer.weight.shape), error, time.perf_counter() - start,
-                                             alpha=alpha, act_order=config.method == "gptq" and config.act_order))
+                                             alpha=alpha, act_order=config.method == "gptq" and config.act_order,
+                                             group_size=layer_config.group_size))
             replace_module(work, name, Int4Linear(weight, layer.bias).to(device))
     if inplace:
         work.to(home).train(training)
@@ -208,3 +243,52 @@ def quantize_int4(model: nn.Module, config: Int4Config | None = None,
                   progress: Callable[[str], None] | None = None) -> Int4Result:
     """Calibrate in place: ``model`` ends with its quantizable Linears as INT4."""
     return calibrate_int4(model, config or Int4Config(), batches, keep=keep, progress=progress, inplace=True)
+
+
+def _outputs(model: nn.Module, batches) -> list:
+    """The model's outputs on ``batches`` (tuples of tensors), each output concatenated over them."""
+    import numpy as np
+    from torch.utils._pytree import tree_leaves
+
+    with torch.no_grad():
+        runs = [[t.detach().float().cpu().numpy() for t in tree_leaves(model(*b)) if isinstance(t, torch.Tensor)]
+                for b in batches]
+    return [np.concatenate([r[i] for r in runs]) for i in range(len(runs[0]))]
+
+
+def fall_back_to_budget(original: nn.Module, quantized: nn.Module, result: Int4Result, batches, budget,
+                        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Put the INT4 layers that cost the most accuracy back in float until ``budget`` holds.
+
+    Each layer's sensitivity is the output drift of ``original`` with that layer alone in INT4 (one
+    forward per layer on ``batches``); the most sensitive are restored one at a time from
+    ``original`` into ``quantized`` (in place) until the whole model meets the budget, the way the
+    INT8 fallback does (``quantize/sensitivity.py``). Returns what it measured and restored."""
+    from infopt.quantize.sensitivity import output_drift
+
+    reference = _outputs(original, batches)
+    drift = output_drift(reference, _outputs(quantized, batches))
+    record: dict[str, Any] = {"budget": str(budget), "before": drift, "restored": [], "after": drift}
+    if budget.holds(drift) or not result.weights:
+        return record
+    badness = {}
+    for number, name in enumerate(result.weights, 1):
+        if progress:
+            progress(f"INT4 sensitivity {number}/{len(result.weights)}: {name}")
+        probe = copy.deepcopy(original)
+        layer = probe.get_submodule(name)
+        replace_module(probe, name, Int4Linear(result.weights[name], layer.bias))
+        badness[name] = budget.badness(output_drift(reference, _outputs(probe, batches)))
+    for name in sorted(badness, key=lambda n: -badness[n]):
+        replace_module(quantized, name, copy.deepcopy(original.get_submodule(name)))
+        result.weights.pop(name)
+        result.kept[name] = f"restored to float: among the most sensitive layers under the budget {budget}"
+        record["restored"].append(name)
+        drift = output_drift(reference, _outputs(quantized, batches))
+        if progress:
+            progress(f"INT4 fallback: {len(record['restored'])} layer(s) in float, {budget.metric}={drift.get(budget.metric):.5g}")
+        if budget.holds(drift):
+            break
+    record["after"] = drift
+    result.layers = [row for row in result.layers if row.name in result.weights]
+    return record

@@ -113,10 +113,14 @@ def test_awq_keeps_input_scales_and_refuses_a_checkpoint_layout_that_cannot_hold
     assert_clean_failure(proc, 2, "input", "GPTQ or RTN", out=out)
 
 
-def test_group_size_that_does_not_divide_is_a_usage_error(llama):
+def test_group_size_that_does_not_divide_falls_back_to_the_largest_that_does(llama):
     out = llama / "dist-g96"
     proc = build(llama, out, "--group-size", "96", "--backend", "onnxruntime")
-    assert_clean_failure(proc, 2, "does not divide", "q_proj", out=out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    details = next(p for p in json.loads(proc.stdout)["passes"] if p["name"] == "quantize_int4")["details"]
+    # 96 divides neither 128 nor 256 input features; 64 is the largest of 128/64/32 below 96 that does
+    assert {row["group_size"] for row in details["layers"]} == {64} and len(details["layers"]) == LINEARS
+    assert "| group size |" in (out / "report.md").read_text()
 
 
 def test_calibration_text_that_tokenizes_to_nothing(llama):

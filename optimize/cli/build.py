@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from infopt.cli import options as o
-from infopt.cli.output import print_json, stderr, stdout
+from infopt.cli.output import print_json, shown_path, stderr, stdout
 
 PRECISION_FLAGS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
 
@@ -53,14 +53,15 @@ def build(
     act_order: Annotated[bool, typer.Option("--act-order", help="INT4 GPTQ: quantize columns in order of activation size (checkpoint gets g_idx).")] = False,
     int4_checkpoint: Annotated[Optional[str], typer.Option("--int4-checkpoint", help="INT4: auto, gptq, awq or none: the 4-bit checkpoint written to servers/vllm/ for a Hugging Face model (auto: GPTQ layout; none after AWQ).")] = None,
     max_drift: Annotated[Optional[str], typer.Option("--max-drift", help="INT8 drift budget METRIC=VALUE, e.g. cosine_mean=0.995 or top1=0.99; sensitive layers fall back to FP32 until it holds.")] = None,
+    allow_partial: Annotated[bool, typer.Option("--allow-partial", help="With several candidates, ship the best of those that built when others failed (default: exit 3 naming the failures).")] = False,
     as_json: o.Json = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
 ) -> None:
     """Build, validate and emit a deployable artifact for a target."""
     from infopt.api import build as run_build
     from infopt.errors import UsageError
-    from infopt.report import (candidates_section, drift_section, int8_section, latency_section, passes_section,
-                               print_sections, summary)
+    from infopt.report import (candidates_section, drift_section, int4_section, int8_section, latency_section,
+                               passes_section, print_sections, summary)
 
     chosen = [p for p, flag in zip(PRECISION_FLAGS, (fp32, fp16, bf16, fp8, int8, int4)) if flag]
     if precision:
@@ -76,15 +77,15 @@ def build(
         allow_pickle=allow_pickle, progress=False if quiet else stderr(), calibration=calib, calib_samples=calib_samples, tokenizer=tokenizer,
         max_drift=max_drift, pass_options={**_pass_options(calib_method, calib_percentile, calib_bins, smoothquant_alpha),
                                            **_int4_options(int4_method, group_size, act_order, int4_checkpoint)},
-        command=["infopt", *sys.argv[1:]],
+        allow_partial=allow_partial, command=["infopt", *sys.argv[1:]],
     )
     if as_json:
         print_json({"output_dir": str(result.output_dir), **result.manifest})
     else:
         m = result.manifest
-        chosen_sections = [summary(m), candidates_section(m), passes_section(m), int8_section(m), drift_section(m), latency_section(m)]
+        chosen_sections = [summary(m), candidates_section(m), passes_section(m), int8_section(m), int4_section(m), drift_section(m), latency_section(m)]
         print_sections(stdout(), [s for s in chosen_sections if s is not None])
-        stdout().print(f"wrote {result.output_dir}/ (report.md, report.html, manifest.json)", markup=False)
+        stdout().print(f"wrote {shown_path(result.output_dir)}/ (report.md, report.html, manifest.json)", markup=False)
     if not result.passed:
         raise typer.Exit(1)
 

@@ -10,10 +10,17 @@ from infopt.cli import options as o
 from infopt.cli.output import print_json, stdout, table
 
 
-def targets(as_json: o.Json = False) -> None:
+def targets(
+    as_json: o.Json = False,
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print what each target builds (precision x backend) as the README's Markdown table.")] = False,
+) -> None:
     """List the targets and what they run."""
+    from infopt.recipe import build_table_markdown
     from infopt.target import targets as all_targets
 
+    if markdown:
+        print(build_table_markdown())
+        return
     found = all_targets()
     if as_json:
         print_json({n: t.model_dump(mode="json") for n, t in found.items()})

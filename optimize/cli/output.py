@@ -36,3 +36,15 @@ def table(title: str, headers: list[str], rows: list[list[str]]):
     for row in rows:
         t.add_row(*[str(c) for c in row])
     return t
+
+
+def shown_path(path) -> str:
+    """``path`` as the user would type it: relative to the working directory when it lies under it."""
+    import os
+    from pathlib import Path
+
+    path = Path(path)
+    try:
+        return os.fspath(path.relative_to(Path.cwd()))
+    except ValueError:
+        return os.fspath(path)

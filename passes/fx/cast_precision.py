@@ -55,7 +55,8 @@ def run(artifact: Artifact, options: CastOptions, context: PassContext) -> PassO
     dtype = getattr(torch, DTYPES[options.precision])
     wrapped = cast_module(artifact.obj.module(), dtype)
     program = export_module(wrapped, artifact.spec)
-    cast = sum(1 for p in wrapped.parameters() if p.dtype == dtype)
+    # TorchScript and .pt2 sources hold their weights as buffers, modules as parameters
+    cast = sum(1 for t in (*wrapped.parameters(), *wrapped.buffers()) if t.dtype == dtype)
     notes = [f"{cast} weight tensors in {DTYPES[options.precision]}; inputs and outputs keep their dtypes"]
     return PassOutcome(artifact.derive("exported", obj=program), True, notes, {"precision": options.precision})
 

@@ -34,6 +34,9 @@ CHECKPOINT_DIR = "servers/vllm"
 class QuantizeInt4Options(PassOptions, Int4Config):
     method: Literal["auto", "rtn", "gptq", "awq"] = Field(
         "auto", description="auto: GPTQ with calibration data, RTN without; or rtn, gptq, awq")
+    fallback_budget: str | None = Field(
+        None, description="drift budget METRIC=VALUE (as --max-drift, which wins) measured on the validation inputs "
+                          "after quantizing; the most sensitive layers go back to float until it holds")
     checkpoint: Literal["auto", "gptq", "awq", "none"] = Field(
         "auto", description="4-bit checkpoint for the serving engines when the model has a Hugging Face config; "
                             "auto: GPTQ layout, none after AWQ (its input scales have no place in either layout)")
@@ -72,6 +75,17 @@ def calibration_batches(calibration, spec, batch_size: int = 16) -> list[tuple]:
     return out
 
 
+GRAPH_PASS = "quantize_int4_graph"
+
+
+def has_python_module(artifact: Artifact) -> bool:
+    """Whether the model is an ``nn.Module`` with Python layers (not TorchScript, ``.pt2`` or ONNX)."""
+    import torch
+
+    return (artifact.kind == "torch" and isinstance(artifact.obj, torch.nn.Module)
+            and not isinstance(artifact.obj, torch.jit.ScriptModule))
+
+
 def hf_model(module):
     """The Hugging Face model inside ``module`` (a submodule whose ``config`` has ``to_dict``), or None."""
     for name, sub in module.named_modules():
@@ -86,23 +100,37 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
     from infopt.quantize.weight_only import quantize_int4
 
     module = artifact.obj
-    if not isinstance(module, torch.nn.Module) or isinstance(module, torch.jit.ScriptModule):
-        raise UsageError("INT4 weight-only quantization needs the model's Python module (an nn.Module)",
-                         fix="pass a Hugging Face model folder, a state dict with --model-class, or an nn.Module; "
-                             "TorchScript, .pt2 and ONNX models cannot be quantized layer by layer here")
+    if not has_python_module(artifact):
+        note = (f"skipped: a TorchScript model has no Python module to quantize layer by layer; "
+                f"{GRAPH_PASS} quantizes its ONNX graph (RTN) instead")
+        return PassOutcome(artifact, False, [note], {"options": options.model_dump()})
     method = options.method
     if method == "auto":
         method = "gptq" if context.calibration is not None else "rtn"
-    settings = options.model_dump(exclude={"method", "checkpoint"})
+    settings = options.model_dump(exclude={"method", "checkpoint", "fallback_budget"})
     config = Int4Config(method=method, **settings)
     batches = calibration_batches(context.calibration, artifact.spec) if method != "rtn" and context.calibration else None
     model = copy.deepcopy(module).eval()
     result = quantize_int4(model, config, batches, progress=context.say)
+    fallback = _fall_back(module, model, result, options, context, artifact.spec)
     layers = [row.to_json() for row in result.layers]
     errors = [row["error"] for row in layers if row["error"] is not None]
-    grid = f"group size {config.group_size}, {'symmetric' if config.symmetric else 'asymmetric'}"
+    sizes = sorted({row["group_size"] for row in layers}, reverse=True)
+    grid = f"group size {'/'.join(map(str, sizes)) or config.group_size}, {'symmetric' if config.symmetric else 'asymmetric'}"
     notes = [f"{len(layers)} Linear layers to INT4 with {method.upper()} ({grid}"
              + (", act-order" if config.act_order and method == "gptq" else "") + ")"]
+    notes += [f"kept {name} in float: {why}" for name, why in result.kept.items()]
+    smaller = [row["name"] for row in layers if row["group_size"] != config.group_size]
+    if smaller:
+        notes.append(f"group size below {config.group_size} where {config.group_size} does not divide the input "
+                     f"features: {', '.join(smaller)}")
+    if not layers:
+        notes.append("no layer was quantized: this artifact computes in float")
+    if fallback and fallback["restored"]:
+        before, after = fallback["before"], fallback["after"]
+        metric = fallback["budget"].split()[0]
+        notes.append(f"{len(fallback['restored'])} most sensitive layer(s) back in float to hold {fallback['budget']}: "
+                     f"{metric} {before.get(metric):.4g} -> {after.get(metric):.4g}")
     if options.method == "auto" and method == "rtn":
         notes.append("no calibration data: round-to-nearest; pass --calib for GPTQ")
     if errors:
@@ -110,7 +138,8 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
                      f"worst {max(errors):.2e}")
     details: dict[str, Any] = {"method": method, "group_size": config.group_size, "symmetric": config.symmetric,
                                "act_order": config.act_order and method == "gptq",
-                               "calibration_rows": result.rows, "layers": layers}
+                               "calibration_rows": result.rows, "layers": layers, "kept": result.kept,
+                               "fallback": fallback}
     result_artifact = artifact.derive("torch", obj=model)
     layout = options.checkpoint
     if layout == "auto":
@@ -118,9 +147,22 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
         if layout == "none":
             notes.append("no 4-bit checkpoint: AWQ's per-input scales are kept in the model (a Mul before each "
                          "layer), and the GPTQ and AWQ checkpoint layouts have no place for them")
-    if layout != "none":
+    if layout != "none" and layers:
         notes.append(_write_checkpoint(model, layout, context, result_artifact, details))
     return PassOutcome(result_artifact, True, notes, details)
+
+
+def _fall_back(original, quantized, result, options: QuantizeInt4Options, context: PassContext, spec):
+    """The sensitivity fallback under the user's --max-drift or the recipe's budget, on the inputs the
+    build validates with; None when there is no budget or nothing to measure on."""
+    from infopt.quantize.sensitivity import Budget
+    from infopt.quantize.weight_only import fall_back_to_budget
+
+    budget = context.budget or (Budget.parse(options.fallback_budget) if options.fallback_budget else None)
+    if budget is None or not context.check_batches:
+        return None
+    batches = calibration_batches(context.check_batches, spec)
+    return fall_back_to_budget(original.eval(), quantized, result, batches, budget, progress=context.say)
 
 
 def _write_checkpoint(model, layout: str, context: PassContext, artifact: Artifact, details: dict) -> str:
@@ -157,6 +199,5 @@ PASS = Pass(
     options=QuantizeInt4Options,
     description="INT4 weight-only Linear layers (RTN, GPTQ, AWQ) in infopt's packed format; GPTQ/AWQ checkpoint",
     needs_calibration=False,
-    skippable=False,
     ensures=("int4-weights",),
 )

@@ -120,19 +120,39 @@ def permute_packed(qweight, perm):
 def lower_node(graph, node, accuracy_level: int) -> list:
     """Replace one placeholder in ``graph`` by ``[Gather ->] MatMulNBits``; returns the stored inputs it replaced."""
     import numpy as np
-    import onnx_ir as ir
 
     where = f"ONNX node {node.name or PLACEHOLDER}"
     x, qweight, scales, zeros, g_idx, bias = (list(node.inputs) + [None] * 6)[:6]
     group_size = node.attributes["group_size"].as_int()
     packed = stored(qweight, "qweight", where)
+    k = packed.shape[1] * 2
+    perm = None
+    if g_idx is not None:
+        perm = act_order_permutation(stored(g_idx, "g_idx", where), k, group_size, where)
+        if np.array_equal(perm, np.arange(k)):
+            perm = None
+    prefix = qweight.name.removesuffix("qweight").rstrip(".") or node.name
+    replace_with_nbits(graph, node, x, packed, stored(scales, "scales", where), stored(zeros, "zeros", where),
+                       None if bias is None else stored(bias, "bias", where), group_size, accuracy_level, prefix,
+                       perm=perm)
+    return [v for v in (qweight, scales, zeros, g_idx, bias) if v is not None]
+
+
+def replace_with_nbits(graph, node, x, packed, scales, zeros, bias, group_size: int, accuracy_level: int,
+                       prefix: str, *, perm=None) -> None:
+    """Replace ``node`` (whose first output is ``x @ W.T (+ bias)``) by ``[Gather ->] MatMulNBits`` holding
+    ``W`` in infopt's packed layout: ``packed`` uint8 ``[N, K // 2]``, ``scales`` ``[N, G]``, ``zeros``
+    uint8 ``[N, G]``, ``bias`` ``[N]`` or None; ``perm`` sorts the input features by group (act-order)."""
+    import numpy as np
+    import onnx_ir as ir
+
+    where = f"ONNX node {node.name or node.op_type}"
     n, k = packed.shape[0], packed.shape[1] * 2
     if group_size not in BLOCK_SIZES or k % group_size:
         raise BuildError(f"ONNX Runtime's MatMulNBits needs a group size of {', '.join(map(str, BLOCK_SIZES))} "
                          f"that divides K={k}; this layer has {group_size}",
                          where=where, fix="quantize the layer again with group size 32, 64 or 128")
     float_type = x.dtype.numpy()
-    prefix = qweight.name.removesuffix("qweight").rstrip(".") or node.name
     new = []
 
     def initializer(suffix: str, array):
@@ -147,18 +167,15 @@ def lower_node(graph, node, accuracy_level: int) -> list:
         return value
 
     a = x
-    if g_idx is not None:
-        perm = act_order_permutation(stored(g_idx, "g_idx", where), k, group_size, where)
-        if not np.array_equal(perm, np.arange(k)):
-            packed = permute_packed(packed, perm)
-            new.append(ir.node("Gather", [x, initializer("perm", perm.astype(np.int64))], {"axis": -1}))
-            a = new[-1].outputs[0]
-    zero_array = stored(zeros, "zeros", where)
+    if perm is not None:
+        packed = permute_packed(packed, perm)
+        new.append(ir.node("Gather", [x, initializer("perm", perm.astype(np.int64))], {"axis": -1}))
+        a = new[-1].outputs[0]
     inputs = [a, initializer("B", packed.reshape(n, k // group_size, group_size // 2)),
-              initializer("scales", stored(scales, "scales", where).astype(float_type)),
-              None if np.all(zero_array == DEFAULT_ZERO) else initializer("zero_points", pack_zero_points(zero_array)),
+              initializer("scales", scales.astype(float_type)),
+              None if np.all(zeros == DEFAULT_ZERO) else initializer("zero_points", pack_zero_points(zeros)),
               None,
-              None if bias is None else initializer("bias", stored(bias, "bias", where).astype(float_type))]
+              None if bias is None else initializer("bias", bias.astype(float_type))]
     while inputs[-1] is None:
         inputs.pop()
     attributes = {"K": k, "N": n, "bits": 4, "block_size": group_size, "accuracy_level": accuracy_level}
@@ -166,7 +183,6 @@ def lower_node(graph, node, accuracy_level: int) -> list:
     result = new[-1].outputs[0]
     result.dtype, result.shape = node.outputs[0].dtype, node.outputs[0].shape
     ir.convenience.replace_nodes_and_values(graph, node, [node], new, node.outputs, [result])
-    return [v for v in (qweight, scales, zeros, g_idx, bias) if v is not None]
 
 
 def lower_int4_nodes(model, accuracy_level: int = 0) -> int:

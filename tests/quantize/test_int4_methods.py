@@ -14,6 +14,7 @@ from infopt.quantize.gptq import Hessian, gptq_quantize, weighted_error
 from infopt.quantize.int4_config import Int4Config
 from infopt.quantize.int4_format import Int4Linear, decompose_int4, pack_int4, unpack_int4
 from infopt.quantize.rtn import rtn_quantize
+from infopt.validators.metrics import cosine
 from infopt.quantize.weight_only import calibrate_int4, layer_groups, quantize_int4
 
 
@@ -160,10 +161,16 @@ def test_no_linear_layers_is_a_clear_error():
     assert "Conv2d" in info.value.where and "--int8" in info.value.fix
 
 
-def test_group_size_that_does_not_divide_names_the_layer():
-    with pytest.raises(UsageError, match="does not divide blocks.0.0's 64 input features") as info:
-        quantize_int4(Stack(), Int4Config(method="rtn", group_size=48))
-    assert info.value.where == "layer blocks.0.0"
+def test_group_size_falls_back_per_layer_and_keeps_what_nothing_divides():
+    model = nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 50), nn.ReLU(), nn.Linear(50, 7)).eval()
+    x = torch.randn(16, 64)
+    expected = model(x)
+    result = quantize_int4(model, Int4Config(method="rtn", group_size=48))
+    # 48 divides neither 64 nor 50; 32 (the largest of 128/64/32 below 48) divides 64 and 96; nothing divides 50
+    assert {row.name: row.group_size for row in result.layers} == {"0": 32, "2": 48}
+    assert list(result.kept) == ["4"] and "50 input features" in result.kept["4"]
+    assert type(model[4]) is nn.Linear and type(model[0]).__name__ == "Int4Linear"
+    assert cosine(expected.detach().numpy(), model(x).detach().numpy()) > 0.99
 
 
 def test_gptq_without_calibration_data_says_so():

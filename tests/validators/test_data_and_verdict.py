@@ -59,3 +59,26 @@ def test_verdict_checks_each_threshold():
     bad = judge(validation, {"max_abs": 1e-3, "cosine_min": 0.9999, "top1": None}, [1.0, 7.5])
     assert not bad.passed
     assert bad.reasons == ["max_abs: 0.001 (limit <= 0.0001)", "max_p99_ms: 7.5 (limit <= 5)"]
+
+
+@pytest.mark.parametrize("recipe_name", ["fp32-onnxruntime", "fp32-onnxruntime-fused", "fp32-inductor", "fp32-tensorrt"])
+def test_fp32_defaults_pass_rounding_at_any_scale_and_catch_a_wrong_export(recipe_name):
+    """Rounding-order noise (float32 epsilon) passes however large the outputs are, as on MiniLM's
+    hidden states at 512 tokens; one wrong op (the sigmoid approximation of GELU for the exact one) fails."""
+    import torch
+
+    from infopt.recipe import load_recipe
+    from infopt.validators.metrics import drift
+    from infopt.validators.verdict import judge
+
+    validation = load_recipe(recipe_name).validation
+    rng = np.random.default_rng(0)
+    for scale in (1.0, 30.0, 1000.0):
+        reference = (rng.standard_normal((4, 512, 384)) * scale).astype(np.float32)
+        rounded = reference * (1 + rng.standard_normal(reference.shape).astype(np.float32) * 4e-7)
+        assert np.abs(rounded - reference).max() > 1e-4 or scale == 1.0  # an absolute limit would fail these
+        assert judge(validation, drift(reference, rounded), []).passed, scale
+    x = torch.from_numpy(rng.standard_normal((64, 384)).astype(np.float32)) * 2
+    exact, approximate = torch.nn.functional.gelu(x), x * torch.sigmoid(1.702 * x)
+    verdict = judge(validation, drift(exact.numpy(), approximate.numpy()), [])
+    assert not verdict.passed and any("sqnr" in r for r in verdict.reasons), verdict.reasons

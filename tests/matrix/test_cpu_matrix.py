@@ -1,0 +1,120 @@
+"""Every CPU cell of the README's target table, from the command line, the way users call it.
+
+Each cell runs ``infopt build`` in a fresh working directory, on a model file given by a relative
+path, with the default output folder (``dist/<name>``), over five architectures that break builds
+in different places (tests/matrix/models.py), each saved in two source formats. A cell asserts the
+exit code, the file that ships and the drift the manifest records. The cells come from the code
+(:func:`infopt.recipe.build_table`), so a precision or backend added to the CPU target is covered
+as soon as it is claimed.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+from infopt.recipe import build_table, build_table_markdown
+from tests.matrix import models as M
+
+SECOND_FORMAT = {"ConvBN": "torchscript", "AttentionEncoder": "pt2", "Recurrent": "torchscript",
+                 "OddMLP": "torchscript", "TwoHeads": "pt2"}
+"""Besides its state dict, each architecture is built from one file that holds no Python module."""
+
+SHIPPED = {"onnxruntime": "model/model.onnx", "inductor": "model/model.pt2"}
+FLOOR = {"fp32": ("sqnr_db", 60.0), "bf16": ("cosine_mean", 0.995), "int8": ("cosine_mean", 0.99),
+         "int4": ("cosine_mean", 0.98)}
+"""The drift each cell must show in its manifest (the recipes' own limits)."""
+
+
+def cpu_cells() -> list[tuple[str, str, str]]:
+    """(precision, backend, int8 mode) for every CPU cell the README's table claims."""
+    cells = []
+    for precision, backends in build_table()["cpu"].items():
+        for backend in backends:
+            modes = ("static", "dynamic") if precision == "int8" else ("",)
+            cells += [(precision, backend, mode) for mode in modes]
+    return cells
+
+
+CASES = [pytest.param(arch, fmt, *cell, id=f"{arch}-{fmt}-{cell[0]}{'-' + cell[2] if cell[2] else ''}-{cell[1]}")
+         for arch in M.ARCHITECTURES for fmt in ("state_dict", SECOND_FORMAT[arch]) for cell in cpu_cells()]
+
+
+@pytest.fixture(scope="session")
+def saved(tmp_path_factory):
+    """Each architecture saved in each of its formats, with calibration and validation samples."""
+    root = tmp_path_factory.mktemp("matrix-models")
+    cache = {}
+
+    def get(arch: str, fmt: str):
+        if (arch, fmt) not in cache:
+            file, args = M.save(arch, fmt, root)
+            np.savez(root / f"{arch}_calib.npz", **M.samples(arch, 32, seed=1))
+            cache[arch, fmt] = (root / file, args, root / f"{arch}_calib.npz")
+        return cache[arch, fmt]
+
+    return get
+
+
+def run_infopt(args: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    """``infopt ARGS`` through the CLI's own entry point, in this process (no interpreter start-up per cell)."""
+    from infopt.cli.app import main
+
+    monkeypatch.setattr(sys, "argv", ["infopt", *args])
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("arch, fmt, precision, backend, mode", CASES)
+def test_cell(arch, fmt, precision, backend, mode, saved, tmp_path, monkeypatch, capsys):
+    source, load_args, calib = saved(arch, fmt)
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(source, source.name)
+    extra = []
+    if mode == "static":
+        shutil.copy(calib, "calib.npz")
+        extra = ["--calib", "calib.npz"]
+    dims = [arg for name, (lo, opt, hi) in M.DIMS.items() if any(f",{name}," in f",{i.split('[')[1]}"
+                                                                for i in M.ARCHITECTURES[arch].inputs)
+            for arg in ("--dim", f"{name}={lo}:{opt}:{hi}")]
+    code, out, err = run_infopt(["build", source.name, *load_args, *dims, f"--{precision}", "--backend", backend,
+                                 "--batch-sizes", "1", "-q", *extra], monkeypatch, capsys)
+    assert code == 0, f"exit {code}\n{err[-3000:]}\n{out[-2000:]}"
+    name = source.stem
+    dist = tmp_path / "dist" / name
+    manifest = json.loads((dist / "manifest.json").read_text())
+    assert (dist / SHIPPED[backend]).is_file()
+    assert manifest["precision"] == precision and manifest["backend"] == backend
+    assert manifest["validation"]["verdict"]["passed"], manifest["validation"]["verdict"]
+    metric, floor = FLOOR[precision]
+    figure = manifest["validation"]["drift"]["worst"][metric]
+    assert figure >= floor, f"{metric} {figure} < {floor}"
+    assert f"wrote dist/{name}/" in out
+    passes = {p["name"]: p for p in manifest["passes"]}
+    if precision == "int8":
+        details = passes["quantize_int8"]["details"]
+        assert details["mode"] == mode
+        if mode == "static":  # judged on calibration samples held out of the draw, not on noise
+            assert manifest["validation"]["drift"]["source"].endswith("(held out of calibration)")
+    if precision == "int4":
+        quantized = [p for p in manifest["passes"] if p["name"].startswith("quantize_int4") and p["changed"]]
+        assert len(quantized) == 1 and quantized[0]["details"]["layers"], manifest["passes"]
+    if precision == "bf16":
+        assert passes["cast_precision"]["changed"]
+
+
+def test_readme_table_is_the_code_s_table():
+    from tests.conftest import ROOT
+
+    assert build_table_markdown() in (ROOT / "README.md").read_text()
+    assert build_table()["cpu"] == {"fp32": ["onnxruntime", "inductor"], "bf16": ["inductor"], "int8": ["onnxruntime"],
+                                    "int4": ["onnxruntime", "inductor"]}
