@@ -1,0 +1,76 @@
+"""What the matrix cells do not show: a failed candidate, the INT4 graph route's refusals."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import onnx
+import pytest
+
+from infopt.errors import BuildError
+from tests.conftest import run_cli
+from tests.matrix import models as M
+from tests.test_bad_input import assert_clean_failure
+
+
+@pytest.fixture
+def mlp_files(tmp_path):
+    for fmt in ("torchscript", "onnx"):
+        M.save("OddMLP", fmt, tmp_path)
+    return tmp_path
+
+
+def test_a_failed_candidate_stops_the_build_unless_allow_partial(tmp_path, monkeypatch):
+    """The fused-ONNX candidate is made to fail: exit 3 naming it; with --allow-partial the others ship."""
+    import dataclasses
+
+    import infopt
+    import infopt.pipeline
+    from infopt.registry import get_pass
+
+    def broken(artifact, options, context):
+        raise BuildError("fusion broke on purpose")
+
+    def patched(name):
+        found = get_pass(name)
+        return dataclasses.replace(found, run=broken) if name == "transformer_fusion" else found
+
+    monkeypatch.setattr(infopt.pipeline, "get_pass", patched)
+    monkeypatch.chdir(tmp_path)
+    model = M.make("OddMLP")
+    with pytest.raises(BuildError, match="1 of 3 candidates failed: fp32-onnxruntime-fused: fusion broke") as info:
+        infopt.build(model, inputs=M.OddMLP.inputs, dims=["batch=1:2:4"], backend="auto", progress=False)
+    assert "--allow-partial" in info.value.fix and not (tmp_path / "dist").exists()
+    result = infopt.build(model, inputs=M.OddMLP.inputs, dims=["batch=1:2:4"], allow_partial=True, progress=False)
+    rows = {c["recipe"]: c for c in result.manifest["candidates"]}
+    assert rows["fp32-onnxruntime-fused"]["status"] == "failed" and "fusion broke" in rows["fp32-onnxruntime-fused"]["reason"]
+    assert result.passed and rows[result.manifest["recipe"]["name"]]["chosen"]
+
+
+@pytest.mark.parametrize("source", ["OddMLP_ts.pt", "OddMLP.onnx"])
+def test_int4_graph_route_quantizes_what_divides_and_names_the_rest(mlp_files, source):
+    args = ["--input", M.OddMLP.inputs[0], "--dim", "batch=1:2:4"] if source.endswith(".pt") else []
+    proc = run_cli("build", source, *args, "--int4", "--backend", "onnxruntime", "--json",
+                   "-q", cwd=mlp_files)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    manifest = json.loads(proc.stdout)
+    graph = next(p for p in manifest["passes"] if p["name"] == "quantize_int4_graph")["details"]
+    assert [row["group_size"] for row in graph["layers"]] == [32]  # 96 input features: 32 divides, 128/64 do not
+    assert len(graph["kept"]) == 2 and all("input features" in why for why in graph["kept"].values())
+    model = onnx.load(str(mlp_files / "dist" / source.split(".")[0] / "model" / "model.onnx"))
+    assert [n.op_type for n in model.graph.node].count("MatMulNBits") == 1
+    assert manifest["validation"]["drift"]["worst"]["cosine_mean"] >= 0.98
+
+
+def test_int4_methods_and_backends_that_need_the_module_are_refused(mlp_files):
+    out = mlp_files / "dist" / "OddMLP_ts"
+    proc = run_cli("build", "OddMLP_ts.pt", "--input", M.OddMLP.inputs[0], "--int4", "--int4-method", "gptq",
+                   "--backend", "onnxruntime", "--calib", "none.npz", cwd=mlp_files)
+    assert proc.returncode == 2  # the missing calibration file is caught first
+    shutil.copy(mlp_files / "OddMLP_ts.pt", mlp_files / "m.pt")
+    proc = run_cli("build", "m.pt", "--input", M.OddMLP.inputs[0], "--dim", "batch=1:2:4", "--int4",
+                   "--int4-method", "awq", "--backend", "onnxruntime", cwd=mlp_files)
+    assert_clean_failure(proc, 2, "AWQ", "--int4-method rtn", out=mlp_files / "dist" / "m")
+    proc = run_cli("build", "m.pt", "--input", M.OddMLP.inputs[0], "--int4", "--backend", "inductor", cwd=mlp_files)
+    assert_clean_failure(proc, 2, "needs the model's Python module", "--backend onnxruntime", out=out)
