@@ -138,7 +138,8 @@ def test_model_without_linear_layers(tmp_path):
     assert_clean_failure(proc, 2, "no nn.Linear layers", "--int8", out=out)
 
 
-def test_int4_from_torchscript_is_refused(files, tmp_path):
+def test_int4_from_torchscript_through_inductor_is_refused(files, tmp_path):
     out = tmp_path / "dist"
-    proc = run_cli("build", str(files / "cnn_ts.pt"), "--input", "x:float32[batch,1,8,8]", "--int4", "-o", str(out))
+    proc = run_cli("build", str(files / "cnn_ts.pt"), "--input", "x:float32[batch,1,8,8]", "--int4", "--backend",
+                   "inductor", "-o", str(out))
     assert_clean_failure(proc, 2, "needs the model's Python module", out=out)

@@ -71,7 +71,7 @@ def test_int8_example(workdir):
 
 
 def test_int8_without_val_is_judged_on_held_out_calibration_samples(workdir):
-    ok(run_cli("build", "model.pt", "--int8", "--calib", "data/calib/", cwd=workdir))
+    ok(run_cli("build", "model.pt", "--input", CNN_INPUT, "--int8", "--calib", "data/calib/", cwd=workdir))
     m = manifest(workdir / "dist" / "model")
     drift = m["validation"]["drift"]
     assert drift["source"] == "data/calib (held out of calibration)" and not drift["random_inputs"]

@@ -40,8 +40,24 @@ def cpu_cells() -> list[tuple[str, str, str]]:
     return cells
 
 
-CASES = [pytest.param(arch, fmt, *cell, id=f"{arch}-{fmt}-{cell[0]}{'-' + cell[2] if cell[2] else ''}-{cell[1]}")
-         for arch in M.ARCHITECTURES for fmt in ("state_dict", SECOND_FORMAT[arch]) for cell in cpu_cells()]
+KNOWN_BROKEN = {("Recurrent", "bf16", "inductor"):
+                "the bf16 AOTInductor package of an LSTM/GRU mixes float32 and bfloat16 in a matmul at run time"}
+"""Cells that fail today, kept in the matrix (strict xfail: fixing one turns the test red until it is removed)."""
+
+
+def _case(arch, fmt, precision, backend, mode):
+    marks = []
+    if (arch, precision, backend) in KNOWN_BROKEN:
+        marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_BROKEN[arch, precision, backend]))
+    return pytest.param(arch, fmt, precision, backend, mode, marks=marks,
+                        id=f"{arch}-{fmt}-{precision}{'-' + mode if mode else ''}-{backend}")
+
+
+CASES = [_case(arch, fmt, *cell) for arch in M.ARCHITECTURES for fmt in ("state_dict", SECOND_FORMAT[arch])
+         for cell in cpu_cells()
+         # INT4 through Inductor needs the Python module: from a file without one it is exit 2 by design
+         # (tests/matrix/test_partial_and_routes.py), and the onnxruntime cell covers that file
+         if not (fmt != "state_dict" and cell[:2] == ("int4", "inductor"))]
 
 
 @pytest.fixture(scope="session")
@@ -96,7 +112,7 @@ def test_cell(arch, fmt, precision, backend, mode, saved, tmp_path, monkeypatch,
     assert manifest["precision"] == precision and manifest["backend"] == backend
     assert manifest["validation"]["verdict"]["passed"], manifest["validation"]["verdict"]
     metric, floor = FLOOR[precision]
-    figure = manifest["validation"]["drift"]["worst"][metric]
+    figure = float(manifest["validation"]["drift"]["worst"][metric])  # "inf" for identical outputs
     assert figure >= floor, f"{metric} {figure} < {floor}"
     assert f"wrote dist/{name}/" in out
     passes = {p["name"]: p for p in manifest["passes"]}

@@ -75,12 +75,12 @@ def test_static_int8_records_layers_calibration_and_budget(static_cnn):
     assert {"min_top1", "min_mean_cosine"} <= checks  # the budget is also judged on --val
 
 
-def test_rebuild_with_other_thresholds_reads_the_calibration_cache(static_cnn, digits, calib, cache_dir, tmp_path,
+def test_rebuild_with_other_thresholds_reads_the_calibration_cache(static_cnn, digits, files, calib, cache_dir, tmp_path,
                                                                   monkeypatch):
     monkeypatch.setenv("INFOPT_CACHE_DIR", str(cache_dir))
     model, _ = digits
     again = infopt.build(model, inputs=[CNN_INPUT], precision="int8", calibration=calib, max_drift="cosine_mean=0.999",
-                         output=tmp_path / "again", progress=False)
+                         val=files / "digits_val.npz", output=tmp_path / "again", progress=False)
     details = next(p for p in again.manifest["passes"] if p["name"] == "quantize_int8")["details"]
     assert details["calibration"]["cached"] is True
     assert details["budget"] == "cosine_mean >= 0.999"
