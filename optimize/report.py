@@ -102,8 +102,10 @@ def int8_section(manifest: dict[str, Any]) -> Section | None:
     rows = [[str(i + 1), r["layer"], r["op"], r["module"] or "-", _num(r[metric], ".6g"), _num(r["sqnr_db"], ".1f"),
              r["precision"]] for i, r in enumerate(d["layers"])]
     quantized = sum(r["precision"] == "int8" for r in d["layers"])
-    notes = [f"{d['mode']} INT8, {d['placement']} placement: {quantized}/{len(d['layers'])} layers INT8; "
-             f"rows are ranked by the drift each layer adds when it alone is INT8 (on {d['measured_on']})",
+    order = (f"rows are ranked by the drift each layer adds when it alone is INT8 (on {d['measured_on']})"
+             if d.get("ranked", True) else "rows in graph order; each layer's drift alone was not measured, "
+             "since the model with every layer in INT8 met the budget")
+    notes = [f"{d['mode']} INT8, {d['placement']} placement: {quantized}/{len(d['layers'])} layers INT8; {order}",
              f"budget {d['budget']}: {'met' if d['budget_met'] else 'NOT met'}, measured {_num(d['measured'].get(metric), '.6g')}"
              f" with the layers above in their final precision"]
     if d["excluded"]:

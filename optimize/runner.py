@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from infopt.errors import EnvironmentProblem, UsageError
+from infopt.threads import ort_session_options
 
 
 class Runner:
@@ -71,12 +72,7 @@ class OrtRunner(Runner):
             import onnxruntime as ort
         except ImportError as exc:  # pragma: no cover - a core dependency
             raise EnvironmentProblem("onnxruntime is not installed", fix="pip install onnxruntime") from exc
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        if not optimize:
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        if threads:
-            options.intra_op_num_threads = threads
+        options = ort_session_options(optimize, threads)
         available = ort.get_available_providers()
         missing = [p for p in providers if p not in available]
         if missing:

@@ -22,6 +22,7 @@ import numpy as np
 from infopt.exporters.dist import model_sha256
 from infopt.quantize.calib_data import CalibrationSet
 from infopt.quantize.observers import Observer
+from infopt.threads import ort_session_options
 
 log = logging.getLogger("infopt.quantize")
 
@@ -123,7 +124,5 @@ def _tapped_session(model_path: Path, wanted: list[str], tmp: Path):
             model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
     tapped = tmp / "tapped.onnx"
     onnx.save(model, str(tapped), save_as_external_data=True, location="tapped.onnx.data")
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.log_severity_level = 3
+    options = ort_session_options(optimize=False)
     return ort.InferenceSession(str(tapped), options, providers=["CPUExecutionProvider"])

@@ -19,6 +19,7 @@ from typing import Callable
 import numpy as np
 
 from infopt.quantize.onnx_int8 import Layer
+from infopt.threads import ort_session_options
 from infopt.validators import metrics
 from infopt.validators.drift import worst
 from infopt.validators.verdict import CHECKS
@@ -84,9 +85,7 @@ class Probe:
         self._tmp = tempfile.TemporaryDirectory(prefix="infopt-probe-")
         path = Path(self._tmp.name) / "probe.onnx"
         onnx.save(model, str(path), save_as_external_data=True, location="probe.onnx.data")
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        options.log_severity_level = 3
+        options = ort_session_options(optimize=False)
         self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         self.layers = layers
 
@@ -127,20 +126,21 @@ def rank(probe: Probe, batches, budget: Budget, progress: Callable[[str], None] 
     return rows
 
 
-def choose_fallback(probe: Probe, batches, budget: Budget, ranked: list[dict],
+def choose_fallback(probe: Probe, batches, budget: Budget, ranked: list[dict] | Callable[[], list[dict]],
                     progress: Callable[[str], None] | None = None,
                     reference: list[np.ndarray] | None = None) -> tuple[list[str], list[dict]]:
     """Exclude the most sensitive layers one at a time until the probe meets the budget.
 
-    ``reference`` is the FP32 output on ``batches`` when the caller has it already. Returns the
-    excluded layer names and one step record per evaluation."""
+    ``ranked`` is :func:`rank`'s list, or a function that makes it: then the layers are ranked only
+    when the model with every layer in INT8 misses the budget (ranking runs the model once per
+    layer). ``reference`` is the FP32 output on ``batches`` when the caller has it already.
+    Returns the excluded layer names and one step record per evaluation."""
     index = {layer.node: i for i, layer in enumerate(probe.layers)}
     reference = probe.reference(batches) if reference is None else reference
     excluded: list[str] = []
     steps = []
-    for row in [None, *ranked]:
-        if row is not None:
-            excluded.append(row["layer"])
+    order = None
+    while True:
         mask = np.ones(len(index))
         for name in excluded:
             mask[index[name]] = 0.0
@@ -150,6 +150,11 @@ def choose_fallback(probe: Probe, batches, budget: Budget, ranked: list[dict],
             progress(f"fallback: {len(excluded)} layer(s) in FP32, {budget.metric}={drift.get(budget.metric):.5g}")
         if budget.holds(drift):
             break
+        order = order if order is not None else (ranked() if callable(ranked) else ranked)
+        remaining = [row["layer"] for row in order if row["layer"] not in excluded]
+        if not remaining:
+            break
+        excluded.append(remaining[0])
     return excluded, steps
 
 

@@ -11,6 +11,13 @@ import numpy as np
 import pytest
 import torch
 
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    # test workers side by side: one thread each (torch, ONNX Runtime through infopt, and the
+    # subprocesses they start), so two runtimes do not each spin a pool over both cores
+    os.environ.setdefault("INFOPT_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["INFOPT_THREADS"]))
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run on CPU; read when triton is imported
 
@@ -57,9 +64,16 @@ def files(tmp_path_factory, digits, encoder):
     return out
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run the installed ``infopt`` command as a user would."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def pytest_collection_modifyitems(items):
+    """Tests marked ``slow`` (real models, end-to-end builds) first, so that side-by-side workers
+    take them one each and finish together instead of one worker running the last long test alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run the installed ``infopt`` command as a user would (``env``: variables to set on top of ours)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run([sys.executable, "-m", "infopt.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 

@@ -46,3 +46,15 @@ def test_build_from_onnx_file(digits, tmp_path):
     rows = {c["recipe"]: c for c in second.manifest["candidates"]}  # auto: what an ONNX source can and cannot become
     assert rows["fp32-onnxruntime"]["chosen"]
     assert rows["fp32-inductor"]["status"] == "skipped" and "source is already onnx" in rows["fp32-inductor"]["reason"]
+
+
+def test_thread_cap_reaches_every_session_and_the_manifest_says_so(digits, tmp_path, monkeypatch):
+    model, data = digits
+    x = torch.from_numpy(data["val"][0][:8])
+    monkeypatch.setenv("INFOPT_THREADS", "2")
+    result = infopt.build(model, example_inputs=(x,), backend="onnxruntime", output=tmp_path / "cnn", progress=False,
+                          batch_sizes=[1])
+    assert any(n.startswith("INFOPT_THREADS=2:") for n in result.manifest["validation"]["notes"])
+    assert infopt.load(result.output_dir).session.get_session_options().intra_op_num_threads == 2
+    monkeypatch.delenv("INFOPT_THREADS")
+    assert infopt.load(result.output_dir).session.get_session_options().intra_op_num_threads == 0

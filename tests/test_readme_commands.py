@@ -91,6 +91,7 @@ def test_gate_example(workdir):
     assert sum(1 for _ in cases) >= 5 and not list(suite.iter("failure"))
 
 
+@pytest.mark.slow
 def test_make_demo_commands(tmp_path):
     """What ``make demo`` runs, from a fresh folder: train the examples, build with relative paths."""
     import os

@@ -63,8 +63,10 @@ app.command()(doctor)
 def main() -> None:
     """Run the CLI; an ``InfoptError`` becomes its message and exit code, never a traceback."""
     from infopt.errors import InfoptError
+    from infopt.threads import cap_torch_threads
 
     try:
+        cap_torch_threads()
         app()
     except InfoptError as exc:
         _print_error(exc.title, exc.render())

@@ -25,6 +25,34 @@ class CastOptions(PassOptions):
     when: Literal["always", "cuda"] = Field("always", description="cast on every target, or only for a CUDA target")
 
 
+def retarget_float32(module, dtype) -> int:
+    """Make a captured graph's float32 constants ``dtype``; returns how many nodes changed.
+
+    Capture records the dtype each tensor had when it was traced, so a graph traced in float32
+    makes its own tensors in float32 whatever it is later fed: an LSTM's zero initial state
+    (``aten.zeros(..., dtype=torch.float32)``), ``x.to(x.dtype)``, a ``new_zeros``. Cast weights
+    then meet float32 activations in one matmul and the compiled model fails at run time. Every
+    float32 dtype argument of every graph node becomes ``dtype``, as if the model had been traced
+    in it; the drift check measures what that costs. A plain module (no graph) is left as it is.
+    """
+    import torch
+
+    changed = 0
+    for graph_module in module.modules():
+        if not isinstance(graph_module, torch.fx.GraphModule):
+            continue
+        for node in graph_module.graph.nodes:
+            if node.op != "call_function":
+                continue
+            args = tuple(dtype if a is torch.float32 else a for a in node.args)
+            kwargs = {k: dtype if v is torch.float32 else v for k, v in node.kwargs.items()}
+            if args != node.args or kwargs != node.kwargs:
+                node.args, node.kwargs = args, kwargs
+                changed += 1
+        graph_module.recompile()
+    return changed
+
+
 def cast_module(module, dtype):
     """``module`` computing in ``dtype``, with floating inputs and outputs in their own dtypes."""
     import torch
@@ -34,6 +62,7 @@ def cast_module(module, dtype):
         def __init__(self, inner: torch.nn.Module):
             super().__init__()
             self.inner = copy.deepcopy(inner).to(dtype)
+            retarget_float32(self.inner, dtype)
 
         def forward(self, *args):
             in_dtype = next((a.dtype for a in args if a.is_floating_point()), torch.float32)

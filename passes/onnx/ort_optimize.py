@@ -16,6 +16,7 @@ from pydantic import Field
 
 from infopt.artifact import Artifact
 from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.threads import ort_session_options
 
 
 class OrtOptimizeOptions(PassOptions):
@@ -36,10 +37,9 @@ def optimize(source, target_path, level: str) -> None:
     levels = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
               "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
               "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
-    options = ort.SessionOptions()
+    options = ort_session_options()
     options.graph_optimization_level = levels[level]
     options.optimized_model_filepath = str(target_path)
-    options.log_severity_level = 3
     ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
     onnx.checker.check_model(str(target_path))
 

@@ -86,22 +86,29 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
         batches = list(context.check_batches or [])
     sample_batches = _limit(batches, options.sensitivity_samples)
     probe = sensitivity.Probe(src, layers, ranges, symmetric=placement == "tensorrt")
-    try:
-        reference = probe.reference(batches)
-        _check_budget_applies(budget, reference)
-        ranked = sensitivity.rank(probe, sample_batches, budget, context.say)
-        excluded, steps = (sensitivity.choose_fallback(probe, batches, budget, ranked, context.say, reference)
-                           if options.fallback else ([], []))
-    finally:
-        probe.close()
+    ranked: list[dict] | None = None
+
+    def ranking() -> list[dict]:
+        """Each layer's drift alone, measured the first time the fallback needs it (never when every layer in INT8 holds)."""
+        nonlocal ranked
+        if ranked is None:
+            ranked = sensitivity.rank(probe, sample_batches, budget, context.say)
+        return ranked
 
     def build(nodes: list[str], dst: Path) -> Path:
         if mode == "static":
             return onnx_int8.quantize_static(src, dst, ranges, nodes, placement=placement)
         return onnx_int8.quantize_dynamic(src, dst, nodes)
 
-    order = [r["layer"] for r in ranked] if options.fallback else []
-    dst, drift, excluded = _build_confirmed(build, layers, excluded, order, batches, reference, budget, context)
+    try:
+        reference = probe.reference(batches)
+        _check_budget_applies(budget, reference)
+        excluded, steps = (sensitivity.choose_fallback(probe, batches, budget, ranking, context.say, reference)
+                           if options.fallback else ([], []))
+        order = (lambda: [r["layer"] for r in ranking()]) if options.fallback else list
+        dst, drift, excluded = _build_confirmed(build, layers, excluded, order, batches, reference, budget, context)
+    finally:
+        probe.close()
     quantized = [layer for layer in layers if layer.node not in excluded]
     met = budget.holds(drift)
     if met:
@@ -114,7 +121,8 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
                "budget_threshold": budget.threshold, "budget_met": met, "measured": drift,
                "measured_on": "calibration data" if mode == "static" else "validation data",
                "calibration": calib_info, "excluded": excluded, "fallback_steps": steps,
-               "layers": _layer_rows(ranked, excluded, budget), "quantized_ops": onnx_int8.quantized_nodes(dst)}
+               "ranked": ranked is not None, "layers": _layer_rows(ranked, layers, excluded, budget),
+               "quantized_ops": onnx_int8.quantized_nodes(dst)}
     notes = [f"{mode} INT8 ({_why(mode, context)}): {len(quantized)}/{len(layers)} layers in INT8"
              + (f", {len(excluded)} kept in FP32 by the fallback" if excluded else ""),
              f"budget {budget}: measured {drift.get(budget.metric):.6g} on {details['measured_on']}{verdict}"]
@@ -168,7 +176,7 @@ def _limit(batches, samples: int):
 
 def _build_confirmed(build, layers, excluded, order, batches, reference, budget, context):
     """Build the real INT8 model and measure it against the FP32 ``reference``; while it misses the
-    budget, move the next layer of ``order`` to FP32 and build again."""
+    budget, move the next layer of ``order()`` (called only then) to FP32 and build again."""
     import numpy as np
 
     from infopt.quantize.sensitivity import output_drift
@@ -182,16 +190,20 @@ def _build_confirmed(build, layers, excluded, order, batches, reference, budget,
         candidate = OrtRunner(dst)
         outs = [candidate.run(b) for b in batches]
         drift = output_drift(reference, [np.concatenate([o[i] for o in outs]) for i in range(len(reference))])
-        remaining = [n for n in order if n not in excluded]
-        if budget.holds(drift) or not remaining:
+        if budget.holds(drift):
+            return dst, drift, excluded
+        remaining = [n for n in order() if n not in excluded]
+        if not remaining:
             return dst, drift, excluded
         excluded.append(remaining[0])
 
 
-def _layer_rows(ranked, excluded, budget) -> list[dict]:
+def _layer_rows(ranked, layers, excluded, budget) -> list[dict]:
+    """One row per layer: most sensitive first when the layers were ranked, else in graph order with no drift figure."""
+    rows = ranked if ranked is not None else [{"layer": x.node, "op": x.op, "module": x.module, "drift": {}} for x in layers]
     return [{"layer": r["layer"], "op": r["op"], "module": r["module"],
              budget.metric: r["drift"].get(budget.metric), "sqnr_db": r["drift"].get("sqnr_db"),
-             "precision": "fp32 (fallback)" if r["layer"] in excluded else "int8"} for r in ranked]
+             "precision": "fp32 (fallback)" if r["layer"] in excluded else "int8"} for r in rows]
 
 
 PASS = Pass(

@@ -40,8 +40,7 @@ def cpu_cells() -> list[tuple[str, str, str]]:
     return cells
 
 
-KNOWN_BROKEN = {("Recurrent", "bf16", "inductor"):
-                "the bf16 AOTInductor package of an LSTM/GRU mixes float32 and bfloat16 in a matmul at run time"}
+KNOWN_BROKEN: dict[tuple[str, str, str], str] = {}
 """Cells that fail today, kept in the matrix (strict xfail: fixing one turns the test red until it is removed)."""
 
 

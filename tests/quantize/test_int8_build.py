@@ -64,6 +64,9 @@ def test_static_int8_records_layers_calibration_and_budget(static_cnn):
     assert details["mode"] == "static" and details["placement"] == "onnxruntime" and details["budget_met"]
     assert {r["op"] for r in details["layers"]} == {"Conv", "Gemm"} and len(details["layers"]) == 3
     assert all(r["precision"] == "int8" for r in details["layers"])
+    # every layer in INT8 met the budget at once, so no layer was run alone to rank it
+    assert not details["ranked"] and all(r["top1"] is None for r in details["layers"])
+    assert [s["excluded"] for s in details["fallback_steps"]] == [0]
     assert details["calibration"]["samples"] == 128 and details["calibration"]["method"] == "minmax"
     table = json.loads((static_cnn.output_dir / "quantization/calibration.json").read_text())
     assert table["method"] == "minmax" and len(table["ranges"]) >= 3
@@ -94,6 +97,9 @@ def test_unreachable_budget_is_a_failed_verdict_that_says_so(files, calib, tmp_p
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "NOT met" in proc.stdout and "every layer in FP32" in (out / "report.md").read_text()
     manifest = json.loads((out / "manifest.json").read_text())
+    details = next(p for p in manifest["passes"] if p["name"] == "quantize_int8")["details"]
+    assert details["ranked"] and all(r["max_abs"] is not None for r in details["layers"])  # ranked to choose the fallback
+    assert [r["precision"] for r in details["layers"]] == ["fp32 (fallback)"] * 3
     assert any(r.startswith("max_abs") for r in manifest["validation"]["verdict"]["reasons"])
 
 
