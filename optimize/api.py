@@ -358,6 +358,7 @@ def _curve_batches(spec) -> list[int]:
 
 def _measure_curve(chosen, spec, module, console) -> list[dict[str, Any]]:
     """Latency of the shipped model at each batch size of the curve (Triton tuning and the report's plot)."""
+    from infopt.recipe import MIN_CURVE_RUNS
     from infopt.sample_inputs import embedding_vocab, random_feed
     from infopt.validators import latency as latency_mod
 
@@ -372,7 +373,8 @@ def _measure_curve(chosen, spec, module, console) -> list[dict[str, Any]]:
     try:
         lat = chosen.recipe.validation.latency
         stats = latency_mod.measure({"infopt": chosen.runner.run}, feeds, CURVE_WARMUP, lat.curve_iterations,
-                                    devices={"infopt": chosen.runner.device})
+                                    devices={"infopt": chosen.runner.device}, seconds=lat.curve_seconds,
+                                    min_iterations=MIN_CURVE_RUNS)
     finally:
         if status:
             status.stop()

@@ -87,11 +87,11 @@ class Pipeline:
             exc.args = (exc.render(),)
             raise
         except Exception as exc:  # a pass failing in a way it did not foresee is still a build error
-            log.debug("pass %s failed", definition.name, exc_info=True)
+            log.info("pass %s failed", definition.name, exc_info=True)  # the trace, with --verbose
             raise BuildError(
                 f"pass {definition.name} failed: {type(exc).__name__}: {_first_line(exc)}",
                 where=f"pass {definition.name} ({definition.consumes} -> {definition.produces})",
-                fix="run with --verbose for the full trace; try --recipe with this pass removed "
+                fix="run `infopt --verbose build ...` for the full trace; try --recipe with this pass removed "
                     "to see whether the rest of the pipeline works",
             ) from exc
         record.seconds = time.perf_counter() - start

@@ -39,12 +39,18 @@ class DriftThresholds(_Strict):
     min_top1: float | None = Field(None, description="smallest top-1 agreement for classifier outputs")
 
 
+MIN_CURVE_RUNS = 5
+"""Timed runs the curve takes at each batch size however long they last (a p50 needs a few)."""
+
+
 class LatencyConfig(_Strict):
     warmup: int = Field(10, ge=0, description="untimed runs before timing")
     iterations: int = Field(50, ge=1, description="timed runs per batch size")
     batch_sizes: list[int] | None = Field(None, description="batch sizes to time; default 1 and the batch dim's opt")
     max_p99_ms: float | None = Field(None, description="fail if p99 latency at any batch size exceeds this")
     curve_iterations: int = Field(20, ge=1, description="timed runs per batch size of the shipped model's latency-versus-batch curve")
+    curve_seconds: float = Field(1.0, gt=0, description="time per batch size of the curve: timing stops at curve_iterations "
+                                 f"runs or once this long is spent, whichever comes first (at least {MIN_CURVE_RUNS} runs)")
 
 
 class Validation(_Strict):

@@ -45,7 +45,8 @@ def llama(tmp_path_factory):
 
 
 def build(llama, out, *args):
-    return run_cli("build", str(llama / "tiny-llama"), "--int4", "-o", str(out), "--json", "--quiet",
+    """``infopt build tiny-llama --int4 ...`` in the folder that holds it, with relative paths, as the README shows it."""
+    return run_cli("build", "tiny-llama", "--int4", "-o", str(out.relative_to(llama)), "--json", "--quiet",
                    "--dim", "seq=1:32:64", "--batch-sizes", "1,4", *args, cwd=llama)
 
 
@@ -58,6 +59,7 @@ def gptq_build(llama):
     return out, json.loads(proc.stdout)
 
 
+@pytest.mark.xdist_group("llama-gptq")  # the two tests of the GPTQ build on one worker: it is built once
 def test_hf_folder_int4_gptq_gives_matmulnbits_onnx_and_a_gptq_checkpoint(gptq_build):
     import onnx
 
@@ -77,6 +79,7 @@ def test_hf_folder_int4_gptq_gives_matmulnbits_onnx_and_a_gptq_checkpoint(gptq_b
     assert "GPTQ" in (out / "report.md").read_text()
 
 
+@pytest.mark.xdist_group("llama-gptq")
 def test_gptq_checkpoint_from_the_build_loads_in_transformers_and_agrees_with_the_onnx_model(gptq_build):
     pytest.importorskip("gptqmodel", reason="transformers loads GPTQ checkpoints on CPU through gptqmodel")
     pytest.importorskip("optimum")
@@ -96,11 +99,17 @@ def test_gptq_checkpoint_from_the_build_loads_in_transformers_and_agrees_with_th
 
 def test_without_calibration_is_rtn_and_auto_builds_both_backends(llama):
     out = llama / "dist-rtn"
-    proc = build(llama, out)
+    # padded sentences of many lengths, as a tokenizer gives them: the INT4 budget check runs on them
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(3, 33, size=40)
+    mask = (np.arange(32)[None, :] < lengths[:, None]).astype(np.int64)
+    np.savez(llama / "val-rtn.npz", input_ids=rng.integers(1, 30000, size=(40, 32)) * mask, attention_mask=mask)
+    proc = build(llama, out, "--val", "val-rtn.npz")
     assert proc.returncode == 0, proc.stderr[-2000:]
     manifest = json.loads(proc.stdout)
     details = next(p for p in manifest["passes"] if p["name"] == "quantize_int4")["details"]
     assert details["method"] == "rtn"
+    assert details["fallback"]["budget"] == "cosine_mean >= 0.98" and "before" in details["fallback"]
     notes = " ".join(n for p in manifest["passes"] if p["name"] == "quantize_int4" for n in p["notes"])
     assert "no calibration data: round-to-nearest" in notes
     status = {c["recipe"]: c["status"] for c in manifest["candidates"]}

@@ -62,14 +62,23 @@ def cuda_timer(fn: Callable[[dict], object], feed: dict) -> float:
 
 
 def measure(runners: dict[str, Callable[[dict], object]], feeds: dict[int, dict[str, np.ndarray]],
-            warmup: int = 10, iterations: int = 50, devices: dict[str, str] | None = None) -> list[LatencyStats]:
+            warmup: int = 10, iterations: int = 50, devices: dict[str, str] | None = None,
+            seconds: float | None = None, min_iterations: int = 5) -> list[LatencyStats]:
     """Time every runner (name -> callable taking a feed) at every batch size in ``feeds``;
-    ``devices`` names the runners that run on ``cuda`` (the rest are timed on the host clock)."""
+    ``devices`` names the runners that run on ``cuda`` (the rest are timed on the host clock).
+    With ``seconds``, timing at one batch size stops early once that long is spent and at least
+    ``min_iterations`` runs are in (``LatencyStats.iterations`` says how many)."""
     results = []
     for batch, feed in feeds.items():
         for name, fn in runners.items():
             for _ in range(warmup):
                 fn(feed)
             timer = cuda_timer if (devices or {}).get(name) == "cuda" else host_timer
-            results.append(summarize(name, batch, [timer(fn, feed) for _ in range(iterations)]))
+            times: list[float] = []
+            start = time.perf_counter()
+            while len(times) < iterations:
+                times.append(timer(fn, feed))
+                if seconds is not None and len(times) >= min_iterations and time.perf_counter() - start >= seconds:
+                    break
+            results.append(summarize(name, batch, times))
     return results

