@@ -313,8 +313,8 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
     final, recipe = chosen.artifact, chosen.recipe
     server = _server_engine(final.lineage)
     notes = _int8_notes(final.lineage) + _engine_notes(server)
-    if thread_cap():
-        notes.append(f"{THREADS_ENV}={thread_cap()}: every run here used at most that many threads; latency is for them")
+    if cap := thread_cap():
+        notes.append(f"{THREADS_ENV}={cap}: every run here used at most that many threads; latency is for them")
     if target.device != "cpu" and chosen.runner.device == "cpu":
         notes.append(f"target {target.name} is a {target.device} device; drift and latency were measured here on "
                      f"{cand.runner_description(chosen.runner)}, not on the target")

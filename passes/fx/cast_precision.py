@@ -25,8 +25,8 @@ class CastOptions(PassOptions):
     when: Literal["always", "cuda"] = Field("always", description="cast on every target, or only for a CUDA target")
 
 
-def retarget_float32(module, dtype) -> int:
-    """Make a captured graph's float32 constants ``dtype``; returns how many nodes changed.
+def retarget_float32(module, dtype) -> None:
+    """Make a captured graph's float32 constants ``dtype``, in place.
 
     Capture records the dtype each tensor had when it was traced, so a graph traced in float32
     makes its own tensors in float32 whatever it is later fed: an LSTM's zero initial state
@@ -37,20 +37,15 @@ def retarget_float32(module, dtype) -> int:
     """
     import torch
 
-    changed = 0
     for graph_module in module.modules():
         if not isinstance(graph_module, torch.fx.GraphModule):
             continue
         for node in graph_module.graph.nodes:
             if node.op != "call_function":
                 continue
-            args = tuple(dtype if a is torch.float32 else a for a in node.args)
-            kwargs = {k: dtype if v is torch.float32 else v for k, v in node.kwargs.items()}
-            if args != node.args or kwargs != node.kwargs:
-                node.args, node.kwargs = args, kwargs
-                changed += 1
+            node.args = tuple(dtype if a is torch.float32 else a for a in node.args)
+            node.kwargs = {k: dtype if v is torch.float32 else v for k, v in node.kwargs.items()}
         graph_module.recompile()
-    return changed
 
 
 def cast_module(module, dtype):
