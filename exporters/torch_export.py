@@ -52,9 +52,9 @@ def export_module(module, spec: InputSpec, *, strict: bool = False, dynamic: boo
     try:
         with quiet_third_party():
             if isinstance(module, torch.jit.ScriptModule):
-                from torch._export.converter import TS2EPConverter
+                from infopt.exporters.torchscript_graph import to_graph_module
 
-                module = TS2EPConverter(module, args).convert().module()
+                module = to_graph_module(module, args)
             return torch.export.export(module, args, dynamic_shapes=shapes, strict=strict)
     except Exception as exc:  # noqa: BLE001 - torch raises many types here; all mean capture failed
         raise capture_error(exc, module, spec) from exc

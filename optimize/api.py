@@ -292,9 +292,12 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
         status.start()
     try:
         ref_out = drift_mod.run_all(reference, batches)
+        ends = _range_ends(spec, reference, loaded.module)
         for c in built:
             c.drift = _run_candidate(c, lambda c=c: drift_mod.compare(ref_out, drift_mod.run_all(c.runner, batches),
                                                                       tuple(o[0] for o in c.outputs), source))
+            if c.status == "built":
+                _run_candidate(c, lambda c=c: _check_range_ends(c.runner, ends))
         built = _survivors(candidates, ctx.allow_partial)
         if status:
             status.update("validating: latency" + (f" of {len(built)} candidates" if len(built) > 1 else ""))
@@ -395,6 +398,51 @@ def _work(module, spec, model_file: Path) -> dict[str, Any]:
     return count_work(module, feed, spec.names, weight_bytes)
 
 
+def _range_ends(spec, reference, module) -> list[tuple[str, dict, list]]:
+    """Random inputs with every symbolic dim at its min, then at its max, and the shapes eager gives
+    for them: a built model must take the whole range it was built for, not just the samples'."""
+    from infopt.sample_inputs import embedding_vocab, random_feed
+
+    import numpy as np
+
+    from infopt.pipeline import _first_line
+
+    if not spec.dims:
+        return []
+    vocab = embedding_vocab(module) or 2
+    ends = []
+    for pick in ("min", "max"):
+        feed = random_feed(spec, seed=7, int_high=vocab, pick=pick)
+        where = ", ".join(f"{name}={getattr(r, pick)}" for name, r in spec.dims.items())
+        try:
+            outputs = reference.run(feed)
+        except Exception as exc:  # noqa: BLE001 - the model's own errors, of many types
+            raise InputSpecError(f"the model itself fails at {where}: {type(exc).__name__}: {_first_line(exc)}",
+                                 where="the source model, run eagerly on random inputs at the ends of the --dim ranges",
+                                 fix="give --dim ranges the model supports, e.g. --dim NAME=MIN:OPT:MAX") from exc
+        ends.append((where, feed, [np.shape(o) for o in outputs]))
+    return ends
+
+
+class _RangeFailure(Exception):
+    """A built model that fails, or gives other shapes than eager, at an end of its dim range."""
+
+
+def _check_range_ends(runner, ends) -> None:
+    """Raise, naming the dims, when the built model fails or gives other shapes than eager at an end of its range."""
+    import numpy as np
+
+    from infopt.pipeline import _first_line
+
+    for where, feed, shapes in ends:
+        try:
+            got = [np.shape(o) for o in runner.run(feed)]
+        except Exception as exc:  # noqa: BLE001 - the runtime's own errors, of many types
+            raise _RangeFailure(f"it fails to run at {where}: {type(exc).__name__}: {_first_line(exc)}") from exc
+        if got != shapes:
+            raise _RangeFailure(f"at {where} it gives outputs of shapes {got}, eager {shapes}")
+
+
 def _run_candidate(candidate, work):
     """``work()`` on a built candidate; the artifact failing to run on valid inputs is a build error naming it."""
     try:
@@ -402,7 +450,9 @@ def _run_candidate(candidate, work):
     except Exception as exc:  # noqa: BLE001 - the runtime's own errors, of many types
         from infopt.pipeline import _first_line
 
-        candidate.status, candidate.reason = "failed", f"the built model fails to run: {type(exc).__name__}: {_first_line(exc)}"
+        candidate.status, candidate.reason = "failed", (
+            f"the built model does not take its whole dim range: {exc}" if isinstance(exc, _RangeFailure)
+            else f"the built model fails to run: {type(exc).__name__}: {_first_line(exc)}")
         return None
 
 
@@ -426,7 +476,7 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
     from infopt import candidates as cand
     from infopt.errors import BuildError, EnvironmentProblem
     from infopt.passes.fx.quantize_int4 import has_python_module
-    from infopt.pipeline import Pipeline
+    from infopt.pipeline import Pipeline, SharedPrefixes
 
     candidates = [cand.Candidate(r) for r in recipes]
     for c in candidates:
@@ -443,12 +493,13 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
         raise EnvironmentProblem(f"nothing can be built here for {target.name}: {listing}",
                                  fix="build on a machine that has what is missing, or choose another --backend or precision")
     errors = []
+    shared = SharedPrefixes([c.recipe for c in runnable])
     for c in runnable:
         (work / c.label).mkdir(parents=True, exist_ok=True)
         try:
             c.artifact = Pipeline(c.recipe, target, work / c.label, calibration=calib, budget=budget,
                                   check_batches=check_batches, console=console,
-                                  label=c.label if len(runnable) > 1 else "").run(artifact)
+                                  label=c.label if len(runnable) > 1 else "").run(artifact, shared)
             c.runner = cand.validation_runner(c.artifact, target)
             c.outputs = cand.artifact_outputs(c.artifact)
             c.status = "built"

@@ -27,3 +27,16 @@ class ConvOnly(nn.Module):
 
     def forward(self, x):
         return torch.relu(self.conv(x)).mean(dim=(2, 3))
+
+
+class LearnedPositions(nn.Module):
+    """16 learned positions: a longer sequence indexes past the table. torch.export cannot see that
+    (an index is data), so only running the model at the declared maximum length shows it."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = nn.Embedding(16, 8)
+        self.lin = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.lin(x + self.pos(torch.arange(x.shape[1], device=x.device)))

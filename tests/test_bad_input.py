@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from infopt.inputspec import InputSpec
 from tests.bad_models import DataDependent
 from tests.conftest import run_cli
 
@@ -65,6 +66,36 @@ def test_capture_failure_data_dependent(tmp_path):
     proc = run_cli("build", str(tmp_path / "dd.pt"), "--model-class", "tests.bad_models:DataDependent",
                    "--input", "x:float32[batch,4]", "-o", str(out))
     assert_clean_failure(proc, 3, "data-dependent", "bad_models.py", "if y.mean() > 0", out=out)
+
+
+def test_dim_range_the_model_itself_cannot_take(tmp_path, monkeypatch):
+    """--dim seq up to 32 for a model with 16 positions: exit 2 before anything is written, naming the dims."""
+    from tests.bad_models import LearnedPositions
+
+    monkeypatch.chdir(tmp_path)
+    torch.save(LearnedPositions().state_dict(), "pos.pt")
+    proc = run_cli("build", "pos.pt", "--model-class", "tests.bad_models:LearnedPositions",
+                   "--input", "x:float32[batch,seq,8]", "--dim", "seq=1:8:32", cwd=tmp_path)
+    assert_clean_failure(proc, 2, "the model itself fails at", "seq=32", "--dim", out=tmp_path / "dist" / "pos")
+    ok = run_cli("build", "pos.pt", "--model-class", "tests.bad_models:LearnedPositions", "--backend", "onnxruntime",
+                 "--input", "x:float32[batch,seq,8]", "--dim", "seq=1:8:16", "--batch-sizes", "1", "-q", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+
+
+def test_built_model_that_refuses_an_end_of_its_range(digits, tmp_path):
+    """An ONNX model fixed at batch 1 stands for a build that takes the samples' sizes but not the
+    declared range: the range check names the dims it fails at."""
+    from infopt.api import _check_range_ends, _range_ends, _RangeFailure
+    from infopt.runner import OrtRunner, TorchRunner
+
+    model = digits[0].eval()
+    torch.onnx.export(model, (torch.randn(1, 1, 8, 8),), str(tmp_path / "fixed.onnx"), input_names=["x"],
+                      output_names=["logits"], dynamo=False)
+    spec = InputSpec.parse(["x:float32[batch,1,8,8]"], ["batch=1:2:4"])
+    ends = _range_ends(spec, TorchRunner(model, ["x"], ["logits"]), model)
+    assert [where for where, _, _ in ends] == ["batch=1", "batch=4"]
+    with pytest.raises(_RangeFailure, match="fails to run at batch=4"):
+        _check_range_ends(OrtRunner(tmp_path / "fixed.onnx"), ends)
 
 
 def test_unwritable_output(files, tmp_path):

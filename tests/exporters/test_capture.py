@@ -46,3 +46,39 @@ def test_dynamic_dims_become_ranges():
     out = art.obj.module()(torch.randn(17, 4))
     assert out.shape == (17, 2)
     assert isinstance(art.spec, InputSpec)
+
+
+class HeadSplit(nn.Module):
+    """Size arithmetic a trace records in tensors: the head split of attention, and a slice by length."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = nn.Parameter(torch.randn(1, 16, 8))
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        b, n, d = x.shape
+        heads = self.proj(x + self.pos[:, :n]).reshape(b, n, 2, d // 2).transpose(1, 2)
+        return heads.reshape(b * 2, n, d // 2).softmax(-1).sum(1)
+
+
+def test_torchscript_size_arithmetic_becomes_integer_arithmetic():
+    """Traced at batch 2 and length 6, the TorchScript model is captured for the whole declared range:
+    without the fold the converter's assertions from the trace (u >= 8 and the like) refuse batch 1."""
+    from infopt.exporters.torchscript_graph import fold_size_arithmetic
+    from torch._export.converter import TS2EPConverter
+
+    model = HeadSplit().eval()
+    example = (torch.randn(2, 6, 8),)
+    traced = torch.jit.trace(model, example, check_trace=False)
+    converted = TS2EPConverter(traced, example).convert().module()
+    scalars = [n for n in converted.graph.nodes if str(n.target) == "aten._local_scalar_dense.default"]
+    assert scalars  # what the fold is for: sizes turned into data-dependent integers
+    assert fold_size_arithmetic(converted) == len(scalars)
+    assert not [n for n in converted.graph.nodes if "_local_scalar_dense" in str(n.target) or "_assert_scalar" in str(n.target)]
+
+    program = capture(traced, "x:float32[batch,seq,8]", ["batch=1:2:8", "seq=1:6:16"]).obj
+    for shape in ((1, 1, 8), (8, 16, 8), (3, 5, 8)):
+        x = torch.randn(shape)
+        with torch.inference_mode():
+            assert torch.allclose(program.module()(x), model(x), atol=1e-5), shape

@@ -20,7 +20,7 @@ import pytest
 from infopt.recipe import build_table, build_table_markdown
 from tests.matrix import models as M
 
-SECOND_FORMAT = {"ConvBN": "torchscript", "AttentionEncoder": "pt2", "Recurrent": "torchscript",
+SECOND_FORMAT = {"ConvBN": "torchscript", "AttentionEncoder": "torchscript", "Recurrent": "torchscript",
                  "OddMLP": "torchscript", "TwoHeads": "pt2"}
 """Besides its state dict, each architecture is built from one file that holds no Python module."""
 

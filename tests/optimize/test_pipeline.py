@@ -52,3 +52,31 @@ def test_unexpected_failure_becomes_build_error_naming_pass(recipe, tmp_path):
         Pipeline(recipe, get_target("cpu"), tmp_path).run(broken)
     assert err.value.exit_code == 3
     assert "pass onnx_export failed" in str(err.value) and "\x1b[" not in str(err.value)
+
+
+def test_candidates_share_the_passes_their_recipes_begin_with(digits, tmp_path):
+    """fp32-onnxruntime-fused starts from fp32-onnxruntime's ONNX export, fp32-inductor from its folded
+    program; each gets its own copy, so the passes that follow (which edit in place) change no other's."""
+    from infopt.pipeline import SharedPrefixes, step_keys
+
+    recipes = [load_recipe(bundled_recipes()[name]) for name in ("fp32-onnxruntime", "fp32-onnxruntime-fused",
+                                                                  "fp32-inductor")]
+    spec = InputSpec.parse(["x:float32[batch,1,8,8]"])
+    shared = SharedPrefixes(recipes)
+    source = Artifact("torch", spec, obj=digits[0], output_names=("logits",))
+    for r in recipes:
+        (tmp_path / r.name).mkdir()
+    plain, fused = [Pipeline(r, get_target("cpu"), tmp_path / r.name).run(source, shared) for r in recipes[:2]]
+    assert [r.name for r in fused.lineage] == [s.name for s in recipes[1].passes]
+    assert fused.path.parent.name == "fp32-onnxruntime-fused"  # the fusion wrote its own file
+    for record in fused.lineage[:4]:  # capture ... onnx_export
+        assert "reused from fp32-onnxruntime's build" in " ".join(record.notes), record
+    assert not any("reused" in note for record in plain.lineage + fused.lineage[4:] for note in record.notes)
+    # the inductor recipe shares capture, remove_noops and fold_batchnorm, not onnx_export
+    start, program = shared.start(step_keys(recipes[2]), source)
+    again = shared.start(step_keys(recipes[2]), source)[1]
+    assert start == 3 and program.kind == "exported" and len(program.lineage) == 3
+    assert again.obj is not program.obj  # each start has its own copy of the program
+    inputs = torch.from_numpy(digits[1]["val"][0][:4])
+    with torch.inference_mode():
+        assert torch.allclose(program.obj.module()(inputs), digits[0](inputs), atol=1e-5)
