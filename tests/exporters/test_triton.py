@@ -140,7 +140,10 @@ def test_python_backend_model_runs_a_real_pt2(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
     from torch.export import Dim
 
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    from infopt.cache import cache_dir
+
+    # infopt's own Inductor cache, as builds use it: a fresh one recompiles the AOTI headers (about 9 s)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache_dir("inductor")))
     torch.manual_seed(0)
     model = torch.nn.Linear(6, 3).eval()
     example = (torch.randn(4, 6),)
