@@ -316,6 +316,9 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
     final, recipe = chosen.artifact, chosen.recipe
     server = _server_engine(final.lineage)
     notes = _int8_notes(final.lineage) + _engine_notes(server)
+    if ends:
+        notes.append("ran at the ends of its dim ranges (" + "; ".join(where for where, _, _ in ends)
+                     + ") with the output shapes eager gives")
     if cap := thread_cap():
         notes.append(f"{THREADS_ENV}={cap}: every run here used at most that many threads; latency is for them")
     if target.device != "cpu" and chosen.runner.device == "cpu":

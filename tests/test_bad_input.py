@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -80,6 +82,8 @@ def test_dim_range_the_model_itself_cannot_take(tmp_path, monkeypatch):
     ok = run_cli("build", "pos.pt", "--model-class", "tests.bad_models:LearnedPositions", "--backend", "onnxruntime",
                  "--input", "x:float32[batch,seq,8]", "--dim", "seq=1:8:16", "--batch-sizes", "1", "-q", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr[-2000:]
+    notes = json.loads((tmp_path / "dist" / "pos" / "manifest.json").read_text())["validation"]["notes"]
+    assert "ran at the ends of its dim ranges (batch=1, seq=1; batch=1, seq=16; batch=64, seq=8)" in " ".join(notes)
 
 
 def test_built_model_that_refuses_an_end_of_its_range(digits, tmp_path):
