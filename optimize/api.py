@@ -279,6 +279,7 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
     from infopt.validators import drift as drift_mod
     from infopt.validators import latency as latency_mod
     from infopt.validators.data import split_batches
+    from infopt.validators.range_ends import check_range_ends, range_ends
     from infopt.validators.verdict import judge
 
     batches, source = _validation_batches(spec, val, max_samples, loaded.module, ctx.calib)
@@ -292,12 +293,12 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
         status.start()
     try:
         ref_out = drift_mod.run_all(reference, batches)
-        ends = _range_ends(spec, reference, loaded.module)
+        ends = range_ends(spec, reference, loaded.module)
         for c in built:
             c.drift = _run_candidate(c, lambda c=c: drift_mod.compare(ref_out, drift_mod.run_all(c.runner, batches),
                                                                       tuple(o[0] for o in c.outputs), source))
             if c.status == "built":
-                _run_candidate(c, lambda c=c: _check_range_ends(c.runner, ends))
+                _run_candidate(c, lambda c=c: check_range_ends(c.runner, ends))
         built = _survivors(candidates, ctx.allow_partial)
         if status:
             status.update("validating: latency" + (f" of {len(built)} candidates" if len(built) > 1 else ""))
@@ -401,68 +402,17 @@ def _work(module, spec, model_file: Path) -> dict[str, Any]:
     return count_work(module, feed, spec.names, weight_bytes)
 
 
-def _range_ends(spec, reference, module) -> list[tuple[str, dict, list]]:
-    """Random inputs at the ends of the dim ranges, and the shapes eager gives for them: a built model
-    must take the whole range it was built for, not just the samples'. The ends: every dim at its
-    min; every dim but the batch at its max (batch at its min); the batch at its max (the others at
-    their opt). The largest batch and the longest sequence are not combined: for a language model's
-    logits that one input alone can need more memory than the build has."""
-    from infopt.sample_inputs import embedding_vocab, random_feed
-
-    import numpy as np
-
-    from infopt.pipeline import _first_line
-
-    if not spec.dims:
-        return []
-    vocab = embedding_vocab(module) or 2
-    batch = spec.batch_symbol
-    points = [{name: r.min for name, r in spec.dims.items()},
-              {name: r.min if name == batch else r.max for name, r in spec.dims.items()}]
-    if batch is not None:
-        points.append({name: r.max if name == batch else r.opt for name, r in spec.dims.items()})
-    ends = []
-    for dims in [p for i, p in enumerate(points) if p not in points[:i]]:
-        feed = random_feed(spec, seed=7, int_high=vocab, **dims)
-        where = ", ".join(f"{name}={size}" for name, size in dims.items())
-        try:
-            outputs = reference.run(feed)
-        except Exception as exc:  # noqa: BLE001 - the model's own errors, of many types
-            raise InputSpecError(f"the model itself fails at {where}: {type(exc).__name__}: {_first_line(exc)}",
-                                 where="the source model, run eagerly on random inputs at the ends of the --dim ranges",
-                                 fix="give --dim ranges the model supports, e.g. --dim NAME=MIN:OPT:MAX") from exc
-        ends.append((where, feed, [np.shape(o) for o in outputs]))
-    return ends
-
-
-class _RangeFailure(Exception):
-    """A built model that fails, or gives other shapes than eager, at an end of its dim range."""
-
-
-def _check_range_ends(runner, ends) -> None:
-    """Raise, naming the dims, when the built model fails or gives other shapes than eager at an end of its range."""
-    import numpy as np
-
-    from infopt.pipeline import _first_line
-
-    for where, feed, shapes in ends:
-        try:
-            got = [np.shape(o) for o in runner.run(feed)]
-        except Exception as exc:  # noqa: BLE001 - the runtime's own errors, of many types
-            raise _RangeFailure(f"it fails to run at {where}: {type(exc).__name__}: {_first_line(exc)}") from exc
-        if got != shapes:
-            raise _RangeFailure(f"at {where} it gives outputs of shapes {got}, eager {shapes}")
-
-
 def _run_candidate(candidate, work):
     """``work()`` on a built candidate; the artifact failing to run on valid inputs is a build error naming it."""
+    from infopt.validators.range_ends import RangeFailure
+
     try:
         return work()
     except Exception as exc:  # noqa: BLE001 - the runtime's own errors, of many types
         from infopt.pipeline import _first_line
 
         candidate.status, candidate.reason = "failed", (
-            f"the built model does not take its whole dim range: {exc}" if isinstance(exc, _RangeFailure)
+            f"the built model does not take its whole dim range: {exc}" if isinstance(exc, RangeFailure)
             else f"the built model fails to run: {type(exc).__name__}: {_first_line(exc)}")
         return None
 

@@ -7,7 +7,6 @@ import json
 import pytest
 import torch
 
-from infopt.inputspec import InputSpec
 from tests.bad_models import DataDependent
 from tests.conftest import run_cli
 
@@ -84,22 +83,6 @@ def test_dim_range_the_model_itself_cannot_take(tmp_path, monkeypatch):
     assert ok.returncode == 0, ok.stderr[-2000:]
     notes = json.loads((tmp_path / "dist" / "pos" / "manifest.json").read_text())["validation"]["notes"]
     assert "ran at the ends of its dim ranges (batch=1, seq=1; batch=1, seq=16; batch=64, seq=8)" in " ".join(notes)
-
-
-def test_built_model_that_refuses_an_end_of_its_range(digits, tmp_path):
-    """An ONNX model fixed at batch 1 stands for a build that takes the samples' sizes but not the
-    declared range: the range check names the dims it fails at."""
-    from infopt.api import _check_range_ends, _range_ends, _RangeFailure
-    from infopt.runner import OrtRunner, TorchRunner
-
-    model = digits[0].eval()
-    torch.onnx.export(model, (torch.randn(1, 1, 8, 8),), str(tmp_path / "fixed.onnx"), input_names=["x"],
-                      output_names=["logits"], dynamo=False)
-    spec = InputSpec.parse(["x:float32[batch,1,8,8]"], ["batch=1:2:4"])
-    ends = _range_ends(spec, TorchRunner(model, ["x"], ["logits"]), model)
-    assert [where for where, _, _ in ends] == ["batch=1", "batch=4"]
-    with pytest.raises(_RangeFailure, match="fails to run at batch=4"):
-        _check_range_ends(OrtRunner(tmp_path / "fixed.onnx"), ends)
 
 
 def test_unwritable_output(files, tmp_path):
