@@ -29,8 +29,8 @@ def to_graph_module(script_module, args: tuple):
     from torch._export.converter import TS2EPConverter
 
     module = TS2EPConverter(script_module, args).convert().module()
-    if fold_size_arithmetic(module):
-        module.recompile()
+    fold_size_arithmetic(module)
+    module.recompile()
     return module
 
 
@@ -46,7 +46,8 @@ def fold_size_arithmetic(module) -> int:
             value = _integer(node.args[0], module, graph)
         if value is None:
             continue
-        node.replace_all_uses_with(value) if hasattr(value, "op") else _replace_with_constant(node, value)
+        for user in list(node.users):
+            user.replace_input_with(node, value)
         graph.erase_node(node)
         replaced += 1
     if replaced:
@@ -54,7 +55,7 @@ def fold_size_arithmetic(module) -> int:
             if node.op == "call_function" and str(node.target) in ("aten._assert_scalar.default",
                                                                      "aten.sym_constrain_range_for_size.default"):
                 graph.erase_node(node)
-        graph.eliminate_dead_code()
+    graph.eliminate_dead_code()  # also the integer ops of a chain that turned out not to fold
     return replaced
 
 
@@ -67,7 +68,7 @@ def _integer(node, module, graph) -> Any:
     if not hasattr(node, "op"):
         return None
     if node.op == "get_attr":
-        tensor = _attr(module, node.target)
+        tensor = operator.attrgetter(node.target)(module)
         if isinstance(tensor, torch.Tensor) and tensor.dim() == 0 and not tensor.is_floating_point():
             return int(tensor.item())
         return None
@@ -83,7 +84,7 @@ def _integer(node, module, graph) -> Any:
         return _integer(node.args[0], module, graph) if dtype is not None and not dtype.is_floating_point else None
     if target in ("aten.div.Tensor_mode", "aten.div.Scalar_mode") and node.kwargs.get("rounding_mode") in ("trunc", "floor"):
         op = operator.floordiv
-    elif target in FOLDABLE and not node.kwargs.get("alpha", 1) != 1:
+    elif target in FOLDABLE and node.kwargs.get("alpha", 1) == 1:
         op = FOLDABLE[target]
     else:
         return None
@@ -94,13 +95,3 @@ def _integer(node, module, graph) -> Any:
         return op(left, right)
     return graph.call_function(op, (left, right))
 
-
-def _attr(module, dotted: str):
-    for part in dotted.split("."):
-        module = getattr(module, part, None)
-    return module
-
-
-def _replace_with_constant(node, value: int) -> None:
-    for user in list(node.users):
-        user.replace_input_with(node, value)

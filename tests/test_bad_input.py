@@ -69,12 +69,11 @@ def test_capture_failure_data_dependent(tmp_path):
     assert_clean_failure(proc, 3, "data-dependent", "bad_models.py", "if y.mean() > 0", out=out)
 
 
-def test_dim_range_the_model_itself_cannot_take(tmp_path, monkeypatch):
+def test_dim_range_the_model_itself_cannot_take(tmp_path):
     """--dim seq up to 32 for a model with 16 positions: exit 2 before anything is written, naming the dims."""
     from tests.bad_models import LearnedPositions
 
-    monkeypatch.chdir(tmp_path)
-    torch.save(LearnedPositions().state_dict(), "pos.pt")
+    torch.save(LearnedPositions().state_dict(), tmp_path / "pos.pt")
     proc = run_cli("build", "pos.pt", "--model-class", "tests.bad_models:LearnedPositions",
                    "--input", "x:float32[batch,seq,8]", "--dim", "seq=1:8:32", cwd=tmp_path)
     assert_clean_failure(proc, 2, "the model itself fails at", "seq=32", "--dim", out=tmp_path / "dist" / "pos")
