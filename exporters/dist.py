@@ -1,7 +1,6 @@
-"""The output folder: staged in a temporary sibling and renamed into place at the end.
+"""The output folder's manifest: every file listed with its size and sha256, read back and checked.
 
-A failed or interrupted build leaves no half-written ``dist/<name>``; an existing one is replaced
-only with ``force``. Every file is listed in the manifest with its sha256.
+How the folder is written (staged, locked, swapped in whole) is ``staging.py``.
 """
 
 from __future__ import annotations
@@ -9,55 +8,15 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import shutil
-import tempfile
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-from infopt.errors import OutputExistsError, UsageError
+from infopt.errors import UsageError
 
 MANIFEST = "manifest.json"
-
-
-def check_output(out: Path, force: bool) -> None:
-    """Fail early, before any work, if the output cannot be written."""
-    if out.exists() and not force:
-        raise OutputExistsError(f"output folder {out} already exists",
-                                fix="pass --force to replace it, or choose another --output")
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"output {out} exists and is not a folder", fix="choose another --output")
-    parent = out.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        probe = tempfile.mkdtemp(prefix=f".{out.name}.probe-", dir=parent)
-        os.rmdir(probe)
-    except OSError as exc:
-        raise UsageError(f"cannot write the output folder {out}: {exc.strerror or exc}",
-                         where=str(parent), fix="choose an --output in a folder you can write to") from exc
-
-
-@contextmanager
-def staged_output(out: Path, force: bool) -> Iterator[Path]:
-    """Yield a temporary sibling folder; on success it replaces ``out``, on failure it is removed."""
-    out = Path(out)
-    check_output(out, force)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        yield stage
-        if out.exists():
-            if not force:
-                raise OutputExistsError(f"output folder {out} appeared during the build", fix="pass --force to replace it")
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / out.name)
-            os.replace(stage, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(stage, out)
-    finally:
-        if stage.exists():
-            shutil.rmtree(stage, ignore_errors=True)
+SIGNATURE = "manifest.json.sig"
+UNLISTED = (MANIFEST, SIGNATURE)
+"""Files an output folder holds that its manifest does not list: the manifest, and its signature if signed."""
 
 
 def _hash_into(digest, path: Path) -> None:
@@ -91,7 +50,7 @@ def model_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def file_table(root: Path, skip: tuple[str, ...] = (MANIFEST,)) -> dict[str, dict[str, Any]]:
+def file_table(root: Path, skip: tuple[str, ...] = UNLISTED) -> dict[str, dict[str, Any]]:
     """Every file under ``root`` (but the manifest) with its size and sha256."""
     table = {}
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
@@ -117,14 +76,41 @@ def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
 
 
 def read_manifest(root: Path) -> dict[str, Any]:
+    """The manifest of an output folder; every path it names must lie inside the folder."""
     path = Path(root) / MANIFEST
     if not path.is_file():
         raise UsageError(f"{root} has no {MANIFEST}: it is not an infopt output folder",
                          fix="pass the folder `infopt build` wrote (dist/<name>)")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path} is not valid JSON: {exc}", fix="rebuild the artifact") from exc
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files", {}), dict):
+        raise UsageError(f"{path} is not an infopt manifest", fix="rebuild the artifact")
+    named = [*manifest.get("files", {}), *_strings(manifest.get("artifacts", {}))]
+    outside = [rel for rel in named if not _inside(Path(root), rel)]
+    if outside:
+        raise UsageError(f"{path} names paths outside its output folder: {', '.join(map(repr, outside[:3]))}",
+                         where=str(path), fix="rebuild the artifact; a manifest that points outside its folder was edited")
+    return manifest
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _inside(root: Path, rel: str) -> bool:
+    """``rel`` is a relative path that stays inside ``root``, symbolic links followed."""
+    if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
+        return False
+    base = root.resolve()
+    return (base / rel).resolve().is_relative_to(base)
 
 
 def output_root(path: Path) -> Path:

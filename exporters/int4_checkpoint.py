@@ -62,7 +62,7 @@ import torch
 from torch import nn
 
 from infopt.errors import UsageError
-from infopt.exporters.dist import staged_output
+from infopt.exporters.staging import staged_output
 from infopt.quantize.int4_format import MAXQ, Int4Weight, int4_layers, unpack_int4
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -277,6 +277,15 @@ def _dense_tensors(model: nn.Module, layers: Mapping[str, Int4Weight]) -> dict[s
     return tensors
 
 
+def _is_checkpoint(path: Path) -> bool:
+    """A folder this module wrote: a config.json with a quantization_config beside its weights."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "quantization_config" in config and (path / WEIGHTS_FILE).exists()
+
+
 def _write(model: nn.Module, out: Path, tensors: dict[str, torch.Tensor], layers: Mapping[str, Int4Weight],
            quant_config: dict[str, Any], config: Mapping[str, Any] | None, source_dir: Path | str | None,
            force: bool) -> Path:
@@ -290,7 +299,7 @@ def _write(model: nn.Module, out: Path, tensors: dict[str, torch.Tensor], layers
             tensors[f"{name}.bias"] = bias.detach().cpu().to(torch.float16).contiguous()
     tensors.update(_dense_tensors(model, layers))
     sources = _source_files(source_dir)
-    with staged_output(out, force) as stage:
+    with staged_output(out, force, is_ours=_is_checkpoint) as stage:
         save_file(tensors, str(stage / WEIGHTS_FILE), metadata={"format": "pt"})
         (stage / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         for path in sources:

@@ -51,6 +51,8 @@ def _console(progress: bool | Any):
 
 
 def resolve_spec(loaded, inputs, dims, example_inputs, val) -> InputSpec:
+    from infopt.loading import check_against_onnx
+
     if isinstance(inputs, InputSpec):
         spec = inputs
     elif inputs:
@@ -72,9 +74,8 @@ def resolve_spec(loaded, inputs, dims, example_inputs, val) -> InputSpec:
 
         parsed = dict(parse_dim(d) for d in dims) if not isinstance(dims, dict) else dims
         spec = spec.with_dims(parsed)
-    if loaded.format == "onnx" and set(spec.names) != set(loaded.spec.names):
-        raise InputSpecError(f"the ONNX model's inputs are {', '.join(loaded.spec.names)}, the spec names {', '.join(spec.names)}",
-                             fix="use the model's own input names in --input")
+    if loaded.format == "onnx":
+        check_against_onnx(spec, loaded.spec)
     return spec
 
 
@@ -102,7 +103,13 @@ def check_forward(reference, spec: InputSpec, module) -> list:
 
 
 def _safe_name(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", text).strip("._") or "model"
+    from infopt.exporters.staging import MAX_NAME_BYTES
+
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", text).strip("._") or "model"
+    if len(name) > MAX_NAME_BYTES:
+        raise UsageError(f"the model name {name[:40]}... is {len(name)} characters long; at most {MAX_NAME_BYTES} are allowed",
+                         fix="pass a shorter --name")
+    return name
 
 
 def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precision: str = "fp32",
@@ -165,9 +172,17 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     name = _safe_name(name or (Path(loaded.source).stem if loaded.source else type(model).__name__.lower()))
     # absolute from here on: servers' packagers and compilers run in other working directories
     out = (Path(output) if output else Path("dist") / name).absolute()
-    from infopt.exporters.dist import check_output
+    from infopt.exporters.staging import claim_output
 
-    check_output(out, force)
+    with claim_output(out, force):
+        return _build_claimed(loaded, spec, recipes, target_obj, name, out, force, val, max_val_samples, console,
+                              _BuildContext(command, call, None, budget, allow_partial), calibration, calib_samples,
+                              calib_seed, tokenizer)
+
+
+def _build_claimed(loaded, spec, recipes, target_obj, name, out, force, val, max_val_samples, console, ctx,
+                   calibration, calib_samples, calib_seed, tokenizer) -> BuildResult:
+    """The build proper, with the output folder's lock held."""
     artifact = loaded.with_spec(spec)
     reference = reference_runner(loaded, spec)
     probe = check_forward(reference, spec, loaded.module)
@@ -184,10 +199,10 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
 
         calib = load_calibration(calibration, spec, samples=calib_samples, seed=calib_seed, tokenizer=tokenizer,
                                  hold_out=val is None)
+    ctx.calib = calib
     with tempfile.TemporaryDirectory(prefix="infopt-build-") as work:
-        build_in = _BuildContext(command, call, calib, budget, allow_partial)
         return _build_in(Path(work), loaded, artifact, reference, spec, recipes, target_obj, name, out, force,
-                         val, max_val_samples, console, build_in)
+                         val, max_val_samples, console, ctx)
 
 
 def _check_int8_inputs(recipe, target, calibration) -> None:
@@ -272,7 +287,7 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
               ctx: _BuildContext):
     from infopt import candidates as cand
     from infopt.emit import base_manifest, source_info, store_samples, write_output
-    from infopt.exporters.dist import staged_output
+    from infopt.exporters.staging import staged_output
     from infopt.provenance import data_sha256, record
     from infopt.threads import ENV as THREADS_ENV
     from infopt.threads import thread_cap
@@ -331,7 +346,7 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
                   "latency": latency, "curve": curve, "work": _work(loaded.module, spec, final.path),
                   "verdict": chosen.verdict.to_json()}
     names = tuple(o[0] for o in chosen.outputs)
-    manifest = base_manifest(name, source_info(loaded.source, loaded.format), target, recipe, spec, chosen.outputs,
+    manifest = base_manifest(name, source_info(loaded.source, loaded.format, loaded.module if loaded.source is None else None), target, recipe, spec, chosen.outputs,
                              final.lineage, validation)
     manifest["candidates"] = cand.table(candidates, timings)
     manifest["selection"] = why
@@ -518,20 +533,19 @@ def _int8_notes(lineage) -> list[str]:
     return notes
 
 
-def load(dist_dir: str | Path, *, allow_failed: bool = False, threads: int = 0):
-    """A callable runner for an output folder's model; refuses one whose validation failed.
+def load(dist_dir: str | Path, *, allow_failed: bool = False, threads: int = 0, key: str | Path | None = None):
+    """A callable runner for an output folder's model; refuses one whose validation failed, and one
+    whose files differ from its manifest (or, with ``key``, whose manifest's signature does not verify).
     ``threads`` sets ONNX Runtime's intra-op threads (0: its default, one per core)."""
-    from infopt.exporters.dist import read_manifest, sha256
+    from infopt.exporters.dist import read_manifest
+    from infopt.provenance import check_sealed
 
     root = Path(dist_dir)
     manifest = read_manifest(root)
+    check_sealed(root, manifest, "output", key)
     if not manifest["validation"]["verdict"]["passed"] and not allow_failed:
         raise ValidationFailed(f"{root} failed validation: {'; '.join(manifest['validation']['verdict']['reasons'])}",
                                fix="rebuild it, or pass allow_failed=True to load it anyway")
-    rel = manifest["artifacts"]["model"]
-    path = root / rel
-    if not path.is_file() or sha256(path) != manifest["files"][rel]["sha256"]:
-        raise ValidationFailed(f"{path} is missing or differs from the manifest's sha256", fix="rebuild the artifact")
     return _manifest_runner(root, manifest, threads)
 
 
@@ -543,11 +557,13 @@ def _manifest_runner(root: Path, manifest: dict[str, Any], threads: int = 0):
 
 
 def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None,
-             batch_sizes: Sequence[int] | None = None, progress: bool | Any = True) -> dict[str, Any]:
+             batch_sizes: Sequence[int] | None = None, progress: bool | Any = True,
+             key: str | Path | None = None) -> dict[str, Any]:
     """Re-check an output folder: file integrity against the manifest, drift of its model against
     the stored reference outputs, latency, and the verdict against the recipe's thresholds."""
     from infopt.emit import SAMPLES_FILE, read_samples
-    from infopt.exporters.dist import read_manifest, verify_files
+    from infopt.exporters.dist import read_manifest
+    from infopt.provenance import check_files
     from infopt.recipe import Recipe
     from infopt.validators import drift as drift_mod
     from infopt.validators import latency as latency_mod
@@ -557,7 +573,11 @@ def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None
     manifest = read_manifest(root)
     recipe = _with_overrides(Recipe.from_json(manifest["recipe"]), thresholds, batch_sizes)
     spec = InputSpec.from_json(manifest["inputs"])
-    problems = verify_files(root, manifest)
+    if key is not None:
+        from infopt.signing import check_signature
+
+        check_signature(root, key)
+    _, problems = check_files(root, manifest)
     result: dict[str, Any] = {"dist": str(root), "name": manifest["name"], "integrity": problems or "ok"}
     if problems:
         result["verdict"] = {"passed": False, "reasons": [f"file check: {p}" for p in problems], "checks": []}

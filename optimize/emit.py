@@ -53,9 +53,11 @@ def store_samples(path: Path, batches: list[dict[str, np.ndarray]], reference: l
 
 def read_samples(root: Path, manifest: dict[str, Any]) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
     """The inputs stored at build, by name, and the eager reference's outputs for them, in output order."""
-    with np.load(Path(root) / SAMPLES_FILE, allow_pickle=False) as data:
-        inputs = {k.split(".", 1)[1]: data[k] for k in data.files if k.startswith("input.")}
-        reference = [data[f"reference.{o['name']}"] for o in manifest["outputs"]]
+    from infopt.safe_load import arrays_file
+
+    data = arrays_file(Path(root) / SAMPLES_FILE)
+    inputs = {k.split(".", 1)[1]: v for k, v in data.items() if k.startswith("input.")}
+    reference = [data[f"reference.{o['name']}"] for o in manifest["outputs"]]
     return inputs, reference
 
 
@@ -118,6 +120,27 @@ def write_reports(stage: Path, manifest: dict[str, Any]) -> None:
         manifest["files"][rel] = {"bytes": (stage / rel).stat().st_size, "sha256": sha256(stage / rel)}
 
 
+VOLATILE_KEYS = frozenset({"created", "seconds", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "throughput", "speedup",
+                           "latency", "curve", "triton_tuning", "selection"})
+"""Manifest fields that differ between two builds of the same model with the same options: the time of
+the build and every timing (and what is chosen from timings: the Triton batching tuned to the
+measured curve, the words of the selection). Everything else, ``model/`` included, is byte-identical."""
+
+VOLATILE_FILES = ("report.md", "report.html", "servers/torchserve/", "servers/triton/", "servers/kserve/")
+"""Files that carry timings or a build time: the reports, the Triton config tuned to the measured
+curve, the TorchServe archive (torch-model-archiver stamps it) and the KServe manifest beside them."""
+
+
+def without_volatile(value: Any) -> Any:
+    """The manifest with its volatile fields and files left out: equal for two builds of the same model."""
+    if isinstance(value, dict):
+        return {k: without_volatile(v) for k, v in value.items()
+                if k not in VOLATILE_KEYS and not (isinstance(k, str) and k.startswith(VOLATILE_FILES))}
+    if isinstance(value, list):
+        return [without_volatile(v) for v in value]
+    return value
+
+
 def base_manifest(name: str, source: dict[str, Any], target, recipe, spec, outputs, passes, validation) -> dict[str, Any]:
     return {
         "schema": "infopt.manifest/1",
@@ -136,10 +159,25 @@ def base_manifest(name: str, source: dict[str, Any], target, recipe, spec, outpu
     }
 
 
-def source_info(path: Path | None, fmt: str) -> dict[str, Any]:
+def source_info(path: Path | None, fmt: str, module: Any = None) -> dict[str, Any]:
+    """Where the model came from, with a sha256 that tells two builds of the same model: the file's
+    bytes, each file of a folder, or for an in-memory module its state dict (names, dtypes, shapes, values)."""
     if path is None:
-        return {"path": "(in-memory module)", "format": fmt, "sha256": None}
+        return {"path": "(in-memory module)", "format": fmt, "sha256": None if module is None else _weights_sha256(module)}
     if Path(path).is_dir():
         files = {name: entry["sha256"] for name, entry in file_table(Path(path), skip=()).items()}
         return {"path": str(path), "format": fmt, "files": files}
     return {"path": str(path), "format": fmt, "sha256": sha256(path)}
+
+
+def _weights_sha256(module: Any) -> str:
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        array = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"{name}:{array.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(array.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

@@ -69,6 +69,12 @@ class RecipeError(UsageError):
     title = "bad recipe"
 
 
+class IntegrityError(UsageError):
+    """An output folder differs from its manifest, or its manifest from its signature."""
+
+    title = "integrity"
+
+
 class OutputExistsError(UsageError):
     """The output folder exists and ``--force`` was not given."""
 

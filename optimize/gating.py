@@ -27,7 +27,6 @@ from typing import Any, Callable
 import numpy as np
 
 from infopt.errors import UsageError
-from infopt.exporters.dist import MANIFEST
 from infopt.inputspec import InputSpec
 from infopt.validators.gate_config import GateConfig
 
@@ -47,6 +46,8 @@ class GateCheck:
     passed: bool | None
     """None for a figure that is reported but not gated"""
     detail: str = ""
+    skipped: bool = False
+    """a check that should have run and could not (JUnit ``<skipped>``): accuracy with nothing to judge it by"""
 
     def describe(self) -> str:
         got = "-" if self.candidate is None else f"{self.candidate:.6g}"
@@ -96,20 +97,17 @@ class GateResult:
                 "checks": [asdict(c) for c in self.checks], "measurements": self.measurements, "notes": self.notes}
 
 
-def open_artifact(path: str | Path, label: str) -> Artifact:
-    """An output folder (or its manifest.json) whose files match its manifest; else exit 2."""
+def open_artifact(path: str | Path, label: str, key: str | Path | None = None) -> Artifact:
+    """An output folder (or its manifest.json) whose files match its manifest (and, with ``key``,
+    whose manifest's signature verifies); else exit 2."""
     from infopt.exporters.dist import output_root, read_manifest
-    from infopt.provenance import check_files
+    from infopt.provenance import check_sealed
 
     root = output_root(path)
     if not root.exists():
         raise UsageError(f"the {label} {path} does not exist", fix="pass an output folder of `infopt build`, or its manifest.json")
     manifest = read_manifest(root)
-    _, problems = check_files(root, manifest)
-    if problems:
-        raise UsageError(f"the {label} {root} does not match its manifest: " + "; ".join(problems),
-                         where=str(root / MANIFEST),
-                         fix=f"rebuild the {label} or restore its files; `infopt verify {root}` lists every file")
+    check_sealed(root, manifest, label, key)
     return Artifact(label, root, manifest)
 
 
@@ -166,7 +164,7 @@ def _run(runner, batches: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]
 
 
 def gate(candidate: str | Path, baseline: str | Path, *, config: GateConfig | None = None, val: str | Path | None = None,
-         max_val_samples: int = 1024, memory: bool = True,
+         max_val_samples: int = 1024, memory: bool = True, key: str | Path | None = None,
          progress: Callable[[str], None] | None = None) -> GateResult:
     """Gate ``candidate`` against ``baseline`` (output folders or their manifests); see the module doc."""
     from infopt.emit import read_samples
@@ -176,7 +174,7 @@ def gate(candidate: str | Path, baseline: str | Path, *, config: GateConfig | No
 
     config = config or GateConfig()
     say = progress or (lambda _msg: None)
-    cand, base = open_artifact(candidate, "candidate"), open_artifact(baseline, "baseline")
+    cand, base = open_artifact(candidate, "candidate", key), open_artifact(baseline, "baseline", key)
     check_same_model(cand, base)
     result = GateResult(cand.describe(), base.describe())
     result.checks.append(GateCheck("build", "candidate's own verdict", None, None, "passed", bool(result.candidate["build_passed"]),
@@ -207,11 +205,15 @@ def gate(candidate: str | Path, baseline: str | Path, *, config: GateConfig | No
     say("running both models on the validation inputs")
     cand_out, base_out = _run(cand_runner, run_batches), _run(base_runner, run_batches)
     base_report = drift_mod.compare(base_out, cand_out, names, source)
-    result.checks += _drift_checks("baseline", base_report, config.baseline)
+    limits, why = _baseline_limits(config, cand, base, base_report)
+    result.checks += _drift_checks("baseline", base_report, limits)
+    if why:
+        result.notes.append(why)
     result.measurements["drift"] = {"reference": ref_report.to_json(), "baseline": base_report.to_json()}
 
     if val is not None:
         _task_checks(result, config, val, counts, names, cand_out, base_out)
+    _flag_ungated_accuracy(result)
     say("timing both models side by side")
     _latency_checks(result, config, cand, base, cand_runner, base_runner, say)
     del cand_runner, base_runner
@@ -220,6 +222,44 @@ def gate(candidate: str | Path, baseline: str | Path, *, config: GateConfig | No
         say("peak memory, each model in a process of its own")
         _memory_checks(result, config, cand, base)
     return result
+
+
+DEFAULT_BASELINE_TOP1 = 0.99
+"""Top-1 agreement with the baseline a candidate of the same source model must keep when no limit is given."""
+
+
+def same_source(cand: Artifact, base: Artifact) -> bool:
+    """Both built from the same model: the same file sha256 (or the same files, or the same weights)."""
+    c, b = cand.manifest.get("source") or {}, base.manifest.get("source") or {}
+    if c.get("sha256") and c.get("sha256") == b.get("sha256"):
+        return True
+    return bool(c.get("files")) and c.get("files") == b.get("files")
+
+
+def _baseline_limits(config: GateConfig, cand: Artifact, base: Artifact, report) -> tuple[Any, str]:
+    """The baseline section's limits; with none given and the same source model on both sides, the
+    candidate recipe's drift limits and top-1 agreement >= 0.99 (for a classifier's outputs)."""
+    from infopt.recipe import DriftThresholds
+
+    if config.baseline.model_dump(exclude_none=True) or not same_source(cand, base):
+        return config.baseline, ""
+    limits = dict(cand.manifest["recipe"]["validation"]["drift"])
+    if limits.get("min_top1") is None and report.worst.get("top1") is not None:
+        limits["min_top1"] = DEFAULT_BASELINE_TOP1
+    return DriftThresholds(**limits), ("both builds come from the same source model (same sha256), so the candidate's outputs "
+                                       "were held to the baseline's by its recipe's drift limits"
+                                       + (f" and top-1 agreement >= {DEFAULT_BASELINE_TOP1:g}" if "min_top1" in limits else ""))
+
+
+def _flag_ungated_accuracy(result: GateResult) -> None:
+    """When nothing judged accuracy (no baseline limit, no task metric), say so as a check of its own."""
+    if any(c.group in ("baseline", "task") and c.passed is not None for c in result.checks):
+        return
+    result.checks.append(GateCheck(
+        "accuracy", "not gated", None, None, "not gated", None, skipped=True,
+        detail="ACCURACY WAS NOT GATED: the builds come from different source models, no --val labels gave a task "
+               "metric and no baseline limit was set; pass --val with labels, or --min-baseline-cosine/--min-baseline-top1"))
+    result.notes.append("accuracy was not gated: nothing here shows the candidate is as accurate as the baseline")
 
 
 def _max_batch(spec: InputSpec) -> int:

@@ -136,7 +136,8 @@ class InputSpec:
         """Infer the spec from example tensors or arrays; dim 0 becomes ``batch`` if asked."""
         names = list(names) if names else [f"input_{i}" for i in range(len(examples))]
         if len(names) != len(examples):
-            raise InputSpecError(f"{len(examples)} example inputs for {len(names)} names ({', '.join(names)})")
+            raise InputSpecError(f"{len(examples)} example inputs for {len(names)} names ({', '.join(names)})",
+                                 fix="pass one example tensor per input of forward()")
         tensors = []
         batch = None
         for name, ex in zip(names, examples):

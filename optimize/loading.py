@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import pickletools
 import sys
 import zipfile
 from dataclasses import dataclass
@@ -20,11 +19,7 @@ from typing import Any
 from infopt.artifact import Artifact
 from infopt.errors import InputSpecError, ModelLoadError, UnsafePickleError, UsageError
 from infopt.inputspec import DimRange, InputSpec, TensorSpec, dtype_name
-
-SAFE_GLOBAL_PREFIXES = ("torch.", "collections.OrderedDict", "builtins.", "__builtin__.", "_codecs.encode")
-"""Globals a plain tensor/state-dict pickle references; ``torch.nn.*`` and everything else name
-module classes, which only a pickled object holds."""
-
+from infopt.safe_load import exported_program, pickled_classes, refuse, torch_file
 
 @dataclass
 class LoadedModel:
@@ -91,6 +86,11 @@ _FORMATS_HINT = ("save the model as TorchScript (torch.jit.save), torch.export (
                  "(torch.save(model.state_dict()) with --model-class) or ONNX")
 
 
+def _first(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _corrupt(path: Path, why: Any) -> ModelLoadError:
     return ModelLoadError(f"{path} is corrupt or truncated: {why}",
                           fix="re-save or re-download the file; compare its size and checksum with the original")
@@ -111,11 +111,13 @@ def load_model(path: str | Path, *, model_class: str | None = None, model_args: 
 
     if fmt == "pt2":
         try:
-            program = torch.export.load(str(path))
+            program = exported_program(path, allow_pickle=allow_pickle)
+            module = program.module()
+        except UnsafePickleError:
+            raise
         except Exception as exc:  # noqa: BLE001 - any failure here means the archive is unusable
-            raise _corrupt(path, f"torch.export.load: {exc}") from exc
+            raise _corrupt(path, f"torch.export.load: {_first(exc)}") from exc
         spec = spec_from_exported(program)
-        module = program.module()
         art = Artifact("exported", spec, obj=program, output_names=_output_names(program))
         return LoadedModel(art, "pt2", path, module, spec.names, spec)
     if fmt == "torchscript":
@@ -147,7 +149,7 @@ def _load_torch_save(path, fmt, model_class, model_args, allow_pickle) -> Loaded
 
     if allow_pickle:
         try:
-            obj = torch.load(str(path), map_location="cpu", weights_only=False)
+            obj = torch_file(path, allow_pickle=True)
         except Exception as exc:  # noqa: BLE001
             raise _corrupt(path, f"torch.load: {exc}") from exc
         if isinstance(obj, torch.nn.Module):
@@ -159,10 +161,10 @@ def _load_torch_save(path, fmt, model_class, model_args, allow_pickle) -> Loaded
         if classes:
             raise _refuse_pickle(path, classes)
         try:
-            obj = torch.load(str(path), map_location="cpu", weights_only=True)
-        except Exception as exc:  # noqa: BLE001 - restricted unpickler refused or file is bad
-            if "weights_only" in str(exc) or "Unsupported global" in str(exc):
-                raise _refuse_pickle(path, []) from None
+            obj = torch_file(path, what="is a pickled Python object")
+        except UnsafePickleError:
+            raise _refuse_pickle(path, []) from None
+        except Exception as exc:  # noqa: BLE001 - the file is bad
             raise _corrupt(path, f"torch.load: {str(exc).splitlines()[0]}") from exc
     state = _state_dict_of(obj)
     if state is None:
@@ -195,46 +197,10 @@ def _from_module(module, fmt: str, path: Path) -> LoadedModel:
     return LoadedModel(None, fmt, path, module, names)
 
 
-def _refuse_pickle(path: Path, classes: list[str]) -> UnsafePickleError:
-    named = f" (it pickles {', '.join(classes[:4])})" if classes else ""
-    return UnsafePickleError(
-        f"{path} is a pickled Python object{named}; unpickling it would run code named by the file",
-        fix="if you trust the file, pass --allow-pickle; better, re-save the model as TorchScript "
-            "(torch.jit.save), torch.export (.pt2), or torch.save(model.state_dict()) and pass --model-class",
-    )
-
-
-def pickled_classes(path: Path) -> list[str]:
-    """The globals a torch.save archive's pickle references beyond plain tensors, found by
-    reading its opcodes (nothing is executed)."""
-    with zipfile.ZipFile(path) as archive:
-        name = next(n for n in archive.namelist() if n.endswith("data.pkl"))
-        data = archive.read(name)
-    found: list[str] = []
-    strings: list[Any] = []
-    memo: dict[int, Any] = {}
-    try:
-        for op, arg, _ in pickletools.genops(data):
-            if op.name == "GLOBAL":
-                found.append(arg.replace(" ", "."))
-            elif op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE", "BINUNICODE8"):
-                strings.append(arg)
-            elif op.name == "MEMOIZE":
-                memo[len(memo)] = strings[-1] if strings else None
-            elif op.name in ("BINPUT", "LONG_BINPUT", "PUT"):
-                memo[arg] = strings[-1] if strings else None
-            elif op.name in ("BINGET", "LONG_BINGET", "GET"):
-                strings.append(memo.get(arg))
-            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
-                found.append(f"{strings[-2]}.{strings[-1]}")
-    except Exception as exc:  # noqa: BLE001 - a broken pickle stream
-        raise _corrupt(path, f"its pickle stream is broken ({exc})") from exc
-    unsafe = []
-    for ref in found:
-        if ref.startswith("torch.nn.") or not ref.startswith(SAFE_GLOBAL_PREFIXES):
-            if ref not in unsafe:
-                unsafe.append(ref)
-    return unsafe
+def _refuse_pickle(path: Path, classes: list[str]):
+    return refuse(path, "is a pickled Python object", classes, fix=(
+        "if you trust the file, pass --allow-pickle; better, re-save the model as TorchScript (torch.jit.save), "
+        "torch.export (.pt2), or torch.save(model.state_dict()) and pass --model-class"))
 
 
 def _state_dict_of(obj):
@@ -280,7 +246,8 @@ def instantiate(model_class: str, model_args: str | dict | None):
             raise UsageError(f"--model-args is not valid JSON: {exc}", fix='for example --model-args \'{"num_classes": 10}\'') from exc
     kwargs = model_args or {}
     if not isinstance(kwargs, dict):
-        raise UsageError("--model-args must be a JSON object of constructor keyword arguments")
+        raise UsageError("--model-args must be a JSON object of constructor keyword arguments",
+                         fix='for example --model-args \'{"num_classes": 10}\'')
     try:
         return cls(**kwargs)
     except Exception as exc:  # noqa: BLE001 - user constructor
@@ -340,3 +307,17 @@ def spec_from_onnx(model) -> InputSpec:
         tensors.append(TensorSpec(value.name, ONNX_DTYPES.get(kind.elem_type, "float32"),
                                   tuple(s if isinstance(s, int) else s.replace("-", "_") for s in shape)))
     return InputSpec(tuple(tensors))
+
+
+def check_against_onnx(spec: InputSpec, declared: InputSpec) -> None:
+    """An ONNX model declares its inputs: the spec must name the same ones, of the same rank, dtype and fixed sizes."""
+    if set(spec.names) != set(declared.names):
+        raise InputSpecError(f"the ONNX model's inputs are {', '.join(declared.names)}, the spec names {', '.join(spec.names)}",
+                             fix="use the model's own input names in --input")
+    for given in spec.inputs:
+        model = next(t for t in declared.inputs if t.name == given.name)
+        fixed = [(a, b) for a, b in zip(given.shape, model.shape) if isinstance(a, int) and isinstance(b, int)]
+        if len(given.shape) != len(model.shape) or given.dtype != model.dtype or any(a != b for a, b in fixed):
+            raise InputSpecError(f"input {given.name} is {model} in the ONNX model (rank {len(model.shape)}), the spec "
+                                 f"says {given} (rank {len(given.shape)})",
+                                 fix=f"describe it as the model declares it, e.g. --input \"{model}\"")

@@ -82,7 +82,7 @@ def record(command: Sequence[str] | None, call: str, recipe_name: str, calibrati
 def check_files(root: Path, manifest: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
     """(a row per file with its status, the problems): every listed file re-hashed, and every file
     on disk that the manifest does not list."""
-    from infopt.exporters.dist import FILE_PROBLEMS, MANIFEST, file_status
+    from infopt.exporters.dist import FILE_PROBLEMS, UNLISTED, file_status
 
     listed = manifest.get("files") or {}
     rows, problems = [], []
@@ -95,22 +95,53 @@ def check_files(root: Path, manifest: dict[str, Any]) -> tuple[list[dict[str, An
             problems.append(f"{rel}: {FILE_PROBLEMS[status]}")
     for path in sorted(p for p in Path(root).rglob("*") if p.is_file()):
         rel = path.relative_to(root).as_posix()
-        if rel != MANIFEST and rel not in listed:
+        if rel not in UNLISTED and rel not in listed:
             rows.append({"path": rel, "status": "unlisted", "bytes": path.stat().st_size, "sha256": None})
             problems.append(f"{rel}: not in the manifest (added after the build)")
     if not listed:
-        problems.append(f"{MANIFEST} lists no files")
+        problems.append("manifest.json lists no files")
+    model = (manifest.get("artifacts") or {}).get("model")
+    if listed and model not in listed:
+        problems.append(f"{model}: the model file is not among the files the manifest lists")
     return rows, problems
 
 
-def verify(root: Path) -> dict[str, Any]:
+def check_sealed(root: Path, manifest: dict[str, Any], label: str, key: str | Path | None = None) -> None:
+    """Refuse (exit 2) an output folder whose files differ from its manifest, or, with ``key``,
+    whose manifest's signature does not verify: run before any file of it is used."""
+    from infopt.errors import IntegrityError
+
+    _, problems = check_files(root, manifest)
+    if problems:
+        raise IntegrityError(f"the {label} {root} does not match its manifest: " + "; ".join(problems),
+                             where=str(Path(root) / "manifest.json"),
+                             fix=f"rebuild the {label} or restore its files; `infopt verify {root}` lists every file")
+    if key is not None:
+        from infopt.signing import check_signature
+
+        check_signature(root, key, label)
+
+
+def verify(root: Path, key: str | Path | None = None) -> dict[str, Any]:
     """Re-hash an output folder against its manifest. ``problems`` lists every changed, missing or
-    unlisted file; an empty list means the folder is exactly what the build wrote."""
+    unlisted file, and with ``key`` a signature that does not verify; an empty list means the folder
+    is exactly what the build wrote (and, signed, what the key's owner signed)."""
+    from infopt.errors import IntegrityError
     from infopt.exporters.dist import MANIFEST, read_manifest, sha256
 
     root = Path(root)
     manifest = read_manifest(root)
     rows, problems = check_files(root, manifest)
+    signature = None
+    if key is not None:
+        from infopt.signing import check_signature
+
+        try:
+            record = check_signature(root, key)
+            signature = f"valid, Ed25519 key {record['public_key']}"
+        except IntegrityError as exc:
+            signature = "INVALID"
+            problems.append(exc.what)
     return {"dist": str(root), "name": manifest.get("name"), "manifest_sha256": sha256(root / MANIFEST),
-            "files": rows, "problems": problems, "passed": not problems,
+            "files": rows, "problems": problems, "passed": not problems, "signature": signature,
             "provenance": manifest.get("provenance"), "versions": manifest.get("versions")}

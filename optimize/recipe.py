@@ -83,7 +83,8 @@ class Recipe(_Strict):
                     fix="order the passes so each consumes what the one before produces",
                 )
             if STAGE[definition.produces] < STAGE[definition.consumes]:
-                raise RecipeError(f"pass {step.name} moves the model back up the flow")
+                raise RecipeError(f"pass {step.name} moves the model back up the flow",
+                                  fix="order the passes fx, then export, then onnx or lower passes (see `infopt recipes`)")
             previous = definition
         return self
 
@@ -111,9 +112,11 @@ def load_recipe(path: str | Path) -> Recipe:
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
-        raise RecipeError(f"cannot read recipe: {exc.strerror}", where=str(path)) from exc
+        raise RecipeError(f"cannot read recipe {path}: {exc.strerror}", where=str(path),
+                          fix="pass a recipe YAML file, or a bundled recipe's name (see `infopt recipes`)") from exc
     except yaml.YAMLError as exc:
-        raise RecipeError(f"recipe is not valid YAML: {exc}", where=str(path)) from exc
+        raise RecipeError(f"recipe is not valid YAML: {exc}", where=str(path),
+                          fix="fix the YAML; `infopt recipes` lists the bundled recipes to start from") from exc
     return _validated(data, str(path))
 
 

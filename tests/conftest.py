@@ -64,6 +64,20 @@ def files(tmp_path_factory, digits, encoder):
     return out
 
 
+@pytest.fixture(scope="session")
+def digits_dist(digits, files, tmp_path_factory):
+    """A default-backend ONNX Runtime build of the digits CNN, for tests that read or tamper with an output
+    folder (copy it first)."""
+    import infopt
+
+    model, data = digits
+    x, _ = data["val"]
+    out = tmp_path_factory.mktemp("built") / "digits"
+    infopt.build(model, example_inputs=(torch.from_numpy(x[:2]),), backend="onnxruntime", output=out,
+                 val=files / "digits_val.npz", progress=False)
+    return out
+
+
 def pytest_collection_modifyitems(items):
     """Tests marked ``slow`` (real models, end-to-end builds) first, so that side-by-side workers
     take them one each and finish together instead of one worker running the last long test alone."""
@@ -78,4 +92,37 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300,
                           text=True, timeout=timeout)
 
 
-__all__ = ["DigitsCNN", "TinyEncoder", "run_cli", "ROOT"]
+def run_cli_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """The CLI's own entry point (``infopt.cli.app.main``) in this process, in ``cwd``: what a user's
+    command runs, less the interpreter's start-up, for tables of failures that end in a second. An
+    exception that escapes ``main`` is a traceback on stderr and exit 1, as it would be for the user."""
+    import contextlib
+    import io
+    import signal
+    import traceback
+    import warnings
+
+    from infopt.cli.app import main
+
+    out, err = io.StringIO(), io.StringIO()
+    here, argv, on_term = os.getcwd(), sys.argv, signal.getsignal(signal.SIGTERM)
+    os.chdir(cwd)
+    sys.argv = ["infopt", *args]
+    code = 0
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main()
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+            except Exception:  # noqa: BLE001 - what the user would see
+                traceback.print_exc(file=err)
+                code = 1
+    finally:
+        os.chdir(here)
+        sys.argv = argv
+        signal.signal(signal.SIGTERM, on_term)
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
+__all__ = ["DigitsCNN", "TinyEncoder", "run_cli", "run_cli_here", "ROOT"]

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import zipfile
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from tests.bad_models import DataDependent
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_cli_here
 
 
 def assert_clean_failure(proc, code: int, *needles: str, out=None):
@@ -117,3 +120,147 @@ def test_thread_cap_that_is_not_a_count(files, tmp_path):
     proc = run_cli("build", str(files / "cnn_ts.pt"), "--input", "x:float32[batch,1,8,8]", "-o", str(out),
                    env={"INFOPT_THREADS": "two"})
     assert_clean_failure(proc, 2, "INFOPT_THREADS='two' is not a thread count", out=out)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The table: every command, as a user types it (relative paths, in a folder of their own), through the
+# CLI's entry point in this process (the cases above start the installed command). Each case
+# asserts its exit code, a message naming the problem, no traceback, and nothing written beside the
+# inputs: no dist/ folder, no temporary sibling, no lock file.
+
+def _workspace(folder: Path) -> None:
+    """The files the table's commands name: a TorchScript, a state dict, an ONNX model, samples, junk."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tests.payloads import Tiny
+
+    torch.jit.save(torch.jit.trace(Tiny().eval(), torch.randn(2, 4)), str(folder / "tiny.pt"))
+    torch.save(Tiny().state_dict(), folder / "sd.pt")
+    weight = numpy_helper.from_array(np.ones((4, 3), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3])], [weight])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(folder / "tiny.onnx"))
+    np.savez(folder / "v.npz", x=np.random.RandomState(0).randn(8, 4).astype(np.float32))
+    np.savez(folder / "wrong_name.npz", y=np.zeros((8, 4), np.float32), z=np.zeros((8, 4), np.float32))
+    np.savez(folder / "wrong_shape.npz", x=np.zeros((8, 5), np.float32))
+    (folder / "s.txt").write_text("a sentence\n")
+    (folder / "empty.pt").write_bytes(b"")
+    (folder / "noise.pt").write_bytes(bytes(range(256)) * 4)
+    with zipfile.ZipFile(folder / "notmodel.pt", "w") as archive:
+        archive.writestr("readme.txt", "hello")
+    (folder / "notes").mkdir()
+    (folder / "notes" / "todo.txt").write_text("mine")
+    (folder / "afile").write_text("x")
+    (folder / "bad.yaml").write_text("name: [unclosed\n")
+    (folder / "gate_bad_key.yaml").write_text("latency:\n  max_ratoi: 1.1\n")
+    (folder / "junk.pem").write_text("not a key\n")
+    (folder / "nomanifest").mkdir()
+    (folder / "badjson").mkdir()
+    (folder / "badjson" / "manifest.json").write_text("{not json")
+
+
+TS = ["tiny.pt", "--input", "x:float32[batch,4]"]
+D = "{dist}"
+
+TABLE = [
+    # typer/click usage errors, in infopt's form
+    ("build: no model", ["build"], 2, "Missing argument 'model'"),
+    ("build: unknown option", ["build", *TS, "--nope"], 2, "No such option: --nope"),
+    ("unknown command", ["bild"], 2, "No such command 'bild'"),
+    ("build: option without its value", ["build", *TS, "--target"], 2, "requires an argument"),
+    ("build: not an integer", ["build", *TS, "--calib-samples", "abc"], 2, "Invalid value for '--calib-samples'"),
+    ("build: group size not an integer", ["build", *TS, "--group-size", "x"], 2, "Invalid value for '--group-size'"),
+    ("gate: no baseline", ["gate", D], 2, "Missing option '--baseline'"),
+    ("gate: trials not an integer", ["gate", D, "-b", D, "--trials", "x"], 2, "Invalid value for '--trials'"),
+    ("validate: no folder", ["validate"], 2, "Missing argument"),
+    ("verify: no folder", ["verify"], 2, "Missing argument"),
+    ("inspect: no model", ["inspect"], 2, "Missing argument"),
+    ("sign: no key", ["sign", D], 2, "Missing option '--key'"),
+    # build options
+    ("build: unknown target", ["build", *TS, "--target", "h1000"], 2, "unknown target"),
+    ("build: unknown precision", ["build", *TS, "--precision", "fp7"], 2, "fp7"),
+    ("build: two precisions", ["build", *TS, "--fp16", "--int8"], 2, "more than one precision"),
+    ("build: unknown backend", ["build", *TS, "--backend", "tvm"], 2, "tvm"),
+    ("build: batch size 0", ["build", *TS, "--batch-sizes", "0"], 2, "--batch-sizes"),
+    ("build: dim range backwards", ["build", *TS, "--dim", "batch=8:4:1"], 2, "batch"),
+    ("build: dim not name=min:opt:max", ["build", *TS, "--dim", "nonsense"], 2, "nonsense"),
+    ("build: unknown dtype", ["build", "tiny.pt", "--input", "x:float99[batch,4]"], 2, "float99"),
+    ("build: dim not in the spec", ["build", *TS, "--dim", "seq=1:2:4"], 2, "seq"),
+    ("build: model args not JSON", ["build", "sd.pt", "--model-class", "tests.payloads:Tiny", "--model-args", "{bad",
+                                    "--input", "x:float32[batch,4]"], 2, "--model-args is not valid JSON"),
+    ("build: model class without colon", ["build", "sd.pt", "--model-class", "Tiny", "--input", "x:float32[batch,4]"], 2,
+     "pkg.module:Class"),
+    ("build: model class not importable", ["build", "sd.pt", "--model-class", "no_such_pkg.m:Net", "--input",
+                                           "x:float32[batch,4]"], 2, "cannot import"),
+    ("build: state dict without class", ["build", "sd.pt", "--input", "x:float32[batch,4]"], 2, "--model-class"),
+    ("build: state dict for another class", ["build", "sd.pt", "--model-class", "examples.models:DigitsCNN",
+                                             "--input", "x:float32[batch,4]"], 2, "does not fit"),
+    ("build: unknown calibration method", ["build", *TS, "--int8", "--calib", "v.npz", "--calib-method", "magic"], 2, "--calib-method"),
+    ("build: unknown INT4 method", ["build", *TS, "--int4", "--int4-method", "magic"], 2, "--int4-method"),
+    ("build: unknown INT4 checkpoint", ["build", *TS, "--int4", "--int4-checkpoint", "magic"], 2, "--int4-checkpoint"),
+    ("build: drift budget not METRIC=VALUE", ["build", *TS, "--int8", "--max-drift", "tight"], 2, "drift budget 'tight'"),
+    ("build: unknown recipe", ["build", *TS, "--recipe", "no-such-recipe"], 2, "no-such-recipe"),
+    ("build: recipe not YAML", ["build", *TS, "--recipe", "bad.yaml"], 2, "not valid YAML"),
+    ("build: validation data missing", ["build", *TS, "--val", "missing.npz"], 2, "missing.npz"),
+    ("build: validation data a text file", ["build", *TS, "--val", "s.txt"], 2, "s.txt"),
+    ("build: validation data another input", ["build", *TS, "--val", "wrong_name.npz"], 2, "wrong_name.npz"),
+    ("build: validation data another shape", ["build", *TS, "--val", "wrong_shape.npz"], 2, "wrong_shape.npz"),
+    ("build: calibration data missing", ["build", *TS, "--int8", "--calib", "missing.npz"], 2, "missing.npz"),
+    ("build: --output .", ["build", *TS, "--output", ".", "--force"], 2, "current folder"),
+    ("build: --output ..", ["build", *TS, "--output", "..", "--force"], 2, "current folder"),
+    ("build: name too long", ["build", *TS, "--name", "m" * 230], 2, "at most 200"),
+    ("build: output name too long", ["build", *TS, "--output", "dist/" + "m" * 240], 2, "at most 200"),
+    ("build: --force onto a user's folder", ["build", *TS, "--output", "notes", "--force"], 2, "not an infopt output"),
+    ("build: output is a file", ["build", *TS, "--output", "afile", "--force"], 2, "not a folder"),
+    ("build: model missing", ["build", "missing.pt", "--input", "x:float32[batch,4]"], 2, "not found"),
+    ("build: model empty", ["build", "empty.pt", "--input", "x:float32[batch,4]"], 2, "empty"),
+    ("build: model is noise", ["build", "noise.pt", "--input", "x:float32[batch,4]"], 2, "not a model file"),
+    ("build: zip that is no model", ["build", "notmodel.pt", "--input", "x:float32[batch,4]"], 2, "not a PyTorch or ONNX model"),
+    ("build: folder that is no model", ["build", "notes"], 2, "not a Hugging Face model folder"),
+    ("build: ONNX inputs named otherwise", ["build", "tiny.onnx", "--input", "z:float32[batch,4]"], 2, "the spec names z"),
+    ("build: ONNX input of another rank", ["build", "tiny.onnx", "--input", "x:float32[batch,4,2]"], 2, "rank"),
+    # inspect
+    ("inspect: model missing", ["inspect", "missing.pt"], 2, "not found"),
+    ("inspect: no input spec", ["inspect", "tiny.pt"], 2, "--input"),
+    ("inspect: ONNX input of another rank", ["inspect", "tiny.onnx", "--input", "x:float32[batch,4,2]"], 2, "rank"),
+    ("inspect: TorchScript input of another width", ["inspect", "tiny.pt", "--input", "x:float32[batch,5]"], 2, "forward fails"),
+    # validate, verify, sign
+    ("validate: folder missing", ["validate", "nowhere"], 2, "nowhere"),
+    ("validate: no manifest", ["validate", "nomanifest"], 2, "no manifest.json"),
+    ("validate: manifest not JSON", ["validate", "badjson"], 2, "not valid JSON"),
+    ("verify: folder missing", ["verify", "nowhere"], 2, "nowhere"),
+    ("verify: no manifest", ["verify", "nomanifest"], 2, "no manifest.json"),
+    ("verify: key not a key", ["verify", D, "--key", "junk.pem"], 2, "not an Ed25519 public"),
+    ("sign: key missing", ["sign", D, "--key", "missing.pem"], 2, "cannot read the key"),
+    ("sign: no manifest", ["sign", "nomanifest", "--key", "junk.pem"], 2, "no manifest.json"),
+    # gate
+    ("gate: candidate missing", ["gate", "nowhere", "-b", D], 2, "does not exist"),
+    ("gate: baseline without manifest", ["gate", D, "-b", "nomanifest"], 2, "no manifest.json"),
+    ("gate: JUnit path unwritable", ["gate", D, "-b", D, "--junit", "afile/gate.xml"], 2, "cannot write --junit"),
+    ("gate: JUnit path a folder", ["gate", D, "-b", D, "--junit", "notes"], 2, "it is a folder"),
+    ("gate: summary path unwritable", ["gate", D, "-b", D, "--summary", "afile/gate.md"], 2, "cannot write --summary"),
+    ("gate: gate file missing", ["gate", D, "-b", D, "--gate-file", "missing.yaml"], 2, "missing.yaml"),
+    ("gate: gate file with a misspelt key", ["gate", D, "-b", D, "--gate-file", "gate_bad_key.yaml"], 2, "max_ratoi"),
+    ("gate: batch size outside the range", ["gate", D, "-b", D, "--batch-sizes", "9999", "--no-memory"], 2, "outside what both models take"),
+    ("gate: validation data of another model", ["gate", D, "-b", D, "--val", "v.npz", "--no-memory"], 2, "v.npz"),
+]
+
+
+@pytest.mark.parametrize("case", TABLE, ids=[c[0] for c in TABLE])
+def test_table(case, tmp_path, digits_dist):
+    _, args, code, needle = case
+    _workspace(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    proc = run_cli_here(*[a.replace("{dist}", str(digits_dist)) for a in args], cwd=tmp_path)
+    assert proc.returncode == code, (proc.returncode, proc.stderr[-1500:])
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    assert "error" in proc.stderr and needle in proc.stderr, proc.stderr[-1500:]
+    assert "  fix:" in proc.stderr, "no fix line"
+    assert sorted(p.name for p in tmp_path.iterdir()) == before, "something was written"
+    assert sorted(p.name for p in (tmp_path / "notes").iterdir()) == ["todo.txt"]
+
+
+def test_the_table_holds_at_least_sixty_cases():
+    assert len(TABLE) >= 60

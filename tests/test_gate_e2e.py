@@ -163,3 +163,28 @@ def test_task_metric_without_labels_is_refused(builds, tmp_path):
     proc, _ = _gate_json(builds["identical"], builds["baseline"], "--val", str(unlabelled), "--task-metric", "top3")
     assert proc.returncode == 2
     assert "task metric top3 needs labels" in proc.stderr and "'labels'" in proc.stderr
+
+
+def test_same_source_candidate_is_held_to_the_baseline_without_labels(builds):
+    """No labels, no limits given: a broken INT8 build of the same model is held to its recipe's drift
+    limits and top-1 agreement with the baseline, instead of passing silently."""
+    proc, result = _gate_json(builds["broken_int8"], builds["baseline"], "--trials", "5")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    failed = {(c["group"], c["name"]) for c in result["checks"] if c["passed"] is False}
+    assert ("baseline", "min_top1") in failed
+    assert any("same source model" in n for n in result["notes"])
+    identical = infopt.gate(builds["identical"], builds["baseline"], memory=False, config=GateConfig(latency={"trials": 5}))
+    assert identical.passed and any(c.group == "baseline" and c.name == "min_top1" and c.passed for c in identical.checks)
+
+
+def test_different_source_without_labels_says_accuracy_was_not_gated(builds, tmp_path):
+    junit, summary = tmp_path / "gate.xml", tmp_path / "gate.md"
+    proc, result = _gate_json(builds["extra_work"], builds["baseline"], "--max-latency-ratio", "1000", "--trials", "5",
+                              "--junit", str(junit), "--summary", str(summary))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    skipped = [c for c in result["checks"] if c["skipped"]]
+    assert [(c["group"], c["passed"]) for c in skipped] == [("accuracy", None)]
+    suite = ET.parse(junit).getroot().find("testsuite")
+    assert suite.get("skipped") == "1" and "ACCURACY WAS NOT GATED" in suite.find("testcase/skipped").get("message")
+    text = summary.read_text()
+    assert "**SKIPPED**" in text and "accuracy was not gated" in text

@@ -15,6 +15,7 @@ import numpy as np
 
 from infopt.errors import InputSpecError, UsageError
 from infopt.inputspec import DEFAULT_RANGE, DimRange, InputSpec, TensorSpec
+from infopt.safe_load import arrays_file, torch_file
 
 EXTENSIONS = (".npy", ".npz", ".pt")
 
@@ -28,24 +29,26 @@ def sample_files(path: Path) -> list[Path]:
             raise UsageError(f"no .npy/.npz/.pt files in {path}", fix="save samples with numpy.save/savez or torch.save")
         return files
     if path.suffix not in EXTENSIONS:
-        raise UsageError(f"{path} is not a .npy, .npz or .pt file")
+        raise UsageError(f"{path} is not a .npy, .npz or .pt file",
+                         fix="save samples with numpy.save/savez or torch.save of tensors; text goes to --calib with --tokenizer")
     return [path]
+
+
+SAMPLES_FIX = "save tensors or arrays only: torch.save of a dict of tensors, or numpy.save/savez"
 
 
 def read_file(path: Path, names: tuple[str, ...]) -> dict[str, np.ndarray]:
     """One file's arrays by input name."""
     try:
         if path.suffix == ".npy":
-            arrays = [np.load(path, allow_pickle=False)]
+            arrays = [arrays_file(path)]
         elif path.suffix == ".npz":
-            with np.load(path, allow_pickle=False) as data:
-                if all(n in data.files for n in names):
-                    return {n: data[n] for n in names}
-                arrays = [data[k] for k in data.files]
+            data = arrays_file(path)
+            if all(n in data for n in names):
+                return {n: data[n] for n in names}
+            arrays = list(data.values())
         else:
-            import torch
-
-            obj = torch.load(str(path), map_location="cpu", weights_only=True)
+            obj = torch_file(path, what="is a sample file that holds pickled Python objects", fix=SAMPLES_FIX)
             if isinstance(obj, dict):
                 return {k: v.numpy() if hasattr(v, "numpy") else np.asarray(v) for k, v in obj.items()}
             arrays = [t.numpy() for t in (obj if isinstance(obj, (list, tuple)) else [obj])]

@@ -18,7 +18,8 @@ from typing import Callable
 import numpy as np
 
 from infopt.errors import UsageError
-from infopt.validators.data import sample_files
+from infopt.safe_load import arrays_file, torch_file
+from infopt.validators.data import SAMPLES_FIX, sample_files
 
 
 @dataclass
@@ -50,12 +51,9 @@ def read_labels(path: str | Path, key: str, counts: list[int]) -> np.ndarray | N
 
 def _labels_of(file: Path, key: str):
     if file.suffix == ".npz":
-        with np.load(file, allow_pickle=False) as data:
-            return data[key] if key in data.files else None
+        return arrays_file(file).get(key)
     if file.suffix == ".pt":
-        import torch
-
-        obj = torch.load(str(file), map_location="cpu", weights_only=True)
+        obj = torch_file(file, what="is a sample file that holds pickled Python objects", fix=SAMPLES_FIX)
         if isinstance(obj, dict) and key in obj:
             value = obj[key]
             return value.numpy() if hasattr(value, "numpy") else np.asarray(value)
@@ -111,7 +109,7 @@ def _user_function(text: str) -> Callable[[np.ndarray, np.ndarray], float]:
 
     fn = import_named(text, "the task metric")
     if not callable(fn):
-        raise UsageError(f"task metric {text} is not a function")
+        raise UsageError(f"task metric {text} is not a function", fix="name a function(outputs, labels) -> float as module:function")
 
     def score(outputs: np.ndarray, labels: np.ndarray) -> float:
         value = fn(outputs, labels)

@@ -17,7 +17,7 @@ from infopt.cli.gate import gate
 from infopt.cli.info import doctor, recipes, targets
 from infopt.cli.inspect_model import inspect
 from infopt.cli.validate import validate
-from infopt.cli.verify import verify
+from infopt.cli.verify import sign, verify
 
 app = typer.Typer(
     name="infopt",
@@ -53,6 +53,7 @@ def root(
 app.command()(build)
 app.command()(validate)
 app.command()(verify)
+app.command()(sign)
 app.command()(gate)
 app.command()(inspect)
 app.command()(targets)
@@ -61,19 +62,60 @@ app.command()(doctor)
 
 
 def main() -> None:
-    """Run the CLI; an ``InfoptError`` becomes its message and exit code, never a traceback."""
+    """Run the CLI; an ``InfoptError`` or a usage error becomes its message and exit code, never a
+    traceback. SIGTERM ends the build as Ctrl-C does: the staged output is removed, nothing is half-written."""
+    import signal
+
     from infopt.errors import InfoptError
     from infopt.threads import cap_torch_threads
 
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         cap_torch_threads()
-        app()
+        code = app(standalone_mode=False)
     except InfoptError as exc:
         _print_error(exc.title, exc.render())
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        _print_error("interrupted", "stopped; no output folder was written")
-        sys.exit(130)
+    except _usage_errors() as exc:
+        _print_usage_error(exc)
+        sys.exit(2)
+    except (KeyboardInterrupt, typer.Abort, Terminated) as exc:
+        _print_error("interrupted", f"stopped{' by SIGTERM' if isinstance(exc, Terminated) else ''}; an output "
+                     "folder is only ever replaced whole, so it is as it was before this build")
+        sys.exit(143 if isinstance(exc, Terminated) else 130)
+    if code == 130:
+        _print_error("interrupted", "stopped; an output folder is only ever replaced whole, so it is as it was before this build")
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _usage_errors() -> tuple[type[Exception], ...]:
+    """click's UsageError: typer's own copy of click (typer >= 0.24 vendors it) and click itself."""
+    import importlib
+
+    found = []
+    for module in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            found.append(importlib.import_module(module).UsageError)
+        except ImportError:
+            continue
+    return tuple(found)
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived; raised where the program is, so that cleanup runs as it does for Ctrl-C."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+def _print_usage_error(exc) -> None:
+    """click's usage errors in infopt's form: what was wrong, where (the command), what to do."""
+    from infopt.errors import UsageError
+
+    command = exc.ctx.command_path if exc.ctx is not None else "infopt"
+    what = exc.format_message().strip().rstrip(".")
+    _print_error("usage", UsageError(what, where=command, fix=f"run `{command} --help` for its arguments and options").render())
 
 
 def _print_error(title: str, message: str) -> None:

@@ -32,11 +32,12 @@ def gate(
     no_memory: Annotated[bool, typer.Option("--no-memory", help="Skip the peak-memory measurement (two child processes).")] = False,
     junit: Annotated[Optional[Path], typer.Option("--junit", help="Write the checks as JUnit XML here.")] = None,
     summary: Annotated[Optional[Path], typer.Option("--summary", help="Write a Markdown summary here (also appended to $GITHUB_STEP_SUMMARY when set).")] = None,
+    key: o.Key = None,
     as_json: o.Json = False,
 ) -> None:
     """Run the candidate and the baseline on the same inputs; exit 1 with the reasons if the
     candidate is less accurate, drifts, or is slower, larger or hungrier than the limits allow."""
-    from infopt.gate_report import HEADERS, headline, rows, write_outputs
+    from infopt.gate_report import HEADERS, check_writable, headline, rows, write_outputs
     from infopt.gating import gate as run_gate
     from infopt.validators.gate_config import load_gate_file, with_flags
 
@@ -46,8 +47,10 @@ def gate(
                         latency__confidence=confidence, latency__trials=trials,
                         latency__batch_sizes=o.parse_batch_sizes(batch_sizes), max_size_ratio=max_size_ratio,
                         max_memory_ratio=max_memory_ratio)
+    check_writable(junit, "--junit")
+    check_writable(summary, "--summary")
     with stderr().status("gate: starting") as status:
-        result = run_gate(candidate, baseline, config=config, val=val, memory=not no_memory,
+        result = run_gate(candidate, baseline, config=config, val=val, memory=not no_memory, key=key,
                           progress=lambda msg: status.update(f"gate: {msg}"))
     write_outputs(result, junit, summary)
     if as_json:

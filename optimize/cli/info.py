@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from infopt.cli import options as o
-from infopt.cli.output import print_json, stdout, table
+from infopt.cli.output import print_json, shown_path, stdout, table
 
 
 def targets(
@@ -60,13 +61,20 @@ def recipes(
         console.print(table("Passes", ["pass", "representation", "what it does", "options"], rows))
 
 
-def doctor(as_json: o.Json = False) -> None:
-    """Which backends and devices are available here, and why not."""
+def doctor(
+    as_json: o.Json = False,
+    clean: Annotated[Path, typer.Option("--clean", help="Folder whose leftovers of killed builds to remove (those no live build owns).")] = Path("dist"),
+) -> None:
+    """Which backends and devices are available here, and why not; removes what killed builds left in dist/."""
     from infopt.doctor import checks
+    from infopt.exporters.staging import clean_stale
 
     found = checks()
+    removed = clean_stale(clean)
     if as_json:
         print_json(found)
         return
     rows = [[c["component"], "yes" if c["ok"] else "no", c["detail"], c["fix"]] for c in found]
     stdout().print(table("infopt doctor", ["component", "available", "detail", "to get it"], rows))
+    for path in removed:
+        stdout().print(f"removed {shown_path(path)}: left by a build that was killed", markup=False)

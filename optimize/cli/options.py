@@ -14,6 +14,7 @@ ModelClass = Annotated[Optional[str], typer.Option("--model-class", help="pkg.mo
 ModelArgs = Annotated[Optional[str], typer.Option("--model-args", help="JSON object of keyword arguments for --model-class.")]
 AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Allow unpickling a fully pickled nn.Module (runs code from the file).")]
 Val = Annotated[Optional[Path], typer.Option("--val", help="Validation samples: a folder or file of .npy/.npz/.pt.")]
+Key = Annotated[Optional[Path], typer.Option("--key", help="Ed25519 public key (PEM): refuse an output folder whose manifest.json.sig does not verify with it.")]
 BatchSizes = Annotated[Optional[str], typer.Option("--batch-sizes", help="Comma-separated batch sizes to time, e.g. 1,8,32.")]
 MaxAbs = Annotated[Optional[float], typer.Option("--max-abs", help="Fail if max absolute drift exceeds this.")]
 MinCosine = Annotated[Optional[float], typer.Option("--min-cosine", help="Fail if the smallest per-sample cosine is below this.")]

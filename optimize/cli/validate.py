@@ -19,6 +19,7 @@ def validate(
     min_top1: o.MinTop1 = None,
     min_sqnr_db: o.MinSqnr = None,
     max_p99_ms: o.MaxP99 = None,
+    key: o.Key = None,
     as_json: o.Json = False,
 ) -> None:
     """Check file hashes, re-run the model on the stored samples, time it, and give the verdict."""
@@ -27,7 +28,7 @@ def validate(
     with stderr().status("validating"):
         result = run_validate(dist, batch_sizes=o.parse_batch_sizes(batch_sizes),
                               thresholds=o.thresholds(max_abs=max_abs, min_cosine=min_cosine, min_top1=min_top1,
-                                                      min_sqnr_db=min_sqnr_db, max_p99_ms=max_p99_ms))
+                                                      min_sqnr_db=min_sqnr_db, max_p99_ms=max_p99_ms), key=key)
     verdict = result["verdict"]
     if as_json:
         print_json(result)

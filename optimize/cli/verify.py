@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -13,13 +13,15 @@ from infopt.cli.output import print_json, stdout, table
 
 def verify(
     dist: Annotated[Path, typer.Argument(help="An output folder written by `infopt build` (or its manifest.json).")],
+    key: Annotated[Optional[Path], typer.Option("--key", help="Ed25519 public key (PEM): also check manifest.json.sig, the signature `infopt sign` wrote.")] = None,
     as_json: o.Json = False,
 ) -> None:
-    """Re-hash every file against the manifest; exit 1 on any changed, missing or added file."""
+    """Re-hash every file against the manifest (and, with --key, check its signature); exit 1 on
+    any changed, missing or added file or a signature that does not verify."""
     from infopt.exporters.dist import output_root
     from infopt.provenance import verify as run_verify
 
-    result = run_verify(output_root(dist))
+    result = run_verify(output_root(dist), key)
     if as_json:
         print_json(result)
     else:
@@ -32,9 +34,25 @@ def verify(
         if made_by:
             console.print(f"built by: {made_by}", markup=False)
         console.print(f"manifest.json sha256: {result['manifest_sha256']}", markup=False)
+        if result["signature"]:
+            console.print(f"signature: {result['signature']}", markup=False)
         if result["passed"]:
             console.print(f"OK: all {len(result['files'])} files match", style="bold green", markup=False)
         else:
-            console.print("MISMATCH: " + "; ".join(result["problems"]), style="bold red", markup=False)
+            console.print("MISMATCH: " + "; ".join(result["problems"]), style="bold red", markup=False, soft_wrap=True)
     if not result["passed"]:
         raise typer.Exit(1)
+
+
+def sign(
+    dist: Annotated[Path, typer.Argument(help="An output folder written by `infopt build`.")],
+    key: Annotated[Path, typer.Option("--key", help="Ed25519 private key (PEM, unencrypted), e.g. from `openssl genpkey -algorithm ed25519`.")],
+) -> None:
+    """Sign an output folder: an Ed25519 signature over its manifest.json, written to manifest.json.sig."""
+    from infopt.exporters.dist import output_root
+    from infopt.signing import sign as run_sign
+
+    root = output_root(dist)
+    record = run_sign(root, key)
+    stdout().print(f"signed {root}/manifest.json (sha256 {record['manifest_sha256'][:16]}...) with the Ed25519 key "
+                   f"{record['public_key']}; wrote {root}/manifest.json.sig", markup=False)

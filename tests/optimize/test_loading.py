@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from infopt.errors import ModelLoadError, UnsafePickleError, UsageError
-from infopt.loading import load_model, pickled_classes, sniff
+from infopt.loading import load_model, sniff
+from infopt.safe_load import pickled_classes
 
 
 class Booby(torch.nn.Module):

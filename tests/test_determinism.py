@@ -1,0 +1,39 @@
+"""Two builds of the same model with the same options, from the command line in two folders: the
+``model/`` files are byte-identical and the manifests differ only in the fields documented as volatile
+(``emit.VOLATILE_KEYS``: the build time and timings; ``VOLATILE_FILES``: reports and server files)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from infopt.emit import VOLATILE_FILES, without_volatile
+from tests.conftest import run_cli
+from tests.payloads import Tiny
+
+
+@pytest.mark.slow
+def test_the_same_build_twice_gives_the_same_model_bytes_and_manifest(tmp_path):
+    torch.manual_seed(3)
+    torch.jit.save(torch.jit.trace(Tiny().eval(), torch.randn(2, 4)), str(tmp_path / "tiny.pt"))
+    manifests, models = [], []
+    for side in ("a", "b"):
+        folder = tmp_path / side
+        folder.mkdir()
+        shutil.copy(tmp_path / "tiny.pt", folder / "tiny.pt")
+        proc = run_cli("build", "tiny.pt", "--input", "x:float32[batch,4]", "--backend", "onnxruntime", "--int8", "-q",
+                       cwd=folder)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        dist = folder / "dist" / "tiny"
+        models.append({p.relative_to(dist).as_posix(): p.read_bytes() for p in sorted((dist / "model").rglob("*")) if p.is_file()})
+        manifests.append(json.loads((dist / "manifest.json").read_text()))
+    assert models[0] and models[0] == models[1]
+    assert manifests[0]["created"] and manifests[0]["validation"]["latency"]  # volatile fields there, and left out below
+    stable = [without_volatile(m) for m in manifests]
+    assert stable[0] == stable[1]
+    listed = set(stable[0]["files"])
+    assert {"model/model.onnx", "validation/samples.npz"} <= listed
+    assert not any(rel.startswith(VOLATILE_FILES) for rel in listed)
