@@ -83,21 +83,22 @@ def pt2_use_pickle(path: Path, marker: Path) -> Path:
     return _rewrite(_pt2(path), change)
 
 
-def pt2_legacy_weights(path: Path, marker: Path) -> Path:
-    """A legacy ``data/weights/<model>.pt`` file, which torch reads instead of the configs."""
+def _with_entry(path: Path, entry: str, data: bytes) -> Path:
+    """A saved .pt2 with one more entry under its root folder."""
     _pt2(path)
     root = _root(path)
     with zipfile.ZipFile(path, "a") as archive:
-        archive.writestr(f"{root}/data/weights/model.pt", torch_save_bytes({"fc.weight": Payload(marker)}))
+        archive.writestr(f"{root}/{entry}", data)
     return path
+
+
+def pt2_legacy_weights(path: Path, marker: Path) -> Path:
+    """A legacy ``data/weights/<model>.pt`` file, which torch reads instead of the configs."""
+    return _with_entry(path, "data/weights/model.pt", torch_save_bytes({"fc.weight": Payload(marker)}))
 
 
 def pt2_legacy_constants(path: Path, marker: Path) -> Path:
-    _pt2(path)
-    root = _root(path)
-    with zipfile.ZipFile(path, "a") as archive:
-        archive.writestr(f"{root}/data/constants/model.pt", torch_save_bytes({"shift": SystemPayload(marker)}))
-    return path
+    return _with_entry(path, "data/constants/model.pt", torch_save_bytes({"shift": SystemPayload(marker)}))
 
 
 def pt2_sample_inputs(path: Path, marker: Path) -> Path:
@@ -116,12 +117,9 @@ def pt2_opaque_object(path: Path, marker: Path) -> Path:
                                         "tensor_meta": meta}
             return json.dumps(config).encode()
         return None
-    _rewrite(_pt2(path), change)
-    root = _root(path)
-    with zipfile.ZipFile(path, "a") as archive:
-        evil = pickle.dumps(Payload(marker))
-        archive.writestr(f"{root}/data/constants/opaque_obj_0", evil + b"\0" * (-len(evil) % 4))  # whole float32s
-    return path
+    evil = pickle.dumps(Payload(marker))
+    _with_entry(path, "data/constants/opaque_obj_0", evil + b"\0" * (-len(evil) % 4))  # whole float32s
+    return _rewrite(path, change)
 
 
 def pickled_module(path: Path, marker: Path) -> Path:
