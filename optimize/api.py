@@ -346,8 +346,8 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
                   "latency": latency, "curve": curve, "work": _work(loaded.module, spec, final.path),
                   "verdict": chosen.verdict.to_json()}
     names = tuple(o[0] for o in chosen.outputs)
-    manifest = base_manifest(name, source_info(loaded.source, loaded.format, loaded.module if loaded.source is None else None), target, recipe, spec, chosen.outputs,
-                             final.lineage, validation)
+    origin = source_info(loaded.source, loaded.format, loaded.module if loaded.source is None else None)
+    manifest = base_manifest(name, origin, target, recipe, spec, chosen.outputs, final.lineage, validation)
     manifest["candidates"] = cand.table(candidates, timings)
     manifest["selection"] = why
     manifest["provenance"] = record(ctx.command, ctx.call, recipe.name, ctx.calib,
@@ -546,10 +546,11 @@ def load(dist_dir: str | Path, *, allow_failed: bool = False, threads: int = 0, 
     if not manifest["validation"]["verdict"]["passed"] and not allow_failed:
         raise ValidationFailed(f"{root} failed validation: {'; '.join(manifest['validation']['verdict']['reasons'])}",
                                fix="rebuild it, or pass allow_failed=True to load it anyway")
-    return _manifest_runner(root, manifest, threads)
+    return manifest_runner(root, manifest, threads)
 
 
-def _manifest_runner(root: Path, manifest: dict[str, Any], threads: int = 0):
+def manifest_runner(root: Path, manifest: dict[str, Any], threads: int = 0):
+    """The runner of an output folder's model, its files already checked against ``manifest``."""
     from infopt.runner import runner_for_file
 
     names = [i["name"] for i in manifest["inputs"]["inputs"]]
@@ -582,7 +583,7 @@ def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None
     if problems:
         result["verdict"] = {"passed": False, "reasons": [f"file check: {p}" for p in problems], "checks": []}
         return result
-    runner = _manifest_runner(root, manifest)
+    runner = manifest_runner(root, manifest)
     inputs, reference = read_samples(root, manifest)
     drift = drift_mod.compare([reference], [runner.run(inputs)], tuple(o["name"] for o in manifest["outputs"]),
                               f"{SAMPLES_FILE} (stored at build)")

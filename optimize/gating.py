@@ -133,11 +133,12 @@ def check_same_model(candidate: Artifact, baseline: Artifact) -> None:
 
 
 def _runner(artifact: Artifact):
-    from infopt.api import load
+    """The artifact's runner; its files were checked when it was opened."""
+    from infopt.api import manifest_runner
     from infopt.errors import InfoptError
 
     try:
-        return load(artifact.root, allow_failed=True)
+        return manifest_runner(artifact.root, artifact.manifest)
     except InfoptError:
         raise
     except Exception as exc:  # noqa: BLE001 - a runtime that cannot read the model file

@@ -74,7 +74,7 @@ def digits_dist(digits, files, tmp_path_factory):
     x, _ = data["val"]
     out = tmp_path_factory.mktemp("built") / "digits"
     infopt.build(model, example_inputs=(torch.from_numpy(x[:2]),), backend="onnxruntime", output=out,
-                 val=files / "digits_val.npz", progress=False)
+                 val=files / "digits_val.npz", dims=["batch=1:4:16"], progress=False)
     return out
 
 
