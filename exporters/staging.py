@@ -72,6 +72,31 @@ def check_output(out: Path, force: bool, is_ours: Callable[[Path], bool] = is_in
                          where=str(parent), fix="choose an --output in a folder you can write to") from exc
 
 
+_PENDING: dict[Path, None] = {}
+"""Folders of this process to remove if it is stopped: staged outputs not yet in place, workspaces."""
+_HELD: dict[Path, int] = {}
+"""This process's output locks (path: fd)."""
+
+
+@contextmanager
+def removed_if_stopped(path: Path) -> Iterator[Path]:
+    """Register ``path`` for ``stop_now`` while the block runs."""
+    _PENDING[Path(path)] = None
+    try:
+        yield Path(path)
+    finally:
+        _PENDING.pop(Path(path), None)
+
+
+def stop_now() -> None:
+    """For a SIGTERM handler that then exits at once: remove what this process staged and release its
+    locks, so the output folders are as they were (or as the last completed swap left them)."""
+    for path in reversed(list(_PENDING)):
+        _remove(path)
+    for lock, fd in list(_HELD.items()):
+        _release(lock, fd)
+
+
 def _lock_path(out: Path) -> Path:
     return out.parent / f".{out.name}.lock"
 
@@ -97,6 +122,7 @@ def _try_lock(path: Path) -> int | None:
 
 
 def _release(path: Path, fd: int) -> None:
+    _HELD.pop(path, None)
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -117,6 +143,7 @@ def claim_output(out: Path, force: bool, is_ours: Callable[[Path], bool] = is_in
         owner = _read_pid(lock)
         raise UsageError(f"another infopt build{f' (pid {owner})' if owner else ''} is writing {out}",
                          where=str(lock), fix="wait for it to finish, or build into another --output")
+    _HELD[lock] = fd
     try:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
@@ -228,6 +255,7 @@ def staged_output(out: Path, force: bool, is_ours: Callable[[Path], bool] = is_i
     with (_already(out) if held else claim_output(out, force, is_ours)):
         stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
         os.chmod(stage, 0o777 & ~_umask())  # mkdtemp makes it private; the output is read by servers as other users
+        _PENDING[stage] = None
         try:
             yield stage
             if out.exists():
@@ -238,6 +266,7 @@ def staged_output(out: Path, force: bool, is_ours: Callable[[Path], bool] = is_i
                                      fix="choose another --output")
             replace_with(stage, out)
         finally:
+            _PENDING.pop(stage, None)
             if stage.exists():
                 _remove(stage)
 

@@ -200,7 +200,9 @@ def _build_claimed(loaded, spec, recipes, target_obj, name, out, force, val, max
         calib = load_calibration(calibration, spec, samples=calib_samples, seed=calib_seed, tokenizer=tokenizer,
                                  hold_out=val is None)
     ctx.calib = calib
-    with tempfile.TemporaryDirectory(prefix="infopt-build-") as work:
+    from infopt.exporters.staging import removed_if_stopped
+
+    with tempfile.TemporaryDirectory(prefix="infopt-build-") as work, removed_if_stopped(Path(work)):
         return _build_in(Path(work), loaded, artifact, reference, spec, recipes, target_obj, name, out, force,
                          val, max_val_samples, console, ctx)
 

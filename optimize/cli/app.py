@@ -63,7 +63,7 @@ app.command()(doctor)
 
 def main() -> None:
     """Run the CLI; an ``InfoptError`` or a usage error becomes its message and exit code, never a
-    traceback. SIGTERM ends the build as Ctrl-C does: the staged output is removed, nothing is half-written."""
+    traceback. SIGTERM removes what this process staged and exits 143 at once (see ``_terminated``)."""
     import signal
 
     from infopt.errors import InfoptError
@@ -79,13 +79,26 @@ def main() -> None:
     except _usage_errors() as exc:
         _print_usage_error(exc)
         sys.exit(2)
-    except (KeyboardInterrupt, typer.Abort, Terminated) as exc:
-        _print_error("interrupted", f"stopped{' by SIGTERM' if isinstance(exc, Terminated) else ''}; an output "
-                     "folder is only ever replaced whole, so it is as it was before this build")
-        sys.exit(143 if isinstance(exc, Terminated) else 130)
+    except (KeyboardInterrupt, typer.Abort):
+        code = 130
     if code == 130:
-        _print_error("interrupted", "stopped; an output folder is only ever replaced whole, so it is as it was before this build")
+        _print_error("interrupted", STOPPED)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+STOPPED = "stopped; an output folder is only ever replaced whole, so it is as it was before this build (or as the build left it if it had finished)"
+
+
+def _terminated(signum, frame) -> None:
+    """Stop now. Raising here instead would not always stop: an exception raised while a finalizer or
+    weakref callback runs is printed and dropped by Python, and the build would go on."""
+    import os
+
+    from infopt.exporters.staging import stop_now
+
+    stop_now()
+    _print_error("interrupted", STOPPED.replace("stopped", "stopped by SIGTERM", 1))
+    os._exit(143)
 
 
 def _usage_errors() -> tuple[type[Exception], ...]:
@@ -99,14 +112,6 @@ def _usage_errors() -> tuple[type[Exception], ...]:
         except ImportError:
             continue
     return tuple(found)
-
-
-class Terminated(BaseException):
-    """SIGTERM arrived; raised where the program is, so that cleanup runs as it does for Ctrl-C."""
-
-
-def _terminated(signum, frame) -> None:
-    raise Terminated()
 
 
 def _print_usage_error(exc) -> None:

@@ -159,8 +159,9 @@ REPLACER = textwrap.dedent("""
     from infopt.exporters import staging
     from infopt.exporters.dist import file_table, write_manifest
 
-    def terminated(signum, frame):  # as the CLI does: unwind, so that cleanup runs
-        raise SystemExit(143)
+    def terminated(signum, frame):  # as the CLI does
+        staging.stop_now()
+        os._exit(143)
 
     def write_output(stage, tag, files, size):
         (stage / "model").mkdir()
