@@ -22,7 +22,7 @@ import os
 import re
 import shutil
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -251,8 +251,7 @@ def staged_output(out: Path, force: bool, is_ours: Callable[[Path], bool] = is_i
     Hold ``claim_output(out)`` around the whole build; this takes it here if the caller did not."""
     out = Path(out).absolute()
     lock = _lock_path(out)
-    held = lock.exists() and _read_pid(lock) == os.getpid()
-    with (_already(out) if held else claim_output(out, force, is_ours)):
+    with (nullcontext(out) if lock in _HELD else claim_output(out, force, is_ours)):
         stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-{os.getpid()}-", dir=out.parent))
         os.chmod(stage, 0o777 & ~_umask())  # mkdtemp makes it private; the output is read by servers as other users
         _PENDING[stage] = None
@@ -275,8 +274,3 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
-
-
-@contextmanager
-def _already(out: Path) -> Iterator[Path]:
-    yield out
