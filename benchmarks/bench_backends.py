@@ -35,8 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import infopt  # noqa: E402
 from benchmarks.common import arguments, environment, minilm_eval, publish, timed  # noqa: E402
-from infopt.recipe import bundled_recipes  # noqa: E402
-from infopt.runner import AotiRunner, OrtRunner, TorchRunner  # noqa: E402
+from infopt.core.recipe import bundled_recipes  # noqa: E402
+from infopt.runtime.backends.inductor import AotiRunner  # noqa: E402
+from infopt.runtime.backends.onnxruntime import OrtRunner  # noqa: E402
+from infopt.runtime.runner import TorchRunner  # noqa: E402
 
 EAGER, UNFUSED, FUSED, INDUCTOR = ("eager fp32", "onnxruntime unfused", "onnxruntime fused", "aotinductor")
 RECIPES = {UNFUSED: "fp32-onnxruntime", FUSED: "fp32-onnxruntime-fused", INDUCTOR: "fp32-inductor"}

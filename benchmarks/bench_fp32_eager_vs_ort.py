@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import infopt  # noqa: E402
 from benchmarks.common import environment, publish  # noqa: E402
 from examples.train import train_digits, train_encoder  # noqa: E402
-from infopt.runner import TorchRunner  # noqa: E402
+from infopt.runtime.runner import TorchRunner  # noqa: E402
 from infopt.validators.latency import measure  # noqa: E402
 
 RECIPE = "fp32-onnxruntime"

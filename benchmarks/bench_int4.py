@@ -55,7 +55,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import infopt  # noqa: E402
 from benchmarks.common import arguments, environment, minilm_eval, publish, timed  # noqa: E402
-from infopt.runner import OrtRunner, TorchRunner  # noqa: E402
+from infopt.runtime.backends.onnxruntime import OrtRunner  # noqa: E402
+from infopt.runtime.runner import TorchRunner  # noqa: E402
 
 MS = (1, 4, 16, 64)
 SHAPES = ((4096, 4096), (4096, 11008), (11008, 4096))

@@ -24,11 +24,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import arguments, environment, minilm_eval, publish  # noqa: E402
-from infopt.inputspec import InputSpec  # noqa: E402
+from infopt.core.inputspec import InputSpec  # noqa: E402
 from infopt.passes.fx.quantize_int4 import calibration_batches  # noqa: E402
 from infopt.quantize.int4_config import Int4Config  # noqa: E402
 from infopt.quantize.weight_only import quantize_int4  # noqa: E402
-from infopt.runner import TorchRunner  # noqa: E402
+from infopt.runtime.runner import TorchRunner  # noqa: E402
 
 METHODS = ("rtn", "gptq", "awq")
 

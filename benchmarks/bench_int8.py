@@ -36,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import infopt  # noqa: E402
 from benchmarks.common import arguments, environment, minilm_eval, publish, timed  # noqa: E402
-from infopt.runner import OrtRunner, TorchRunner  # noqa: E402
+from infopt.runtime.backends.onnxruntime import OrtRunner  # noqa: E402
+from infopt.runtime.runner import TorchRunner  # noqa: E402
 
 EAGER, ORT32, ORTQ, STATIC, DYNAMIC = ("eager fp32", "onnxruntime fp32 (infopt build)", "ORT quantize_dynamic defaults",
                                        "infopt int8 static", "infopt int8 dynamic")
@@ -44,7 +45,7 @@ EAGER, ORT32, ORTQ, STATIC, DYNAMIC = ("eager fp32", "onnxruntime fp32 (infopt b
 
 def plain_export(module, example: tuple, names: list[str], dynamic: dict, path: Path) -> Path:
     """The FP32 ONNX a user exports by hand: the dynamo exporter, no infopt passes."""
-    from infopt.logs import quiet_third_party
+    from infopt.core.logs import quiet_third_party
 
     with quiet_third_party():
         program = torch.onnx.export(module, example, dynamo=True, input_names=names, output_names=["output"],

@@ -109,7 +109,7 @@ class MiniLMEval:
     @cached_property
     def reference(self) -> np.ndarray:
         """Eager FP32's embeddings, computed at first use."""
-        from infopt.runner import TorchRunner
+        from infopt.runtime.runner import TorchRunner
 
         return self.embed(TorchRunner(self.model, self.names).run)
 

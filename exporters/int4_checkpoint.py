@@ -61,7 +61,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
-from infopt.errors import UsageError
+from infopt.core.errors import UsageError
 from infopt.exporters.staging import staged_output
 from infopt.quantize.int4_format import MAXQ, Int4Weight, int4_layers, unpack_int4
 

@@ -26,7 +26,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable, Iterator
 
-from infopt.errors import OutputExistsError, UsageError
+from infopt.core.errors import OutputExistsError, UsageError
 
 MAX_NAME_BYTES = 200
 """Longest output folder name: its temporary siblings add up to 30 bytes, and file systems allow 255."""

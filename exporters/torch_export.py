@@ -13,12 +13,13 @@ from pathlib import Path
 
 from pydantic import Field
 
-from infopt.artifact import Artifact
-from infopt.errors import CaptureError
-from infopt.inputspec import InputSpec
-from infopt.logs import quiet_third_party
-from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
-from infopt.sample_inputs import capture_feed, embedding_vocab
+from infopt.core.artifact import Artifact
+from infopt.core.errors import CaptureError
+from infopt.core.inputspec import InputSpec, dtype_name
+from infopt.core.logs import quiet_third_party
+from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.core.sample_inputs import capture_feed, embedding_vocab
+from infopt.exporters.torchscript_graph import to_graph_module
 
 
 class CaptureOptions(PassOptions):
@@ -52,7 +53,6 @@ def export_module(module, spec: InputSpec, *, strict: bool = False, dynamic: boo
     try:
         with quiet_third_party():
             if isinstance(module, torch.jit.ScriptModule):
-                from infopt.exporters.torchscript_graph import to_graph_module
 
                 module = to_graph_module(module, args)
             return torch.export.export(module, args, dynamic_shapes=shapes, strict=strict)
@@ -159,7 +159,6 @@ def _line_from_message(text: str) -> str | None:
 
 def exported_outputs(program, spec: InputSpec, names: tuple[str, ...]) -> list[tuple[str, str, tuple]]:
     """(name, dtype, shape) of each user output of ``program``, its dynamic dims named by the spec's symbols."""
-    from infopt.inputspec import dtype_name
 
     signature = program.graph_signature
     nodes = {n.name: n for n in program.graph.nodes}

@@ -1,38 +1,36 @@
 """infopt: turn a trained PyTorch model into a validated, deployable inference artifact.
 
 ``infopt.build(...)`` builds, validates and emits; ``infopt.load(dist_dir)`` returns a callable
-runner for an emitted artifact; ``infopt.gate(candidate, baseline)`` is the release gate. Heavy libraries load on first use, so ``import infopt`` is quick.
+runner for an emitted artifact; ``infopt.gate(candidate, baseline)`` is the release gate.
+Heavy libraries load on first use, so ``import infopt`` is quick.
 """
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
-try:
-    __version__ = version("infopt")
-except PackageNotFoundError:  # running from a source tree that is not installed
-    __version__ = "0.0.0+local"
+from infopt.core.version import __version__
 
 if TYPE_CHECKING:
-    from infopt.api import BuildResult, build, load
-    from infopt.gating import gate
-    from infopt.inprocess import compile
+    from infopt.api.build import BuildResult, build, load
+    from infopt.api.gating import gate
+    from infopt.api.inprocess import compile
 
 __all__ = ["build", "load", "gate", "compile", "BuildResult", "__version__"]
 
 
 def __getattr__(name: str):
+    # lazy: `import infopt` loads no torch; the API loads on first use (PEP 562)
     if name in ("build", "load", "BuildResult"):
         from infopt import api
 
         return getattr(api, name)
     if name == "gate":
-        from infopt.gating import gate
+        from infopt.api.gating import gate
 
         return gate
     if name == "compile":
-        from infopt.inprocess import compile
+        from infopt.api.inprocess import compile
 
         return compile
     raise AttributeError(f"module 'infopt' has no attribute {name!r}")

@@ -19,8 +19,11 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from infopt.errors import InputSpecError, UsageError
-from infopt.inputspec import InputSpec
+from infopt.core.errors import EnvironmentProblem, InputSpecError, UsageError
+from infopt.core.inputspec import InputSpec
+from infopt.core.manifest import data_sha256
+from infopt.runtime.loading import import_named
+from infopt.validators.data import check_sample, read_file, sample_files
 
 DEFAULT_SAMPLES = 128
 DEFAULT_BATCH = 16
@@ -54,7 +57,6 @@ def load_calibration(source: Any, spec: InputSpec, *, samples: int | None = DEFA
         items, label = _text(Path(source), spec, tokenizer), str(source)
     else:
         items, label = _items(source, spec)
-    from infopt.validators.data import check_sample
 
     rows: list[tuple[str, dict[str, np.ndarray]]] = []
     for where, feed in items:
@@ -85,7 +87,6 @@ def _items(source: Any, spec: InputSpec) -> tuple[Iterable[tuple[str, dict[str, 
         path = Path(source)
         if isinstance(source, str) and not path.exists() and ":" in source:
             return _items(_from_function(source), spec)[0], source
-        from infopt.validators.data import read_file, sample_files
 
         if not path.exists():
             raise UsageError(f"calibration data not found: {path}",
@@ -107,7 +108,6 @@ def _text(path: Path, spec: InputSpec, tokenizer: str | None):
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:
-        from infopt.errors import EnvironmentProblem
 
         raise EnvironmentProblem("text calibration needs transformers", fix="pip install 'infopt[llm]'") from exc
     try:
@@ -136,7 +136,6 @@ def _text(path: Path, spec: InputSpec, tokenizer: str | None):
 
 
 def _from_function(text: str) -> Any:
-    from infopt.loading import import_named
 
     function = import_named(text, "the calibration function")
     return function() if callable(function) else function
@@ -189,6 +188,5 @@ def _batch(rows: list[dict[str, np.ndarray]], spec: InputSpec, size: int) -> lis
 
 
 def _digest(batches: list[dict[str, np.ndarray]]) -> str:
-    from infopt.provenance import data_sha256
 
     return data_sha256(batches)

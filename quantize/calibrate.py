@@ -19,10 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from infopt.exporters.dist import model_sha256
+from infopt.core.cache import cache_root
+from infopt.core.manifest import model_sha256
+from infopt.core.threads import ort_session_options
 from infopt.quantize.calib_data import CalibrationSet
 from infopt.quantize.observers import Observer
-from infopt.threads import ort_session_options
 
 log = logging.getLogger("infopt.quantize")
 
@@ -59,7 +60,6 @@ class CalibrationTable:
 
 
 def cache_dir() -> Path:
-    from infopt.cache import cache_root
 
     return cache_root() / "calibration"
 

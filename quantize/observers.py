@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from infopt.errors import UsageError
+from infopt.core.errors import UsageError
 
 METHODS = ("minmax", "percentile", "entropy", "mse")
 LEVELS = 128

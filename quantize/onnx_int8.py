@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from infopt.core.manifest import EXTERNAL_DATA_BYTES
+
 log = logging.getLogger("infopt.quantize")
 
 PLACEMENTS = ("onnxruntime", "tensorrt")
@@ -122,7 +124,6 @@ def save_model(model, dst: Path) -> Path:
     ``<name>.data`` beside it (one protobuf cannot exceed 2 GB)."""
     import onnx
 
-    from infopt.passes.lower.onnx_export import EXTERNAL_DATA_BYTES
 
     dst.parent.mkdir(parents=True, exist_ok=True)
     if model.ByteSize() > EXTERNAL_DATA_BYTES:

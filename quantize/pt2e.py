@@ -24,8 +24,9 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from infopt.errors import BuildError, CaptureError, EnvironmentProblem, UsageError
-from infopt.runner import Runner
+from infopt.core.doctor import cpp_compiler
+from infopt.core.errors import BuildError, CaptureError, EnvironmentProblem, UsageError
+from infopt.runtime.runner import Runner
 
 log = logging.getLogger("infopt.quantize")
 
@@ -156,7 +157,6 @@ def quantize_pt2e(program_or_module, example_args: Sequence[Any], calibration_ba
 
 
 def _check_cxx() -> None:
-    from infopt.doctor import cpp_compiler
 
     if cpp_compiler() is None:
         raise EnvironmentProblem("Inductor on CPU compiles C++ and no C++ compiler was found",

@@ -18,8 +18,9 @@ from typing import Callable
 
 import numpy as np
 
+from infopt.core.errors import UsageError
+from infopt.core.threads import ort_session_options
 from infopt.quantize.onnx_int8 import Layer
-from infopt.threads import ort_session_options
 from infopt.validators import metrics
 from infopt.validators.drift import worst
 from infopt.validators.verdict import CHECKS
@@ -59,7 +60,6 @@ class Budget:
     @classmethod
     def parse(cls, text: "str | Budget") -> "Budget":
         """``metric=value``, e.g. ``cosine_mean=0.995`` or ``top1=0.99``."""
-        from infopt.errors import UsageError
 
         if isinstance(text, Budget):
             return text

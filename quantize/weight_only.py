@@ -25,13 +25,21 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch import nn
 
-from infopt.errors import UsageError
+from infopt.core.errors import UsageError
 from infopt.quantize.awq import ActivationSample, awq_quantize
-from infopt.quantize.int4_config import Int4Config
 from infopt.quantize.gptq import Hessian, gptq_quantize, weighted_error
-from infopt.quantize.int4_format import (Int4Linear, Int4Weight, LinearFilter, check_group_size, default_filter,
-                                         quantizable_linears, replace_module)
+from infopt.quantize.int4_config import Int4Config
+from infopt.quantize.int4_format import (
+    Int4Linear,
+    Int4Weight,
+    LinearFilter,
+    check_group_size,
+    default_filter,
+    quantizable_linears,
+    replace_module,
+)
 from infopt.quantize.rtn import rtn_quantize
+from infopt.quantize.sensitivity import output_drift
 
 
 @dataclass
@@ -264,7 +272,6 @@ def fall_back_to_budget(original: nn.Module, quantized: nn.Module, result: Int4R
     forward per layer on ``batches``); the most sensitive are restored one at a time from
     ``original`` into ``quantized`` (in place) until the whole model meets the budget, the way the
     INT8 fallback does (``quantize/sensitivity.py``). Returns what it measured and restored."""
-    from infopt.quantize.sensitivity import output_drift
 
     reference = _outputs(original, batches)
     drift = output_drift(reference, _outputs(quantized, batches))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import infopt
-from infopt.errors import UsageError
+from infopt.core.errors import UsageError
 
 
 def test_build_from_module_and_load(digits, tmp_path):

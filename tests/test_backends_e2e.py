@@ -12,7 +12,7 @@ import pytest
 from google.protobuf import text_format
 
 import infopt
-from infopt.runner import AotiRunner
+from infopt.runtime.backends.inductor import AotiRunner
 from tests.conftest import run_cli
 from tests.test_bad_input import assert_clean_failure
 

@@ -244,7 +244,8 @@ TABLE = [
     ("gate: summary path unwritable", ["gate", D, "-b", D, "--summary", "afile/gate.md"], 2, "cannot write --summary"),
     ("gate: gate file missing", ["gate", D, "-b", D, "--gate-file", "missing.yaml"], 2, "missing.yaml"),
     ("gate: gate file with a misspelt key", ["gate", D, "-b", D, "--gate-file", "gate_bad_key.yaml"], 2, "max_ratoi"),
-    ("gate: batch size outside the range", ["gate", D, "-b", D, "--batch-sizes", "9999", "--no-memory"], 2, "outside what both models take"),
+    ("gate: batch size outside the range", ["gate", D, "-b", D, "--batch-sizes", "9999", "--no-memory"], 2,
+     "outside what both models take"),
     ("gate: validation data of another model", ["gate", D, "-b", D, "--val", "v.npz", "--no-memory"], 2, "v.npz"),
 ]
 

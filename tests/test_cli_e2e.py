@@ -10,7 +10,7 @@ import pytest
 from google.protobuf import text_format
 
 import infopt
-from infopt.errors import ValidationFailed
+from infopt.core.errors import ValidationFailed
 from tests.conftest import run_cli
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
@@ -80,7 +80,7 @@ def test_provenance_records_the_command_line_and_data(cnn_dist, files):
     assert prov["python_call"] is None and prov["recipe"] == "fp32-onnxruntime" and prov["calibration"] is None
     with np.load(files / "digits_val.npz") as data:
         x = data["x"]
-    from infopt.provenance import data_sha256
+    from infopt.core.manifest import data_sha256
 
     # the validation data as fed: 256 samples in batches of the batch dim's max (64)
     assert prov["validation_data"]["samples"] == 256

@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-from infopt.emit import VOLATILE_FILES, without_volatile
+from infopt.api.emit import VOLATILE_FILES, without_volatile
 from tests.conftest import run_cli
 from tests.payloads import Tiny
 

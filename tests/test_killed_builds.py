@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from infopt.exporters.dist import read_manifest, verify_files
+from infopt.core.manifest import read_manifest, verify_files
 from infopt.exporters.staging import clean_stale
 from tests.conftest import ROOT, run_cli
 from tests.payloads import Tiny

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from infopt.exporters.dist import sha256
+from infopt.core.manifest import sha256
 from tests import payloads
 from tests.conftest import run_cli_here
 
@@ -61,7 +61,8 @@ ROUTES = {
     "build .pt2 opaque object": (lambda f, m, d: payloads.pt2_opaque_object(f / "m.pt2", m), ["build", "m.pt2"]),
     "build TorchScript look-alike": (lambda f, m, d: payloads.torchscript_lookalike(f / "m.pt", m), ["build", "m.pt", *TINY_INPUT]),
     "build Hugging Face folder with a .bin": (lambda f, m, d: _hf_folder_with_bin(f, m), ["build", "hf"]),
-    "build --val .pt": (lambda f, m, d: (_tiny_ts(f), payloads.samples_pt(f / "v.pt", m)), ["build", "tiny.pt", *TINY_INPUT, "--val", "v.pt"]),
+    "build --val .pt": (lambda f, m, d: (_tiny_ts(f), payloads.samples_pt(f / "v.pt", m)),
+                        ["build", "tiny.pt", *TINY_INPUT, "--val", "v.pt"]),
     "build --val object .npy": (lambda f, m, d: (_tiny_ts(f), payloads.object_npy(f / "v.npy", m)),
                                 ["build", "tiny.pt", *TINY_INPUT, "--val", "v.npy"]),
     "build --calib .pt": (lambda f, m, d: (_tiny_ts(f), payloads.samples_pt(f / "c.pt", m)),
@@ -71,7 +72,8 @@ ROUTES = {
     "build --recipe YAML tag": (lambda f, m, d: (_tiny_ts(f), payloads.yaml_python_tag(f / "r.yaml", m)),
                                 ["build", "tiny.pt", *TINY_INPUT, "--recipe", "r.yaml"]),
     "inspect --val .pt": (lambda f, m, d: (_tiny_ts(f), payloads.samples_pt(f / "v.pt", m)), ["inspect", "tiny.pt", "--val", "v.pt"]),
-    "gate --val .pt": (lambda f, m, d: payloads.samples_pt(f / "v.pt", m), ["gate", "{dist}", "-b", "{dist}", "--val", "v.pt", "--no-memory"]),
+    "gate --val .pt": (lambda f, m, d: payloads.samples_pt(f / "v.pt", m),
+                       ["gate", "{dist}", "-b", "{dist}", "--val", "v.pt", "--no-memory"]),
     "gate --gate-file YAML tag": (lambda f, m, d: payloads.yaml_python_tag(f / "g.yaml", m),
                                   ["gate", "{dist}", "-b", "{dist}", "--gate-file", "g.yaml", "--no-memory"]),
     "validate stored samples": (lambda f, m, d: _tampered_samples(f, m, d), ["validate", "dist"]),

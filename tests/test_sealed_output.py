@@ -10,12 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 import infopt
 from infopt.api import validate
-from infopt.errors import IntegrityError, UsageError
-from infopt.exporters.dist import sha256
+from infopt.core.errors import IntegrityError, UsageError
+from infopt.core.manifest import sha256
 from tests.conftest import run_cli_here
 
 

@@ -13,9 +13,9 @@ from typing import Iterator
 
 import numpy as np
 
-from infopt.errors import InputSpecError, UsageError
-from infopt.inputspec import DEFAULT_RANGE, DimRange, InputSpec, TensorSpec
-from infopt.safe_load import arrays_file, torch_file
+from infopt.core.errors import InputSpecError, UsageError
+from infopt.core.inputspec import DEFAULT_RANGE, DimRange, InputSpec, TensorSpec
+from infopt.core.safe_load import arrays_file, torch_file
 
 EXTENSIONS = (".npy", ".npz", ".pt")
 

@@ -7,7 +7,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from infopt.errors import ValidationFailed
+from infopt.core.errors import ValidationFailed
 from infopt.validators import metrics
 
 WORST = {"max_abs": max, "mean_abs": max, "max_rel": max, "cosine_min": min, "cosine_mean": min,
@@ -63,7 +63,8 @@ def compare(reference_outputs: list[list[np.ndarray]], candidate_outputs: list[l
         ref = _concat([r[i] for r in reference_outputs])
         cand = _concat([c[i] for c in candidate_outputs])
         if ref.shape != cand.shape:
-            raise ValidationFailed(f"output {name}: the candidate's shape {list(cand.shape)} differs from the reference's {list(ref.shape)}")
+            raise ValidationFailed(f"output {name}: the candidate's shape {list(cand.shape)} "
+                                   f"differs from the reference's {list(ref.shape)}")
         report.outputs[name] = metrics.drift(ref, cand)
         report.samples = int(ref.shape[0]) if ref.ndim else 1
     return report

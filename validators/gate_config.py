@@ -32,8 +32,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from infopt.errors import UsageError
-from infopt.recipe import DriftThresholds
+from infopt.core.errors import UsageError
+from infopt.core.recipe import DriftThresholds
 
 
 class _Strict(BaseModel):
@@ -79,7 +79,8 @@ def load_gate_file(path: str | Path | None) -> GateConfig:
     try:
         raw = yaml.safe_load(path.read_text())
     except OSError as exc:
-        raise UsageError(f"cannot read the gate file {path}: {exc.strerror or exc}", fix="pass an existing YAML file to --gate-file") from exc
+        raise UsageError(f"cannot read the gate file {path}: {exc.strerror or exc}",
+                         fix="pass an existing YAML file to --gate-file") from exc
     except yaml.YAMLError as exc:
         raise UsageError(f"the gate file {path} is not valid YAML: {exc}", fix="fix the YAML syntax") from exc
     if raw is None:
@@ -101,7 +102,8 @@ def parse(raw: dict[str, Any], where: str) -> GateConfig:
             known = SECTIONS[parent].model_fields if parent in SECTIONS else GateConfig.model_fields
             raise UsageError(f"unknown key {loc!r} in the gate file", where=where,
                              fix=f"the keys{' of ' + str(parent) if parent else ''} are: {', '.join(known)}") from None
-        raise UsageError(f"gate file key {loc}: {error['msg']}", where=where, fix="see `infopt gate --help` for the keys and their meaning") from None
+        raise UsageError(f"gate file key {loc}: {error['msg']}", where=where,
+                         fix="see `infopt gate --help` for the keys and their meaning") from None
 
 
 def with_flags(config: GateConfig, **flags: Any) -> GateConfig:

@@ -17,7 +17,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from infopt.errors import ValidationFailed
+from infopt.core.errors import ValidationFailed
+from infopt.core.inputspec import InputSpec
+from infopt.core.manifest import read_manifest
+from infopt.core.sample_inputs import random_feed
+from infopt.runtime.backends import manifest_runner
 
 CHILD_TIMEOUT_S = 600
 
@@ -58,10 +62,6 @@ def measure_here(dist: Path, batch: int) -> dict:
     import numpy as np  # noqa: F401 - loaded before the starting figure, as every runtime needs it
     import onnxruntime  # noqa: F401 - the runtime's own import is not the model's memory
 
-    from infopt.api import load
-    from infopt.exporters.dist import read_manifest
-    from infopt.inputspec import InputSpec
-    from infopt.sample_inputs import random_feed
 
     manifest = read_manifest(dist)
     spec = InputSpec.from_json(manifest["inputs"])
@@ -69,7 +69,7 @@ def measure_here(dist: Path, batch: int) -> dict:
     feed = random_feed(spec, **dims)
     reset = _reset_peak()
     start = _status_kib("VmRSS") or 0
-    runner = load(dist, allow_failed=True)
+    runner = manifest_runner(dist, manifest)
     runner.run(feed)
     result = {"peak_rss_bytes": _peak_since_start(start, reset), "batch": batch if spec.batch_symbol else 1}
     if runner.device == "cuda":

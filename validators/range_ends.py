@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from infopt.errors import InputSpecError
+from infopt.core.errors import InputSpecError
+from infopt.core.pipeline import _first_line
+from infopt.core.sample_inputs import embedding_vocab, random_feed
 
 
 def range_ends(spec, reference, module) -> list[tuple[str, dict, list]]:
@@ -17,8 +19,6 @@ def range_ends(spec, reference, module) -> list[tuple[str, dict, list]]:
     at its max (the batch at its min); the batch at its max (the others at their opt). The largest
     batch and the longest sequence are not combined: for a language model's logits that one input
     alone can need more memory than the build has."""
-    from infopt.pipeline import _first_line
-    from infopt.sample_inputs import embedding_vocab, random_feed
 
     if not spec.dims:
         return []
@@ -48,7 +48,6 @@ class RangeFailure(Exception):
 
 def check_range_ends(runner, ends) -> None:
     """Raise RangeFailure, naming the dims, where ``runner`` fails or gives other shapes than eager."""
-    from infopt.pipeline import _first_line
 
     for where, feed, shapes in ends:
         try:

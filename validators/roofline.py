@@ -21,8 +21,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from infopt.report import Section
-
 ROOF_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "int8": "int8", "int4": "fp16", "fp8": "fp8"}
 """The peak a precision computes at: INT4 is weight-only (W4A16), its matmuls run in fp16."""
 
@@ -80,7 +78,7 @@ def count_work(module: Any, feed: dict[str, np.ndarray], input_names: Sequence[s
             "io_bytes_per_sample": int(round((in_bytes + out_bytes) / n)), "method": method}
 
 
-def _curve(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+def measured_curve(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     curve = (manifest.get("validation") or {}).get("curve") or []
     return sorted((p for p in curve if p.get("batch", 0) > 0), key=lambda p: p["batch"])
 
@@ -115,7 +113,7 @@ def roofline(manifest: dict[str, Any]) -> dict[str, Any] | None:
     - roof TFLOP/s = min(peak[precision], I x bandwidth GB/s / 1e3)
     - fraction = achieved / roof, and the point is memory-bound when I < peak / bandwidth (the ridge)
     """
-    curve = _curve(manifest)
+    curve = measured_curve(manifest)
     if not curve:
         return None
     target = manifest["target"]
@@ -174,7 +172,7 @@ def cost_per_million(manifest: dict[str, Any]) -> list[dict[str, Any]]:
         return []
     return [{"batch": int(p["batch"]), "throughput": float(p["throughput"]),
              "usd_per_million": price / 3600 / float(p["throughput"]) * 1e6 if p["throughput"] > 0 else None}
-            for p in _curve(manifest)]
+            for p in measured_curve(manifest)]
 
 
 def cost_notes(manifest: dict[str, Any]) -> list[str]:
@@ -187,48 +185,3 @@ def cost_notes(manifest: dict[str, Any]) -> list[str]:
              "samples/s = batch / p50 latency, one batch at a time with the device kept busy"]
     caveat = measured_caveat(manifest, "the cost")
     return notes + ([caveat] if caveat else [])
-
-
-def _fmt(value: float | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
-
-
-def curve_section(manifest: dict[str, Any]) -> Section | None:
-    """The shipped model's latency at each batch size (the data behind the latency plot)."""
-    curve = _curve(manifest)
-    if not curve:
-        return None
-    rows = [[str(p["batch"]), f"{p['p50_ms']:.3f}", f"{p['p90_ms']:.3f}", f"{p['p99_ms']:.3f}", f"{p['mean_ms']:.3f}",
-             f"{p['throughput']:.1f}", f"{p['p50_ms'] / p['batch']:.4f}"] for p in curve]
-    notes = [f"measured on {manifest['validation'].get('device') or 'an unrecorded device'}, "
-             f"{curve[0].get('iterations', '?')} timed runs per batch size after warm-up; samples/s = batch / p50 latency"]
-    return Section("Latency by batch size (ms)", ["batch", "p50", "p90", "p99", "mean", "samples/s", "p50 per sample"],
-                   rows, notes)
-
-
-def roofline_section(manifest: dict[str, Any]) -> Section | None:
-    """Achieved TFLOP/s, intensity, the target's roof and the fraction of it, per batch size."""
-    line = roofline(manifest)
-    if line is None:
-        return None
-    rows = [[str(p["batch"]), f"{p['throughput']:.1f}", _fmt(p["achieved_tflops"], ".4g"), _fmt(p["intensity"], ".4g"),
-             _fmt(p["roof_tflops"], ".4g"), _fmt(None if p["fraction_of_roof"] is None else 100 * p["fraction_of_roof"], ".3g"),
-             p["bound"] or "-"] for p in line["points"]]
-    head = []
-    if line["flops_per_sample"] is not None:
-        head.append(f"{line['flops_per_sample']:.4g} FLOPs per sample, {line['weight_bytes']} weight bytes, "
-                    f"{line['io_bytes_per_sample']} io bytes per sample")
-    if line["ridge_intensity"] is not None:
-        head.append(f"roof: {line['roof_dtype']} peak {line['peak_tflops']:g} TFLOP/s, bandwidth "
-                    f"{line['memory_bandwidth_gbs']:g} GB/s, ridge at {line['ridge_intensity']:.4g} FLOP/byte")
-    return Section("Roofline", ["batch", "samples/s", "achieved TFLOP/s", "FLOP/byte", "roof TFLOP/s", "% of roof", "bound"],
-                   rows, head + line["notes"])
-
-
-def cost_section(manifest: dict[str, Any]) -> Section | None:
-    """USD per million predictions per batch size; a section with only a note when there is no price."""
-    if not _curve(manifest):
-        return None
-    rows = [[str(c["batch"]), f"{c['throughput']:.1f}", _fmt(c["usd_per_million"], ".4g")]
-            for c in cost_per_million(manifest)]
-    return Section("Cost per million predictions", ["batch", "samples/s", "USD per 1M"], rows, cost_notes(manifest))

@@ -17,8 +17,9 @@ from typing import Callable
 
 import numpy as np
 
-from infopt.errors import UsageError
-from infopt.safe_load import arrays_file, torch_file
+from infopt.core.errors import UsageError
+from infopt.core.safe_load import arrays_file, torch_file
+from infopt.runtime.loading import import_named
 from infopt.validators.data import SAMPLES_FIX, sample_files
 
 
@@ -105,7 +106,6 @@ def resolve(name: str | None, labels: np.ndarray, outputs: np.ndarray, higher_is
 
 
 def _user_function(text: str) -> Callable[[np.ndarray, np.ndarray], float]:
-    from infopt.loading import import_named
 
     fn = import_named(text, "the task metric")
     if not callable(fn):

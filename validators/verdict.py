@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from infopt.recipe import Validation
+from infopt.core.recipe import Validation
 
 CHECKS = (
     # (threshold field, measured key, kind)

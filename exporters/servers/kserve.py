@@ -62,7 +62,8 @@ from typing import Any
 
 import yaml
 
-from infopt.errors import UsageError
+from infopt.core.errors import UsageError
+from infopt.exporters.servers.emitter import EmitJob, ServerEmitter, register
 
 API_VERSION = "serving.kserve.io/v1beta1"
 KIND = "InferenceService"
@@ -212,3 +213,13 @@ def write_kserve(folder: Path, name: str, manifest: dict[str, Any], storage_uri:
     body = yaml.safe_dump_all(services, sort_keys=False, default_flow_style=False, explicit_start=True)
     path.write_text(_header(manifest, services) + body)
     return path
+
+
+def emit(job: EmitJob) -> Path | None:
+    """InferenceServices over the Triton repository written before it; nothing without one."""
+    if "triton" not in job.manifest["artifacts"]:
+        return None
+    return write_kserve(job.stage / "servers" / "kserve", job.name, job.manifest)
+
+
+EMITTER = register(ServerEmitter("kserve", 30, emit))

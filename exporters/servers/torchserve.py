@@ -49,8 +49,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from infopt.errors import BuildError, EnvironmentProblem, UsageError
-from infopt.inputspec import InputSpec
+from infopt.core.errors import BuildError, EnvironmentProblem, UsageError
+from infopt.core.inputspec import InputSpec
+from infopt.exporters.servers.emitter import EmitJob, ServerEmitter, register
 
 HANDLER_FILE = "infopt_handler.py"
 IO_FILE = "infopt_io.json"
@@ -421,3 +422,11 @@ def write_torchserve(folder: Path, name: str, model_file: Path, manifest: dict[s
 
 
 __all__ = ["write_torchserve", "config_properties", "io_description", "HANDLER"]
+
+
+def emit(job: EmitJob) -> Path:
+    write_torchserve(job.stage / "servers" / "torchserve", job.name, job.staged_model, job.manifest)
+    return job.stage / "servers" / "torchserve"
+
+
+EMITTER = register(ServerEmitter("torchserve", 20, emit))

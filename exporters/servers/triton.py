@@ -22,17 +22,13 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from infopt.errors import UsageError
-from infopt.inputspec import InputSpec
+from infopt.core.errors import UsageError
+from infopt.core.inputspec import InputSpec
+from infopt.exporters.servers.emitter import EmitJob, ServerEmitter, register
+from infopt.exporters.servers.triton_tuning import TRITON_DTYPES, Tuning, tune
 
-if TYPE_CHECKING:
-    from infopt.exporters.servers.triton_tuning import Tuning
-
-TRITON_DTYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float64": "TYPE_FP64",
-                 "int64": "TYPE_INT64", "int32": "TYPE_INT32", "int16": "TYPE_INT16", "int8": "TYPE_INT8",
-                 "uint8": "TYPE_UINT8", "bool": "TYPE_BOOL"}
 ENGINE_CACHE_ROOT = "/tmp/triton_trt_engines"
 """Where the server keeps the engines it builds, one folder per model, unless ``cache_path`` is given."""
 
@@ -233,3 +229,18 @@ def write_repository(root: Path, name: str, model_file: Path, spec: InputSpec,
         text = config_pbtxt(name, spec, outputs, device, backend="python", tuning=tuning)
     (folder / "config.pbtxt").write_text(text)
     return folder
+
+
+def emit(job: EmitJob) -> Path:
+    """The repository under ``servers/triton/``, its batching tuned to the measured latency curve
+    (recorded in the manifest as ``triton_tuning``)."""
+    outputs = [(o["name"], o["dtype"], tuple(o["shape"])) for o in job.manifest["outputs"]]
+    validation = job.manifest["validation"]
+    tuning = tune(validation.get("curve") or [], job.device, job.spec, max_batch_size(job.spec, outputs),
+                  measured_on_target=validation.get("runs_on", job.device) == job.device)
+    job.manifest["triton_tuning"] = tuning.to_json()
+    return write_repository(job.stage / "servers" / "triton", job.name, job.model_file, job.spec, outputs, job.device,
+                            server_engine=job.server_engine, tuning=tuning)
+
+
+EMITTER = register(ServerEmitter("triton", 10, emit))

@@ -4,7 +4,7 @@ The build times the chosen model at a range of batch sizes (``manifest["validati
 one ``{"batch", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "throughput", "iterations"}`` per size,
 throughput in samples/s). :func:`tune` reads that curve and picks the dynamic batcher's preferred
 batch sizes and queue delay, the instance group, and the warm-up requests; every choice comes
-with a sentence quoting the figures it used, which the report shows (:func:`tuning_section`).
+with a sentence quoting the figures it used, which the report shows (``report/performance.py``).
 
 The rules, with ``base`` the smallest measured batch (normally 1) and ``best`` the batch with the
 highest measured throughput:
@@ -44,10 +44,13 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from infopt.errors import UsageError
-from infopt.exporters.servers.triton import TRITON_DTYPES
-from infopt.inputspec import InputSpec
-from infopt.report import Section
+from infopt.core.errors import UsageError
+from infopt.core.inputspec import InputSpec
+
+TRITON_DTYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16", "float64": "TYPE_FP64",
+                 "int64": "TYPE_INT64", "int32": "TYPE_INT32", "int16": "TYPE_INT16", "int8": "TYPE_INT8",
+                 "uint8": "TYPE_UINT8", "bool": "TYPE_BOOL"}
+
 
 SATURATION_FRACTION = 0.9
 """A batch has saturated throughput when it reaches this fraction of the best measured throughput."""
@@ -224,32 +227,3 @@ def tune(curve: list[dict[str, Any]], device: str, spec: InputSpec, max_batch: i
     reasons.append(f"warm-up: {WARMUP_COUNT} runs at each of batch {', '.join(map(str, sizes))} ({fills}{why_zero})")
     kind = "KIND_GPU" if device == "cuda" else "KIND_CPU"
     return Tuning(kind, count, max_batch, True, preferred, delay, warmup_entries(spec, max_batch, sizes), reasons)
-
-
-def tuning_section(manifest: dict[str, Any]) -> Section | None:
-    """The curve the tuning read and the reasons for each setting; None when the build made no tuning."""
-    data = manifest.get("triton_tuning")
-    if not data:
-        return None
-    tuning = Tuning.from_json(data)
-    validation = manifest.get("validation") or {}
-    points = sorted(validation.get("curve") or [], key=lambda p: p["batch"])
-    base = points[0] if points else None
-    rows = []
-    for p in points:
-        relative = f"{p['throughput'] / base['throughput']:.2f}x" if base and base["throughput"] > 0 else "-"
-        rows.append([str(p["batch"]), f"{p['p50_ms']:.3f}", f"{p['p99_ms']:.3f}", f"{p['throughput']:.1f}", relative,
-                     "yes" if p["batch"] in tuning.preferred_batch_sizes else ""])
-    if tuning.dynamic_batching:
-        batching = (f"dynamic batching, preferred {tuning.preferred_batch_sizes or 'none'}, "
-                    f"max_queue_delay {tuning.max_queue_delay_us} us")
-    else:
-        batching = "no dynamic batching"
-    notes = [f"config.pbtxt: {tuning.instance_count} x {tuning.instance_kind}, {batching}, "
-             f"warm-up at batch {', '.join(str(w['batch_size']) for w in tuning.warmup)}"]
-    if points:
-        notes.append(f"measured on {validation.get('device', 'an unrecorded device')}, {points[0]['iterations']} timed "
-                     f"runs per batch; p50/p99 in ms; relative is throughput / batch {base['batch']}'s")
-    notes += tuning.reasons
-    headers = ["batch", "p50", "p99", "samples/s", f"vs batch {base['batch']}" if base else "relative", "preferred"]
-    return Section("Triton serving config", headers, rows, notes)

@@ -31,7 +31,7 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        from infopt import __version__
+        from infopt.core.version import __version__
 
         typer.echo(f"infopt {__version__}")
         raise typer.Exit()
@@ -66,8 +66,8 @@ def main() -> None:
     traceback. SIGTERM removes what this process staged and exits 143 at once (see ``_terminated``)."""
     import signal
 
-    from infopt.errors import InfoptError
-    from infopt.threads import cap_torch_threads
+    from infopt.core.errors import InfoptError
+    from infopt.core.threads import cap_torch_threads
 
     signal.signal(signal.SIGTERM, _terminated)
     try:
@@ -116,7 +116,7 @@ def _usage_errors() -> tuple[type[Exception], ...]:
 
 def _print_usage_error(exc) -> None:
     """click's usage errors in infopt's form: what was wrong, where (the command), what to do."""
-    from infopt.errors import UsageError
+    from infopt.core.errors import UsageError
 
     command = exc.ctx.command_path if exc.ctx is not None else "infopt"
     what = exc.format_message().strip().rstrip(".")

@@ -59,9 +59,17 @@ def build(
 ) -> None:
     """Build, validate and emit a deployable artifact for a target."""
     from infopt.api import build as run_build
-    from infopt.errors import UsageError
-    from infopt.report import (candidates_section, drift_section, int4_section, int8_section, latency_section,
-                               passes_section, print_sections, summary)
+    from infopt.core.errors import UsageError
+    from infopt.report.markdown import (
+        candidates_section,
+        drift_section,
+        int4_section,
+        int8_section,
+        latency_section,
+        passes_section,
+        print_sections,
+        summary,
+    )
 
     chosen = [p for p, flag in zip(PRECISION_FLAGS, (fp32, fp16, bf16, fp8, int8, int4)) if flag]
     if precision:
@@ -95,7 +103,7 @@ def _int4_options(method, group_size, act_order, checkpoint) -> dict[str, dict]:
     (The group size is checked by the options themselves, for recipes as well.)"""
     from typing import get_args
 
-    from infopt.errors import UsageError
+    from infopt.core.errors import UsageError
     from infopt.passes.fx.quantize_int4 import QuantizeInt4Options
 
     fields = QuantizeInt4Options.model_fields
@@ -109,7 +117,7 @@ def _int4_options(method, group_size, act_order, checkpoint) -> dict[str, dict]:
 
 
 def _pass_options(method, percentile, bins, alpha) -> dict[str, dict]:
-    from infopt.errors import UsageError
+    from infopt.core.errors import UsageError
     from infopt.quantize.observers import METHODS
 
     if method is not None and method not in METHODS:

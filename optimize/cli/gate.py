@@ -37,8 +37,8 @@ def gate(
 ) -> None:
     """Run the candidate and the baseline on the same inputs; exit 1 with the reasons if the
     candidate is less accurate, drifts, or is slower, larger or hungrier than the limits allow."""
-    from infopt.gate_report import HEADERS, check_writable, headline, rows, write_outputs
-    from infopt.gating import gate as run_gate
+    from infopt.api.gating import gate as run_gate
+    from infopt.report.gate import HEADERS, check_writable, headline, rows, write_outputs
     from infopt.validators.gate_config import load_gate_file, with_flags
 
     config = with_flags(load_gate_file(gate_file), task__labels=labels, task__metric=task_metric, task__max_drop=max_task_drop,

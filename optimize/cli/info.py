@@ -16,8 +16,8 @@ def targets(
     markdown: Annotated[bool, typer.Option("--markdown", help="Print what each target builds (precision x backend) as the README's Markdown table.")] = False,
 ) -> None:
     """List the targets and what they run."""
-    from infopt.recipe import build_table_markdown
-    from infopt.target import targets as all_targets
+    from infopt.core.recipe import build_table_markdown
+    from infopt.core.target import targets as all_targets
 
     if markdown:
         print(build_table_markdown())
@@ -38,8 +38,8 @@ def recipes(
     as_json: o.Json = False,
 ) -> None:
     """List the bundled recipes (and passes)."""
-    from infopt.recipe import bundled_recipes, load_recipe
-    from infopt.registry import passes
+    from infopt.core.recipe import bundled_recipes, load_recipe
+    from infopt.core.registry import passes
 
     loaded = {name: load_recipe(path) for name, path in bundled_recipes().items()}
     registry = passes()
@@ -66,7 +66,7 @@ def doctor(
     clean: Annotated[Path, typer.Option("--clean", help="Folder whose leftovers of killed builds to remove (those no live build owns).")] = Path("dist"),
 ) -> None:
     """Which backends and devices are available here, and why not; removes what killed builds left in dist/."""
-    from infopt.doctor import checks
+    from infopt.core.doctor import checks
     from infopt.exporters.staging import clean_stale
 
     found = checks()

@@ -23,7 +23,7 @@ def inspect(
     as_json: o.Json = False,
 ) -> None:
     """Show what a model file holds."""
-    from infopt.inspection import inspect_model
+    from infopt.api.inspection import inspect_model
 
     info = inspect_model(model, inputs=inputs, dims=dims, model_class=model_class, model_args=model_args,
                          allow_pickle=allow_pickle, val=val)

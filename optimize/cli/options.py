@@ -24,7 +24,7 @@ MaxP99 = Annotated[Optional[float], typer.Option("--max-p99-ms", help="Fail if p
 
 
 def parse_batch_sizes(text: str | None) -> list[int] | None:
-    from infopt.errors import UsageError
+    from infopt.core.errors import UsageError
 
     if not text:
         return None

@@ -18,8 +18,8 @@ def verify(
 ) -> None:
     """Re-hash every file against the manifest (and, with --key, check its signature); exit 1 on
     any changed, missing or added file or a signature that does not verify."""
-    from infopt.exporters.dist import output_root
-    from infopt.provenance import verify as run_verify
+    from infopt.api.provenance import verify as run_verify
+    from infopt.core.manifest import output_root
 
     result = run_verify(output_root(dist), key)
     if as_json:
@@ -49,8 +49,8 @@ def sign(
     key: Annotated[Path, typer.Option("--key", help="Ed25519 private key (PEM, unencrypted), e.g. from `openssl genpkey -algorithm ed25519`.")],
 ) -> None:
     """Sign an output folder: an Ed25519 signature over its manifest.json, written to manifest.json.sig."""
-    from infopt.exporters.dist import output_root
-    from infopt.signing import sign as run_sign
+    from infopt.api.provenance import sign as run_sign
+    from infopt.core.manifest import output_root
 
     root = output_root(dist)
     record = run_sign(root, key)

@@ -14,8 +14,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from infopt.artifact import Artifact
-from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.core.artifact import Artifact
+from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.exporters.torch_export import export_module
 
 DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 
@@ -71,7 +72,6 @@ def cast_module(module, dtype):
 def run(artifact: Artifact, options: CastOptions, context: PassContext) -> PassOutcome:
     import torch
 
-    from infopt.exporters.torch_export import export_module
 
     if options.when == "cuda" and context.target.device != "cuda":
         note = f"kept float32: the cast is for CUDA targets and {context.target.name} is {context.target.device}"

@@ -15,9 +15,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from infopt.artifact import Artifact
+import infopt.kernels.w4a16  # noqa: F401  (registers infopt::w4a16_linear)
+import infopt.quantize.int4_format  # noqa: F401  (registers infopt::int4_linear)
+from infopt.core.artifact import Artifact
+from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
 from infopt.passes.fx.graph_utils import finish
-from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
 
 
 class Int4KernelsOptions(PassOptions):
@@ -46,8 +48,6 @@ def run(artifact: Artifact, options: Int4KernelsOptions, context: PassContext) -
 
     import torch
 
-    import infopt.kernels.w4a16  # noqa: F401  (registers infopt::w4a16_linear)
-    import infopt.quantize.int4_format  # noqa: F401  (registers infopt::int4_linear)
 
     portable = torch.ops.infopt.int4_linear.default
     kernel = torch.ops.infopt.w4a16_linear.default

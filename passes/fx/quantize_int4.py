@@ -23,10 +23,12 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from infopt.artifact import Artifact
-from infopt.errors import UsageError
+from infopt.core.artifact import Artifact
+from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.exporters.int4_checkpoint import V1ZeroPointError, write_awq_checkpoint, write_gptq_checkpoint
 from infopt.quantize.int4_config import Int4Config
-from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.quantize.sensitivity import Budget
+from infopt.quantize.weight_only import fall_back_to_budget, quantize_int4
 
 CHECKPOINT_DIR = "servers/vllm"
 
@@ -103,9 +105,7 @@ def hf_model(module):
 
 
 def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) -> PassOutcome:
-    import torch
 
-    from infopt.quantize.weight_only import quantize_int4
 
     module = artifact.obj
     if not has_python_module(artifact):
@@ -164,8 +164,6 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
 def _fall_back(original, quantized, result, options: QuantizeInt4Options, context: PassContext, spec):
     """The sensitivity fallback under the user's --max-drift or the recipe's budget, on the inputs the
     build validates with; None when there is no budget or nothing to measure on."""
-    from infopt.quantize.sensitivity import Budget
-    from infopt.quantize.weight_only import fall_back_to_budget
 
     budget = context.budget or (Budget.parse(options.fallback_budget) if options.fallback_budget else None)
     if budget is None or not context.check_batches:
@@ -177,7 +175,6 @@ def _fall_back(original, quantized, result, options: QuantizeInt4Options, contex
 
 
 def _write_checkpoint(model, layout: str, context: PassContext, artifact: Artifact, details: dict) -> str:
-    from infopt.exporters.int4_checkpoint import V1ZeroPointError, write_awq_checkpoint, write_gptq_checkpoint
 
     found = hf_model(model)
     if found is None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from infopt.artifact import Artifact
+from infopt.core.artifact import Artifact
+from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
 from infopt.passes.fx.graph_utils import drop_unused_state, finish
-from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
 
 
 class RemoveNoopsOptions(PassOptions):

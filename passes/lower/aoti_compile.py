@@ -18,10 +18,12 @@ from typing import Any, Iterator, Literal
 
 from pydantic import Field
 
-from infopt.artifact import Artifact
-from infopt.errors import EnvironmentProblem
-from infopt.logs import quiet_third_party
-from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.core.artifact import Artifact
+from infopt.core.cache import cache_dir
+from infopt.core.errors import EnvironmentProblem
+from infopt.core.logs import quiet_third_party
+from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.quantize.int4_format import decompose_int4
 
 
 class InductorOptions(PassOptions):
@@ -49,7 +51,6 @@ def user_cache_dir() -> str | None:
 @contextmanager
 def inductor_cache() -> Iterator[str]:
     """Point Inductor (and Triton, which nests under it) at infopt's cache folder for the block."""
-    from infopt.cache import cache_dir
 
     chosen = user_cache_dir()
     if chosen:
@@ -87,7 +88,6 @@ def run(artifact: Artifact, options: InductorOptions, context: PassContext) -> P
         from torch.export.passes import move_to_device_pass
 
         program = move_to_device_pass(program, "cuda")
-    from infopt.quantize.int4_format import decompose_int4
 
     program, int4_layers = decompose_int4(program)
     path = context.workdir / "model.pt2"

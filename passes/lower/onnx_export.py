@@ -11,13 +11,12 @@ from pathlib import Path
 
 from pydantic import Field
 
-from infopt.artifact import Artifact
-from infopt.errors import BuildError
-from infopt.logs import quiet_third_party
-from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
-
-EXTERNAL_DATA_BYTES = 1_800_000_000
-"""Past this many bytes of weights, they go to ``model.onnx.data`` (protobuf's 2 GB limit)."""
+from infopt.core.artifact import Artifact
+from infopt.core.errors import BuildError
+from infopt.core.logs import quiet_third_party
+from infopt.core.manifest import EXTERNAL_DATA_BYTES
+from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.passes.lower.onnx_int4 import lower_int4_nodes, translation_table
 
 
 class OnnxExportOptions(PassOptions):
@@ -37,7 +36,6 @@ def export_onnx(program, path: Path, input_names, output_names, opset: int = 20,
     import onnx
     import torch
 
-    from infopt.passes.lower.onnx_int4 import lower_int4_nodes, translation_table
 
     with quiet_third_party():
         onnx_program = torch.onnx.export(program, (), dynamo=True, input_names=list(input_names),

@@ -36,7 +36,9 @@ and is left as it is.
 
 from __future__ import annotations
 
-from infopt.errors import BuildError
+import infopt.quantize.int4_format  # noqa: F401  (registers infopt::int4_linear)
+from infopt.core.errors import BuildError
+from infopt.quantize.int4_format import pack_int4, unpack_int4
 
 DOMAIN = "infopt"
 PLACEHOLDER = "Int4Linear"
@@ -52,7 +54,6 @@ def translation_table() -> dict:
     import torch
     from onnx.defs import OpSchema
 
-    import infopt.quantize.int4_format  # noqa: F401 - registers torch.ops.infopt.int4_linear
 
     param, option = OpSchema.FormalParameter, OpSchema.FormalParameterOption
     floats = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
@@ -101,7 +102,6 @@ def pack_zero_points(zeros):
     import numpy as np
     import torch
 
-    from infopt.quantize.int4_format import pack_int4
 
     if zeros.shape[1] % 2:
         zeros = np.concatenate([zeros, np.zeros((zeros.shape[0], 1), np.uint8)], axis=1)
@@ -112,7 +112,6 @@ def permute_packed(qweight, perm):
     """uint8 ``[N, K // 2]`` with codes in column order ``perm``, repacked low nibble first."""
     import torch
 
-    from infopt.quantize.int4_format import pack_int4, unpack_int4
 
     return pack_int4(unpack_int4(torch.from_numpy(qweight.copy()))[:, torch.from_numpy(perm)]).numpy()
 

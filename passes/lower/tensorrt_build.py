@@ -25,10 +25,11 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from infopt.artifact import Artifact
-from infopt.errors import BuildError, EnvironmentProblem
-from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
-from infopt.tensorrt_runner import INSTALL_FIX, make_logger, tensorrt_unavailable
+from infopt.core.artifact import Artifact
+from infopt.core.cache import cache_dir
+from infopt.core.errors import BuildError, EnvironmentProblem
+from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.runtime.backends.tensorrt import INSTALL_FIX, make_logger, tensorrt_unavailable
 
 SERVER_PRECISION_MODES = {"fp32": "FP32", "fp16": "FP16", "int8": "INT8"}
 """What Triton's ONNX Runtime backend's TensorRT accelerator accepts as ``precision_mode``."""
@@ -62,7 +63,6 @@ def timing_cache_path(target_arch: str) -> Path:
     """``<cache>/tensorrt/timing-<gpu name or target arch>.cache``: tactics are timed per GPU model."""
     import torch
 
-    from infopt.cache import cache_dir
 
     label = torch.cuda.get_device_name() if torch.cuda.is_available() else target_arch
     return cache_dir("tensorrt") / f"timing-{re.sub(r'[^A-Za-z0-9_.-]+', '-', label).strip('-')}.cache"

@@ -14,9 +14,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from infopt.artifact import Artifact
-from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
-from infopt.threads import ort_session_options
+from infopt.core.artifact import Artifact
+from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.core.threads import ort_session_options
 
 
 class OrtOptimizeOptions(PassOptions):

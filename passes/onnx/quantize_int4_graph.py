@@ -16,9 +16,12 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from infopt.artifact import Artifact
-from infopt.errors import UsageError
-from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.core.artifact import Artifact
+from infopt.core.errors import UsageError
+from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.passes.lower.onnx_int4 import replace_with_nbits
+from infopt.quantize.rtn import rtn_quantize
+from infopt.quantize.weight_only import FALLBACK_GROUP_SIZES, group_size_for
 
 MODULE_PASS = "quantize_int4"
 
@@ -60,9 +63,6 @@ def run(artifact: Artifact, options: GraphInt4Options, context: PassContext) -> 
     import onnx_ir as ir
     import torch
 
-    from infopt.passes.lower.onnx_int4 import replace_with_nbits
-    from infopt.quantize.rtn import rtn_quantize
-    from infopt.quantize.weight_only import FALLBACK_GROUP_SIZES, group_size_for
 
     record = module_record(artifact)
     if record is not None and record.changed:

@@ -14,20 +14,27 @@ from typing import Literal
 
 from pydantic import Field
 
-from infopt.artifact import Artifact
-from infopt.errors import UsageError
-from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.core.artifact import Artifact
+from infopt.core.errors import UsageError
+from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.quantize import onnx_int8, sensitivity
+from infopt.quantize.calibrate import calibrate
+from infopt.quantize.observers import Observer
+from infopt.quantize.sensitivity import Budget, output_drift
+from infopt.runtime.backends.onnxruntime import OrtRunner
 
 CALIB_FIX = ("pass --calib PATH: a folder or file of .npy/.npz/.pt samples shaped like the model's inputs "
              "(a few hundred real samples; calibration=... in the API)")
 
 
 class QuantizeInt8Options(PassOptions):
-    mode: Literal["auto", "static", "dynamic"] = Field("auto", description="static needs calibration data; auto picks static when there is some")
+    mode: Literal["auto", "static", "dynamic"] = Field(
+        "auto", description="static needs calibration data; auto picks static when there is some")
     method: Literal["minmax", "percentile", "entropy", "mse"] = Field("minmax", description="how activation ranges are calibrated")
     percentile: float = Field(99.99, gt=50.0, le=100.0, description="percentile kept by the percentile method")
     bins: int = Field(2048, ge=256, description="histogram bins for percentile, entropy and mse")
-    placement: Literal["auto", "onnxruntime", "tensorrt"] = Field("auto", description="QDQ layout: ONNX Runtime CPU (u8 activations) or TensorRT (symmetric s8); auto follows the target")
+    placement: Literal["auto", "onnxruntime", "tensorrt"] = Field(
+        "auto", description="QDQ layout: ONNX Runtime CPU (u8 activations) or TensorRT (symmetric s8); auto follows the target")
     budget: str = Field("cosine_mean=0.99", description="drift budget METRIC=VALUE the fallback holds (overridden by --max-drift)")
     fallback: bool = Field(True, description="keep the most sensitive layers in FP32 until the budget holds")
     sensitivity_samples: int = Field(64, ge=1, description="samples used to rank layer sensitivity")
@@ -58,8 +65,6 @@ def choose_mode(mode: str, placement: str, has_calibration: bool, target_name: s
 def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) -> PassOutcome:
     import onnx
 
-    from infopt.quantize import onnx_int8, sensitivity
-    from infopt.quantize.sensitivity import Budget
 
     placement = resolve_placement(options.placement, context.target)
     mode = choose_mode(options.mode, placement, context.calibration is not None, context.target.name)
@@ -71,7 +76,8 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
     layers = onnx_int8.layers(model, onnx_int8.STATIC_OPS if mode == "static" else onnx_int8.DYNAMIC_OPS)
     if not layers:
         kinds = "Conv/MatMul/Gemm" if mode == "static" else "MatMul"
-        return PassOutcome(artifact, False, [f"{mode} INT8: the model has no {kinds} layers with constant weights; the model is left as it is"],
+        return PassOutcome(artifact, False,
+                           [f"{mode} INT8: the model has no {kinds} layers with constant weights; the model is left as it is"],
                            {"mode": mode, "layers": []})
     attachments, ranges, calib_info = {}, None, {}
     if mode == "static":
@@ -140,7 +146,6 @@ def _why(mode: str, context: PassContext) -> str:
 def _check_budget_applies(budget, reference) -> None:
     """Refuse a budget metric the model's outputs do not have: the fallback could not measure it,
     and every quantized model would meet it."""
-    from infopt.quantize.sensitivity import output_drift
 
     if output_drift(reference, reference).get(budget.metric) is not None:
         return
@@ -153,9 +158,6 @@ def _check_budget_applies(budget, reference) -> None:
 
 
 def _calibrate(src, layers, options, context):
-    from infopt.quantize import onnx_int8
-    from infopt.quantize.calibrate import calibrate
-    from infopt.quantize.observers import Observer
 
     context.say(f"calibrating {options.method} on {context.calibration.count} samples")
     observer = Observer(options.method, options.percentile, options.bins)
@@ -179,8 +181,6 @@ def _build_confirmed(build, layers, excluded, order, batches, reference, budget,
     budget, move the next layer of ``order()`` (called only then) to FP32 and build again."""
     import numpy as np
 
-    from infopt.quantize.sensitivity import output_drift
-    from infopt.runner import OrtRunner
 
     excluded = list(excluded)
     while True:

@@ -8,22 +8,24 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from infopt.artifact import Artifact
-from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.core.artifact import Artifact
+from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.quantize import onnx_int8, smoothquant
+from infopt.quantize.calibrate import calibrate
+from infopt.quantize.observers import Observer
 
 
 class SmoothQuantOptions(PassOptions):
-    alpha: float = Field(0.5, ge=0.0, le=1.0, description="migration strength: 0 keeps the weights, 1 moves all of the activation range into them")
-    min_outlier_ratio: float = Field(8.0, ge=0.0, description="smooth an activation only if its largest channel maximum is this many times the median one (0: all)")
+    alpha: float = Field(
+        0.5, ge=0.0, le=1.0, description="migration strength: 0 keeps the weights, 1 moves all of the activation range into them")
+    min_outlier_ratio: float = Field(
+        8.0, ge=0.0, description="smooth an activation only if its largest channel maximum is this many times the median one (0: all)")
     fold_only: bool = Field(False, description="only smooth activations whose LayerNorm can absorb the scale (no extra Mul nodes)")
 
 
 def run(artifact: Artifact, options: SmoothQuantOptions, context: PassContext) -> PassOutcome:
     import onnx
 
-    from infopt.quantize import onnx_int8, smoothquant
-    from infopt.quantize.calibrate import calibrate
-    from infopt.quantize.observers import Observer
 
     if context.calibration is None:
         return PassOutcome(artifact, False, ["skipped: no calibration data (SmoothQuant serves static INT8)"])

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from infopt.artifact import Artifact
-from infopt.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.core.artifact import Artifact
+from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
 
 HEADLINE = ("attention", "skip_layer_normalization", "bias_gelu", "gelu", "erf_gelu", "rotary_embedding")
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from infopt.errors import CaptureError
-from infopt.inputspec import InputSpec
+from infopt.core.errors import CaptureError
+from infopt.core.inputspec import InputSpec
 from tests.bad_models import DataDependent
 from tests.passes.helpers import capture
 
@@ -65,8 +65,9 @@ class HeadSplit(nn.Module):
 def test_torchscript_size_arithmetic_becomes_integer_arithmetic():
     """Traced at batch 2 and length 6, the TorchScript model is captured for the whole declared range:
     without the fold the converter's assertions from the trace (u >= 8 and the like) refuse batch 1."""
-    from infopt.exporters.torchscript_graph import fold_size_arithmetic
     from torch._export.converter import TS2EPConverter
+
+    from infopt.exporters.torchscript_graph import fold_size_arithmetic
 
     model = HeadSplit().eval()
     example = (torch.randn(2, 6, 8),)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import json
 
-from infopt.exporters.dist import file_table, jsonable, verify_files, write_manifest
+from infopt.core.manifest import file_table, jsonable, verify_files, write_manifest
 
 
 def test_manifest_hashes_detect_tampering(tmp_path):

@@ -18,11 +18,23 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from infopt.errors import UsageError
-from infopt.exporters.int4_checkpoint import (CheckpointLayoutError, pack_awq, pack_gptq, write_awq_checkpoint,
-                                              write_gptq_checkpoint)
-from infopt.quantize.int4_format import (Int4Linear, Int4Weight, grid, int4_layers, quantizable_linears,
-                                         quantize_codes, replace_module)
+from infopt.core.errors import UsageError
+from infopt.exporters.int4_checkpoint import (
+    CheckpointLayoutError,
+    pack_awq,
+    pack_gptq,
+    write_awq_checkpoint,
+    write_gptq_checkpoint,
+)
+from infopt.quantize.int4_format import (
+    Int4Linear,
+    Int4Weight,
+    grid,
+    int4_layers,
+    quantizable_linears,
+    quantize_codes,
+    replace_module,
+)
 
 transformers = pytest.importorskip("transformers")
 

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
-from infopt.errors import UsageError
+from infopt.core.errors import UsageError
 from infopt.exporters.servers.kserve import MAX_NAME, inference_services, service_name, write_kserve
 
 # KServe's InferenceService name rule (IsvcNameFmt, pkg/apis/serving/v1beta1/inference_service_validation.go)
@@ -39,7 +39,7 @@ LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 def make_manifest(name: str = "digits_cnn", suffix: str = ".onnx", device: str = "cpu", *,
                   triton: bool = True, model_bytes: int = 41_557) -> dict[str, Any]:
-    """The fields of a build manifest (optimize/emit.py) the KServe exporter reads."""
+    """The fields of a build manifest (optimize/api/emit.py) the KServe exporter reads."""
     model = f"model/model{suffix}"
     artifacts = {"model": model}
     if triton:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from infopt.errors import OutputExistsError, UsageError
-from infopt.exporters.dist import file_table, read_manifest, verify_files, write_manifest
+from infopt.core.errors import OutputExistsError, UsageError
+from infopt.core.manifest import file_table, read_manifest, verify_files, write_manifest
 from infopt.exporters.staging import claim_output, clean_stale, staged_output
 from tests.conftest import ROOT
 
@@ -157,7 +157,7 @@ REPLACER = textwrap.dedent("""
     import os, signal, sys
     from pathlib import Path
     from infopt.exporters import staging
-    from infopt.exporters.dist import file_table, write_manifest
+    from infopt.core.manifest import file_table, write_manifest
 
     def terminated(signum, frame):  # as the CLI does
         staging.stop_now()

@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 import torch
 
-from infopt.errors import EnvironmentProblem, UsageError
+from infopt.core.errors import EnvironmentProblem, UsageError
 from infopt.exporters.servers.torchserve import DEFAULT_PORTS, HANDLER, write_torchserve
 
 HAS_ARCHIVER = importlib.util.find_spec("model_archiver") is not None
@@ -337,7 +337,7 @@ def test_torchserve_serves_the_onnx_model(digits, digits_onnx, tmp_path):
 @needs_server
 @pytest.mark.slow
 def test_torchserve_serves_an_aoti_package(digits, tmp_path_factory, tmp_path, monkeypatch):
-    from infopt.cache import cache_dir
+    from infopt.core.cache import cache_dir
 
     # infopt's own Inductor cache, as builds use it: a fresh one recompiles the AOTI headers (about 9 s)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache_dir("inductor")))

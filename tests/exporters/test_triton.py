@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from google.protobuf import json_format, text_format
 
-from infopt.errors import UsageError
+from infopt.core.errors import UsageError
+from infopt.core.inputspec import InputSpec
 from infopt.exporters.servers.triton import config_pbtxt, write_repository
-from infopt.inputspec import InputSpec
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
 
@@ -140,7 +140,7 @@ def test_python_backend_model_runs_a_real_pt2(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
     from torch.export import Dim
 
-    from infopt.cache import cache_dir
+    from infopt.core.cache import cache_dir
 
     # infopt's own Inductor cache, as builds use it: a fresh one recompiles the AOTI headers (about 9 s)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache_dir("inductor")))

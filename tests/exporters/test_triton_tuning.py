@@ -9,11 +9,20 @@ from __future__ import annotations
 import pytest
 from google.protobuf import text_format
 
-from infopt.errors import UsageError
+from infopt.core.errors import UsageError
+from infopt.core.inputspec import InputSpec
 from infopt.exporters.servers.triton import config_pbtxt, max_batch_size, write_repository
-from infopt.exporters.servers.triton_tuning import (DEFAULT_QUEUE_DELAY_US, MAX_QUEUE_DELAY_US, MIN_QUEUE_DELAY_US, QUEUE_DELAY_FRACTION,
-                                                    SATURATION_FRACTION, WARMUP_COUNT, Tuning, tune, tuning_section)
-from infopt.inputspec import InputSpec
+from infopt.exporters.servers.triton_tuning import (
+    DEFAULT_QUEUE_DELAY_US,
+    MAX_QUEUE_DELAY_US,
+    MIN_QUEUE_DELAY_US,
+    QUEUE_DELAY_FRACTION,
+    SATURATION_FRACTION,
+    WARMUP_COUNT,
+    Tuning,
+    tune,
+)
+from infopt.report.performance import tuning_section
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
 KIND_CPU = model_config_pb2.ModelInstanceGroup.KIND_CPU

@@ -6,9 +6,15 @@ import pytest
 import torch
 from torch import nn
 
-from infopt.kernels import norms
-from infopt.kernels.norms import (layer_norm, layer_norm_torch, layer_norm_triton, norm_config, rms_norm,
-                                  rms_norm_torch, rms_norm_triton)
+from infopt.kernels.norms import (
+    layer_norm,
+    layer_norm_torch,
+    layer_norm_triton,
+    norm_config,
+    rms_norm,
+    rms_norm_torch,
+    rms_norm_triton,
+)
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 TOLERANCE = {torch.float16: dict(atol=2e-3, rtol=2e-3), torch.bfloat16: dict(atol=2e-2, rtol=2e-2),

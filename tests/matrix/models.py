@@ -108,7 +108,7 @@ def make(name: str, seed: int = 0) -> nn.Module:
 
 def samples(name: str, count: int, seed: int = 0, seq: int = 6) -> dict[str, np.ndarray]:
     """``count`` input samples for the architecture, as the arrays of one ``.npz``."""
-    from infopt.inputspec import InputSpec
+    from infopt.core.inputspec import InputSpec
 
     rng = np.random.default_rng(seed)
     spec = InputSpec.parse(ARCHITECTURES[name].inputs)
@@ -129,8 +129,8 @@ def save(name: str, fmt: str, folder) -> tuple[str, list[str]]:
     """Save the architecture as a user would in ``fmt``; the file name and the CLI arguments that load it."""
     from pathlib import Path
 
+    from infopt.core.inputspec import DimRange, InputSpec
     from infopt.exporters.torch_export import dynamic_shapes
-    from infopt.inputspec import DimRange, InputSpec
 
     folder = Path(folder)
     model = make(name)

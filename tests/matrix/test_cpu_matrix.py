@@ -4,7 +4,7 @@ Each cell runs ``infopt build`` in a fresh working directory, on a model file gi
 path, with the default output folder (``dist/<name>``), over five architectures that break builds
 in different places (tests/matrix/models.py), each saved in two source formats. A cell asserts the
 exit code, the file that ships and the drift the manifest records. The cells come from the code
-(:func:`infopt.recipe.build_table`), so a precision or backend added to the CPU target is covered
+(:func:`infopt.core.recipe.build_table`), so a precision or backend added to the CPU target is covered
 as soon as it is claimed.
 """
 
@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 
-from infopt.recipe import build_table, build_table_markdown
+from infopt.core.recipe import build_table, build_table_markdown
 from tests.matrix import models as M
 
 SECOND_FORMAT = {"ConvBN": "torchscript", "AttentionEncoder": "torchscript", "Recurrent": "torchscript",

@@ -8,7 +8,7 @@ import shutil
 import onnx
 import pytest
 
-from infopt.errors import BuildError
+from infopt.core.errors import BuildError
 from tests.conftest import run_cli
 from tests.matrix import models as M
 from tests.test_bad_input import assert_clean_failure
@@ -26,8 +26,8 @@ def test_a_failed_candidate_stops_the_build_unless_allow_partial(tmp_path, monke
     import dataclasses
 
     import infopt
-    import infopt.pipeline
-    from infopt.registry import get_pass
+    import infopt.core.pipeline
+    from infopt.core.registry import get_pass
 
     def broken(artifact, options, context):
         raise BuildError("fusion broke on purpose")
@@ -36,7 +36,7 @@ def test_a_failed_candidate_stops_the_build_unless_allow_partial(tmp_path, monke
         found = get_pass(name)
         return dataclasses.replace(found, run=broken) if name == "transformer_fusion" else found
 
-    monkeypatch.setattr(infopt.pipeline, "get_pass", patched)
+    monkeypatch.setattr(infopt.core.pipeline, "get_pass", patched)
     monkeypatch.chdir(tmp_path)
     model = M.make("OddMLP")
     with pytest.raises(BuildError, match="1 of 3 candidates failed: fp32-onnxruntime-fused: fusion broke") as info:

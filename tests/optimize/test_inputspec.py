@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from infopt.errors import InputSpecError
-from infopt.inputspec import DimRange, InputSpec, parse_dim, parse_tensor
+from infopt.core.errors import InputSpecError
+from infopt.core.inputspec import DimRange, InputSpec, parse_dim, parse_tensor
 
 
 def test_parse_input_and_dims():

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from infopt.errors import ModelLoadError, UnsafePickleError, UsageError
-from infopt.loading import load_model, sniff
-from infopt.safe_load import pickled_classes
+from infopt.core.errors import ModelLoadError, UnsafePickleError, UsageError
+from infopt.core.safe_load import pickled_classes
+from infopt.runtime.loading import load_model, sniff
 
 
 class Booby(torch.nn.Module):

@@ -3,12 +3,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infopt.artifact import Artifact
-from infopt.errors import BuildError, CaptureError
-from infopt.inputspec import InputSpec
-from infopt.pipeline import Pipeline
-from infopt.recipe import bundled_recipes, load_recipe
-from infopt.target import get_target
+from infopt.core.artifact import Artifact
+from infopt.core.errors import BuildError, CaptureError
+from infopt.core.inputspec import InputSpec
+from infopt.core.pipeline import Pipeline
+from infopt.core.recipe import bundled_recipes, load_recipe
+from infopt.core.target import get_target
 from tests.bad_models import DataDependent
 
 
@@ -57,7 +57,7 @@ def test_unexpected_failure_becomes_build_error_naming_pass(recipe, tmp_path):
 def test_candidates_share_the_passes_their_recipes_begin_with(digits, tmp_path):
     """fp32-onnxruntime-fused starts from fp32-onnxruntime's ONNX export, fp32-inductor from its folded
     program; each gets its own copy, so the passes that follow (which edit in place) change no other's."""
-    from infopt.pipeline import SharedPrefixes, step_keys
+    from infopt.core.pipeline import SharedPrefixes, step_keys
 
     recipes = [load_recipe(bundled_recipes()[name]) for name in ("fp32-onnxruntime", "fp32-onnxruntime-fused",
                                                                   "fp32-inductor")]

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 import infopt
-from infopt.report_html import to_html
+from infopt.report.html import to_html
 from infopt.validators import latency
 from infopt.validators.roofline import cost_notes, cost_per_million, count_work, roofline
 

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from infopt.errors import RecipeError
-from infopt.recipe import Recipe, bundled_recipes, find_recipe, load_recipe
-from infopt.registry import get_pass, passes
-from infopt.target import get_target, targets
+from infopt.core.errors import RecipeError
+from infopt.core.recipe import Recipe, bundled_recipes, find_recipe, load_recipe
+from infopt.core.registry import get_pass, passes
+from infopt.core.target import get_target, targets
 
 
 def test_required_targets_declared():
@@ -37,8 +37,8 @@ def test_missing_recipe_says_what_exists():
 
 def test_every_target_builds_each_precision_it_runs():
     """Each target has a recipe for every precision it lists."""
-    from infopt.recipe import recipes_for
-    from infopt.target import targets
+    from infopt.core.recipe import recipes_for
+    from infopt.core.target import targets
 
     for target in targets().values():
         for precision in target.precisions:
@@ -48,7 +48,7 @@ def test_every_target_builds_each_precision_it_runs():
 
 
 def test_auto_lists_variants_after_their_base_recipe():
-    from infopt.recipe import recipes_for
+    from infopt.core.recipe import recipes_for
 
     assert [r.name for r in recipes_for(get_target("cpu"), "fp32")] == ["fp32-onnxruntime", "fp32-onnxruntime-fused",
                                                                          "fp32-inductor"]

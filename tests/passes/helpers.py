@@ -8,12 +8,12 @@ from pathlib import Path
 import onnx
 import torch
 
-from infopt.artifact import Artifact
+from infopt.core.artifact import Artifact
+from infopt.core.inputspec import InputSpec
+from infopt.core.registry import PassContext, get_pass
+from infopt.core.target import get_target
 from infopt.exporters.torch_export import export_module
-from infopt.inputspec import InputSpec
 from infopt.passes.lower.onnx_export import export_onnx
-from infopt.registry import PassContext, get_pass
-from infopt.target import get_target
 
 
 def capture(module: torch.nn.Module, spec: str, dims=()) -> Artifact:

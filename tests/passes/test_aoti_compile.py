@@ -10,14 +10,15 @@ import pytest
 import torch
 
 import infopt
-from infopt.artifact import Artifact
+from infopt.core.artifact import Artifact
+from infopt.core.inputspec import InputSpec
+from infopt.core.registry import PassContext
+from infopt.core.target import get_target
 from infopt.exporters.torch_export import export_module, exported_outputs
-from infopt.inputspec import InputSpec
 from infopt.passes.fx.cast_precision import cast_module
 from infopt.passes.lower.aoti_compile import InductorOptions, run
-from infopt.registry import PassContext
-from infopt.runner import AotiRunner, runner_for_file
-from infopt.target import get_target
+from infopt.runtime.backends import runner_for_file
+from infopt.runtime.backends.inductor import AotiRunner
 
 SPEC = InputSpec.parse(["x:float32[batch,1,8,8]"], ["batch=1:8:64"])
 
@@ -91,7 +92,7 @@ def test_infopt_compile_runs_the_recipes_inductor_options(digits, tmp_path, monk
 
 
 def test_infopt_compile_refuses_a_precision_the_target_cannot_run(digits):
-    from infopt.errors import RecipeError
+    from infopt.core.errors import RecipeError
 
     with pytest.raises(RecipeError, match="does not run fp16"):
         infopt.compile(digits[0], target="cpu", precision="fp16")
@@ -100,7 +101,7 @@ def test_infopt_compile_refuses_a_precision_the_target_cannot_run(digits):
 def test_cuda_package_needs_a_gpu_here(digits, tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA GPU")
-    from infopt.errors import EnvironmentProblem
+    from infopt.core.errors import EnvironmentProblem
 
     artifact = Artifact("exported", SPEC, obj=export_module(digits[0], SPEC))
     with pytest.raises(EnvironmentProblem, match="CUDA GPU") as info:

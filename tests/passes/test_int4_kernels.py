@@ -4,10 +4,10 @@ import pytest
 import torch
 from torch import nn
 
+from infopt.core.registry import PassContext
+from infopt.core.target import get_target
 from infopt.passes.fx.int4_kernels import PASS
 from infopt.quantize.int4_format import Int4Linear, Int4Weight, grid, quantize_codes, replace_module
-from infopt.registry import PassContext
-from infopt.target import get_target
 from tests.passes.helpers import capture, ops
 
 INT4 = "infopt.int4_linear.default"

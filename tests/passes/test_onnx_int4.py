@@ -11,7 +11,7 @@ import torch
 from onnx import numpy_helper
 from torch import nn
 
-from infopt.errors import BuildError
+from infopt.core.errors import BuildError
 from infopt.quantize.int4_format import (
     Int4Linear,
     Int4Weight,
@@ -22,7 +22,7 @@ from infopt.quantize.int4_format import (
     replace_module,
     unpack_int4,
 )
-from infopt.runner import OrtRunner
+from infopt.runtime.backends.onnxruntime import OrtRunner
 from infopt.validators.metrics import cosine, max_abs
 from tests.passes.helpers import capture, run_pass
 

@@ -8,7 +8,8 @@ import numpy as np
 import onnx
 import pytest
 
-from infopt.runner import OrtRunner, TorchRunner
+from infopt.runtime.backends.onnxruntime import OrtRunner
+from infopt.runtime.runner import TorchRunner
 from infopt.validators.metrics import cosine, max_abs
 from tests.passes.helpers import capture, run_pass
 

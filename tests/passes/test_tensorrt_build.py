@@ -10,12 +10,12 @@ import onnx
 import pytest
 import torch
 
-from infopt.errors import EnvironmentProblem, RecipeError
+from infopt.core.errors import EnvironmentProblem, RecipeError
+from infopt.core.registry import PassContext
+from infopt.core.target import get_target
 from infopt.passes.lower import tensorrt_build
 from infopt.passes.lower.tensorrt_build import PASS, tensorrt_unavailable
-from infopt.registry import PassContext
-from infopt.runner import OrtRunner
-from infopt.target import get_target
+from infopt.runtime.backends.onnxruntime import OrtRunner
 from infopt.validators.metrics import max_abs
 from tests.passes.helpers import capture, run_pass
 
@@ -108,7 +108,7 @@ def test_server_mode_with_the_real_reason(conv_onnx, tmp_path):
 
 @pytest.mark.skipif(UNAVAILABLE is None, reason="this machine has TensorRT and a GPU, so the runner loads engines")
 def test_runner_without_tensorrt_is_an_environment_problem(tmp_path):
-    from infopt.tensorrt_runner import TensorRTRunner
+    from infopt.runtime.backends.tensorrt import TensorRTRunner
 
     plan = tmp_path / "model.plan"
     plan.write_bytes(b"engine")
@@ -128,8 +128,8 @@ def test_error_mode_is_an_environment_problem(conv_onnx, tmp_path, no_tensorrt):
 
 def test_engine_artifact_reports_the_onnx_models_outputs(conv_onnx, tmp_path):
     """The manifest's outputs of a built engine come from the ONNX model it was built from."""
-    from infopt.candidates import artifact_outputs
-    from infopt.emit import onnx_outputs
+    from infopt.api.candidates import artifact_outputs
+    from infopt.api.emit import onnx_outputs
 
     plan = tmp_path / "model.plan"
     plan.write_bytes(b"engine")
@@ -151,7 +151,7 @@ def test_fp8_and_bf16_cannot_be_left_to_the_server(conv_onnx, tmp_path, no_tenso
 
 @needs_tensorrt
 def test_fp16_engine_matches_onnx_runtime_at_two_batch_sizes(conv_onnx, tmp_path, monkeypatch):
-    from infopt.tensorrt_runner import TensorRTRunner
+    from infopt.runtime.backends.tensorrt import TensorRTRunner
 
     monkeypatch.setenv("INFOPT_CACHE_DIR", str(tmp_path / "cache"))
     out = build(conv_onnx, tmp_path, target="h100", precision="fp16", optimization_level=1)

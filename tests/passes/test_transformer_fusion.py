@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import infopt
-from infopt.recipe import bundled_recipes
+from infopt.core.recipe import bundled_recipes
 
 RECIPE = bundled_recipes()["fp32-onnxruntime-fused"]
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from infopt.errors import InputSpecError, UsageError
-from infopt.inputspec import DimRange, InputSpec
+from infopt.core.errors import InputSpecError, UsageError
+from infopt.core.inputspec import DimRange, InputSpec
 from infopt.quantize.calib_data import load_calibration
 
 IMG = InputSpec.parse(["x:float32[batch,1,8,8]"])

@@ -8,14 +8,14 @@ import pytest
 import torch
 from torch import nn
 
-from infopt.errors import UsageError
+from infopt.core.errors import UsageError
 from infopt.quantize.awq import ActivationSample, awq_quantize
 from infopt.quantize.gptq import Hessian, gptq_quantize, weighted_error
 from infopt.quantize.int4_config import Int4Config
 from infopt.quantize.int4_format import Int4Linear, decompose_int4, pack_int4, unpack_int4
 from infopt.quantize.rtn import rtn_quantize
-from infopt.validators.metrics import cosine
 from infopt.quantize.weight_only import calibrate_int4, layer_groups, quantize_int4
+from infopt.validators.metrics import cosine
 
 
 def correlated_inputs(rows: int, features: int, seed: int = 0) -> torch.Tensor:

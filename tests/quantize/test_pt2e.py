@@ -22,9 +22,9 @@ pytestmark = [
 
 import torch  # noqa: E402
 
+from infopt.core.recipe import DriftThresholds, Validation  # noqa: E402
 from infopt.quantize.pt2e import InductorRunner, compile_inductor, input_names, quantize_pt2e  # noqa: E402
-from infopt.recipe import DriftThresholds, Validation  # noqa: E402
-from infopt.runner import TorchRunner  # noqa: E402
+from infopt.runtime.runner import TorchRunner  # noqa: E402
 from infopt.validators.drift import compare  # noqa: E402
 from infopt.validators.verdict import judge  # noqa: E402
 

@@ -8,8 +8,8 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from infopt.errors import UsageError
-from infopt.inputspec import InputSpec
+from infopt.core.errors import UsageError
+from infopt.core.inputspec import InputSpec
 from infopt.quantize import onnx_int8, sensitivity, smoothquant
 from infopt.quantize.calib_data import load_calibration
 from infopt.quantize.calibrate import calibrate
@@ -123,9 +123,9 @@ def test_top1_budget_on_a_non_classifier_output_is_a_usage_error(tmp_path):
     """x[batch, seq, 16] -> MatMul -> y[batch, seq, 8]: no [batch, classes] output to take top-1 of."""
     from onnx import TensorProto, helper
 
-    from infopt.artifact import Artifact
-    from infopt.registry import PassContext, get_pass
-    from infopt.target import get_target
+    from infopt.core.artifact import Artifact
+    from infopt.core.registry import PassContext, get_pass
+    from infopt.core.target import get_target
 
     weight = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")], "seq_mlp",

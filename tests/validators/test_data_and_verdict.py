@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from infopt.errors import InputSpecError, UsageError
-from infopt.inputspec import InputSpec
-from infopt.recipe import DriftThresholds, LatencyConfig, Validation
+from infopt.core.errors import InputSpecError, UsageError
+from infopt.core.inputspec import InputSpec
+from infopt.core.recipe import DriftThresholds, LatencyConfig, Validation
 from infopt.validators.data import load_batches, spec_from_samples, split_batches
 from infopt.validators.verdict import judge
 
@@ -67,7 +67,7 @@ def test_fp32_defaults_pass_rounding_at_any_scale_and_catch_a_wrong_export(recip
     hidden states at 512 tokens; one wrong op (the sigmoid approximation of GELU for the exact one) fails."""
     import torch
 
-    from infopt.recipe import load_recipe
+    from infopt.core.recipe import load_recipe
     from infopt.validators.metrics import drift
     from infopt.validators.verdict import judge
 

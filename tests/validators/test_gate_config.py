@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infopt.errors import UsageError
+from infopt.core.errors import UsageError
 from infopt.validators.gate_config import GateConfig, load_gate_file, with_flags
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from infopt.inputspec import InputSpec
-from infopt.runner import OrtRunner, TorchRunner
+from infopt.core.inputspec import InputSpec
+from infopt.runtime.backends.onnxruntime import OrtRunner
+from infopt.runtime.runner import TorchRunner
 from infopt.validators.range_ends import RangeFailure, check_range_ends, range_ends
 
 

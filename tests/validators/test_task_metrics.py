@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from infopt.errors import UsageError
+from infopt.core.errors import UsageError
 from infopt.validators.task_metrics import read_labels, resolve
 
 LOGITS = np.array([[0.1, 0.7, 0.2], [0.5, 0.3, 0.2], [0.2, 0.3, 0.5], [0.6, 0.3, 0.1]], dtype=np.float32)

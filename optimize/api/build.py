@@ -1,0 +1,566 @@
+"""The Python API: ``build``, ``load`` and ``validate``. The CLI calls these and nothing else."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from infopt.api import candidates as cand
+from infopt.api import provenance
+from infopt.api.emit import SAMPLES_FILE, base_manifest, read_samples, source_info, store_samples, write_output
+from infopt.api.provenance import call_text, check_files, check_sealed
+from infopt.api.signing import check_signature
+from infopt.core.errors import BuildError, EnvironmentProblem, InputSpecError, UsageError, ValidationFailed
+from infopt.core.inputspec import InputSpec, parse_dim
+from infopt.core.manifest import data_sha256, model_bytes, read_manifest
+from infopt.core.pipeline import Pipeline, SharedPrefixes, _first_line
+from infopt.core.recipe import MIN_CURVE_RUNS, Recipe, load_recipe, recipes_for
+from infopt.core.registry import get_pass
+from infopt.core.sample_inputs import capture_feed, embedding_vocab, random_feed
+from infopt.core.target import get_target
+from infopt.core.threads import ENV as THREADS_ENV
+from infopt.core.threads import thread_cap
+from infopt.exporters.staging import MAX_NAME_BYTES, claim_output, removed_if_stopped, staged_output
+from infopt.exporters.torch_export import user_frame
+from infopt.passes.fx.quantize_int4 import has_python_module
+from infopt.passes.onnx.quantize_int8 import choose_mode, resolve_placement
+from infopt.quantize.calib_data import load_calibration
+from infopt.quantize.sensitivity import Budget
+from infopt.runtime.backends import manifest_runner
+from infopt.runtime.backends.onnxruntime import OrtRunner
+from infopt.runtime.hf_folder import has_tokenizer
+from infopt.runtime.loading import _from_module, check_against_onnx, load_model
+from infopt.runtime.runner import TorchRunner
+from infopt.validators import drift as drift_mod
+from infopt.validators import latency as latency_mod
+from infopt.validators.data import load_batches, spec_from_samples, split_batches
+from infopt.validators.range_ends import RangeFailure, check_range_ends, range_ends
+from infopt.validators.roofline import count_work
+from infopt.validators.verdict import judge
+
+DEFAULT_MAX_VAL_SAMPLES = 256
+
+
+@dataclass
+class BuildResult:
+    """What a build made: the chosen artifact, its validation and where it was written."""
+
+    name: str
+    output_dir: Path
+    manifest: dict[str, Any]
+    artifact: Any
+    candidates: list[Any] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.manifest["validation"]["verdict"]["passed"])
+
+    @property
+    def drift(self) -> dict[str, Any]:
+        return self.manifest["validation"]["drift"]
+
+    @property
+    def latency(self) -> list[dict[str, Any]]:
+        return self.manifest["validation"]["latency"]
+
+    def load(self, *, threads: int = 0):
+        return load(self.output_dir, allow_failed=True, threads=threads)
+
+
+def _console(progress: bool | Any):
+    if progress is False or progress is None:
+        return None
+    if progress is True:
+        from rich.console import Console
+
+        return Console(stderr=True)
+    return progress
+
+
+def resolve_spec(loaded, inputs, dims, example_inputs, val) -> InputSpec:
+
+    if isinstance(inputs, InputSpec):
+        spec = inputs
+    elif inputs:
+        spec = InputSpec.parse([inputs] if isinstance(inputs, str) else list(inputs))
+    elif example_inputs is not None:
+        examples = list(example_inputs) if isinstance(example_inputs, (list, tuple)) else [example_inputs]
+        spec = InputSpec.from_examples(examples, loaded.arg_names[: len(examples)] or None)
+    elif loaded.spec is not None:
+        spec = loaded.spec
+    elif val is not None:
+
+        spec = spec_from_samples(val, loaded.arg_names)
+    else:
+        raise InputSpecError(f"cannot tell what inputs {loaded.source or 'the model'} takes",
+                             fix='pass --input "name:dtype[batch,...]" (one per input), example inputs, or --val samples')
+    if dims:
+
+        parsed = dict(parse_dim(d) for d in dims) if not isinstance(dims, dict) else dims
+        spec = spec.with_dims(parsed)
+    if loaded.format == "onnx":
+        check_against_onnx(spec, loaded.spec)
+    return spec
+
+
+def reference_runner(loaded, spec):
+
+    if loaded.format == "onnx":
+        return OrtRunner(loaded.source, optimize=False)
+    return TorchRunner(loaded.module, spec.names)
+
+
+def check_forward(reference, spec: InputSpec, module) -> list:
+
+    feed = capture_feed(spec, int_high=embedding_vocab(module) or 2)
+    try:
+        return reference.run(feed)
+    except Exception as exc:  # noqa: BLE001 - the user's forward
+
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputSpecError(f"the model's forward fails on inputs shaped by the spec {spec}: {type(exc).__name__}: {first}",
+                             where=user_frame(exc, module) if module is not None else None,
+                             fix="check --input shapes and dtypes against what forward expects") from exc
+
+
+def _safe_name(text: str) -> str:
+
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", text).strip("._") or "model"
+    if len(name) > MAX_NAME_BYTES:
+        raise UsageError(f"the model name {name[:40]}... is {len(name)} characters long; at most {MAX_NAME_BYTES} are allowed",
+                         fix="pass a shorter --name")
+    return name
+
+
+def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precision: str = "fp32",
+          backend: str = "auto", inputs: Sequence[str] | str | InputSpec | None = None,
+          dims: Sequence[str] | dict | None = None, val: str | Path | None = None,
+          batch_sizes: Sequence[int] | None = None, thresholds: dict[str, float] | None = None,
+          recipe: str | Path | None = None, name: str | None = None, output: str | Path | None = None,
+          force: bool = False, model_class: str | None = None, model_args: str | dict | None = None,
+          allow_pickle: bool = False, max_val_samples: int = DEFAULT_MAX_VAL_SAMPLES,
+          calibration: Any = None, calib_samples: int | None = 128, calib_seed: int = 0, tokenizer: str | None = None,
+          max_drift: str | None = None, pass_options: dict[str, dict[str, Any]] | None = None,
+          allow_partial: bool = False, progress: bool | Any = True,
+          command: Sequence[str] | None = None) -> BuildResult:
+    """Build, validate and emit a deployable artifact.
+
+    ``model`` is a path (TorchScript, ``.pt2``, state_dict with ``model_class``, ONNX, or a pickled
+    module with ``allow_pickle``) or an ``nn.Module``. The output goes to ``output`` (default
+    ``dist/<name>``), written to a temporary sibling and renamed into place at the end.
+
+    ``calibration`` (a path, an iterable or DataLoader, or ``"module:function"``) makes INT8
+    static; ``max_drift`` (``"cosine_mean=0.995"``) is the budget the INT8 fallback holds and the
+    verdict checks; ``pass_options`` overrides recipe options by pass name. When one of several
+    candidates fails to build, the build stops (``BuildError``, naming each failure) unless
+    ``allow_partial``: then the others are judged and the failures are listed. ``command`` is the
+    command line that asked for the build (the CLI passes it); the manifest records it, or else the
+    Python call.
+    """
+
+    defaults = build.__kwdefaults__
+    call = call_text(model, {k: v for k, v in locals().items() if k in defaults and k not in ("progress", "command")
+                             and v is not None and v != defaults[k]})
+
+    console = _console(progress)
+    target_obj = get_target(target)
+    if recipe:
+        recipes = [load_recipe(recipe)]
+        target_obj.require_precision(recipes[0].precision)
+    else:
+        recipes = recipes_for(target_obj, precision, backend)
+    budget = None
+    if max_drift is not None:
+
+        budget = Budget.parse(max_drift)
+        thresholds = {**(thresholds or {}), budget.threshold_name: budget.threshold}
+    recipes = [_with_overrides(r, thresholds, batch_sizes, pass_options) for r in recipes]
+    for each in recipes:
+        _check_int8_inputs(each, target_obj, calibration)
+
+    if isinstance(model, (str, Path)):
+        loaded = load_model(model, model_class=model_class, model_args=model_args, allow_pickle=allow_pickle)
+    else:
+        loaded = _from_module(model.eval(), "module", None)
+        loaded.source = None
+    spec = resolve_spec(loaded, inputs, dims, example_inputs, val)
+    name = _safe_name(name or (Path(loaded.source).stem if loaded.source else type(model).__name__.lower()))
+    # absolute from here on: servers' packagers and compilers run in other working directories
+    out = (Path(output) if output else Path("dist") / name).absolute()
+
+    with claim_output(out, force):
+        return _build_claimed(loaded, spec, recipes, target_obj, name, out, force, val, max_val_samples, console,
+                              _BuildContext(command, call, None, budget, allow_partial), calibration, calib_samples,
+                              calib_seed, tokenizer)
+
+
+def _build_claimed(loaded, spec, recipes, target_obj, name, out, force, val, max_val_samples, console, ctx,
+                   calibration, calib_samples, calib_seed, tokenizer) -> BuildResult:
+    """The build proper, with the output folder's lock held."""
+    artifact = loaded.with_spec(spec)
+    reference = reference_runner(loaded, spec)
+    probe = check_forward(reference, spec, loaded.module)
+    if not artifact.output_names:
+        artifact.output_names = ("output",) if len(probe) == 1 else tuple(f"output_{i}" for i in range(len(probe)))
+
+    if tokenizer is None and loaded.format == "hf-folder":
+
+        tokenizer = str(loaded.source) if has_tokenizer(Path(loaded.source)) else None
+    calib = None
+    if calibration is not None:
+
+        calib = load_calibration(calibration, spec, samples=calib_samples, seed=calib_seed, tokenizer=tokenizer,
+                                 hold_out=val is None)
+    ctx.calib = calib
+
+    with tempfile.TemporaryDirectory(prefix="infopt-build-") as work, removed_if_stopped(Path(work)):
+        return _build_in(Path(work), loaded, artifact, reference, spec, recipes, target_obj, name, out, force,
+                         val, max_val_samples, console, ctx)
+
+
+def _check_int8_inputs(recipe, target, calibration) -> None:
+    """Fail before any slow work when the recipe's INT8 pass cannot run as asked."""
+    step = next((s for s in recipe.passes if s.name == "quantize_int8"), None)
+    if step is None:
+        return
+
+    options = get_pass("quantize_int8").parse_options(step.options)
+    choose_mode(options.mode, resolve_placement(options.placement, target), calibration is not None, target.name)
+
+
+def _with_overrides(recipe, thresholds, batch_sizes, pass_options=None):
+    if not thresholds and not batch_sizes and not pass_options:
+        return recipe
+    data = recipe.to_json()
+    for pass_name, values in (pass_options or {}).items():
+        steps = [s for s in data["passes"] if s["name"] == pass_name]
+        if not steps:
+            raise UsageError(f"recipe {recipe.name} has no pass {pass_name!r} to set options on",
+                             fix=f"its passes are: {', '.join(s['name'] for s in data['passes'])}")
+        for step in steps:
+            step["options"] = {**step["options"], **values}
+    for key, value in (thresholds or {}).items():
+        if key == "max_p99_ms":
+            data["validation"]["latency"][key] = value
+        elif key in data["validation"]["drift"]:
+            data["validation"]["drift"][key] = value
+        else:
+            raise UsageError(f"unknown threshold {key!r}",
+                             fix=f"use one of: {', '.join(list(data['validation']['drift']) + ['max_p99_ms'])}")
+    if batch_sizes:
+        data["validation"]["latency"]["batch_sizes"] = list(batch_sizes)
+    return type(recipe).from_json(data)
+
+
+def _validation_batches(spec, val, max_samples, module, calib=None):
+    """The inputs drift is measured on: ``val``; else calibration samples held out of the draw
+    (a model calibrated on real data is judged on real data, not noise); else random inputs."""
+
+    if val is not None:
+        return load_batches(val, spec, max_samples), str(val)
+    if calib is not None and calib.held_out:
+        return calib.held_out, f"{calib.source} (held out of calibration)"
+    vocab = embedding_vocab(module) or 2
+    return [random_feed(spec, seed=seed, int_high=vocab) for seed in range(4)], "random"
+
+
+def _latency_feeds(spec, recipe, module):
+
+    batch = spec.batch_symbol
+    sizes = recipe.validation.latency.batch_sizes
+    vocab = embedding_vocab(module) or 2
+    if batch is None:
+        return {0: random_feed(spec, int_high=vocab)}
+    r = spec.dims[batch]
+    sizes = sizes or sorted({r.min, r.opt})
+    bad = [b for b in sizes if not r.min <= b <= r.max]
+    if bad:
+        raise UsageError(f"batch sizes {bad} are outside the batch range {r.min}..{r.max}",
+                         fix=f"pass --batch-sizes within it, or widen it with --dim {batch}=MIN:OPT:MAX")
+    return {b: random_feed(spec, int_high=vocab, **{batch: b}) for b in sizes}
+
+
+@dataclass
+class _BuildContext:
+    """What the build records and passes on besides the model: how it was asked for, calibration, budget."""
+
+    command: Sequence[str] | None
+    call: str
+    calib: Any = None
+    budget: Any = None
+    allow_partial: bool = False
+
+
+def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, out, force, val, max_samples, console,
+              ctx: _BuildContext):
+
+    batches, source = _validation_batches(spec, val, max_samples, loaded.module, ctx.calib)
+    candidates = _build_candidates(work, artifact, recipes, target, console, ctx.calib, ctx.budget, batches,
+                                   ctx.allow_partial)
+    built = [c for c in candidates if c.status == "built"]
+    max_batch = spec.dims[spec.batch_symbol].max if spec.batch_symbol else 1
+    batches = list(split_batches(batches, spec, max_batch))
+    status = console.status("validating: drift against the eager reference") if console else None
+    if status:
+        status.start()
+    try:
+        ref_out = drift_mod.run_all(reference, batches)
+        ends = range_ends(spec, reference, loaded.module)
+        for c in built:
+            c.drift = _run_candidate(c, lambda c=c: drift_mod.compare(ref_out, drift_mod.run_all(c.runner, batches),
+                                                                      tuple(o[0] for o in c.outputs), source))
+            if c.status == "built":
+                _run_candidate(c, lambda c=c: check_range_ends(c.runner, ends))
+        built = _survivors(candidates, ctx.allow_partial)
+        if status:
+            status.update("validating: latency" + (f" of {len(built)} candidates" if len(built) > 1 else ""))
+        lat_cfg = built[0].recipe.validation.latency
+        timings = latency_mod.measure({"eager": reference.run, **{c.label: c.runner.run for c in built}},
+                                      _latency_feeds(spec, built[0].recipe, loaded.module), lat_cfg.warmup,
+                                      lat_cfg.iterations, devices={c.label: c.runner.device for c in built})
+    finally:
+        if status:
+            status.stop()
+    for c in built:
+        c.verdict = judge(c.recipe.validation, c.drift.worst, [t.p99_ms for t in timings if t.runner == c.label])
+    chosen, why = cand.choose(built, timings, target)
+    chosen.chosen = True
+    curve = _measure_curve(chosen, spec, loaded.module, console)
+    final, recipe = chosen.artifact, chosen.recipe
+    server = _server_engine(final.lineage)
+    notes = _int8_notes(final.lineage) + _engine_notes(server)
+    if ends:
+        notes.append("ran at the ends of its dim ranges (" + "; ".join(where for where, _, _ in ends)
+                     + ") with the output shapes eager gives")
+    if cap := thread_cap():
+        notes.append(f"{THREADS_ENV}={cap}: every run here used at most that many threads; latency is for them")
+    if target.device != "cpu" and chosen.runner.device == "cpu":
+        notes.append(f"target {target.name} is a {target.device} device; drift and latency were measured here on "
+                     f"{cand.runner_description(chosen.runner)}, not on the target")
+    latency = [t.to_json() for t in timings if t.runner == "eager"]
+    latency += [{**t.to_json(), "runner": "infopt"} for t in timings if t.runner == chosen.label]
+    validation = {"device": cand.runner_description(chosen.runner), "runs_on": chosen.runner.device, "notes": notes,
+                  "drift": chosen.drift.to_json(),
+                  "latency": latency, "curve": curve, "work": _work(loaded.module, spec, final.path),
+                  "verdict": chosen.verdict.to_json()}
+    names = tuple(o[0] for o in chosen.outputs)
+    origin = source_info(loaded.source, loaded.format, loaded.module if loaded.source is None else None)
+    manifest = base_manifest(name, origin, target, recipe, spec, chosen.outputs, final.lineage, validation)
+    manifest["candidates"] = cand.table(candidates, timings)
+    manifest["selection"] = why
+    manifest["provenance"] = provenance.record(ctx.command, ctx.call, recipe.name, ctx.calib,
+                                    {"source": source,
+                                     "samples": sum(int(next(iter(b.values())).shape[0]) if spec.batch_symbol else 1 for b in batches),
+                                     "sha256": data_sha256(batches)})
+    with staged_output(out, force) as stage:
+        stored = store_samples(stage / "validation" / "samples.npz", batches, ref_out, names, spec.batch_symbol is not None)
+        manifest["validation"]["stored_samples"] = stored
+        manifest = write_output(stage, manifest, final.path, spec, target.device, recipe.emit, final.attachments,
+                                server_engine=_triton_engine(server))
+    return BuildResult(name, out, manifest, final, candidates)
+
+
+CURVE_WARMUP = 3
+
+
+def _curve_batches(spec) -> list[int]:
+    """Powers of two from the batch dim's min to its max, and the max: the latency-versus-batch curve."""
+    if spec.batch_symbol is None:
+        return []
+    r = spec.dims[spec.batch_symbol]
+    sizes = {r.max}
+    b = 1
+    while b <= r.max:
+        if b >= r.min:
+            sizes.add(b)
+        b *= 2
+    return sorted(sizes)
+
+
+def _measure_curve(chosen, spec, module, console) -> list[dict[str, Any]]:
+    """Latency of the shipped model at each batch size of the curve (Triton tuning and the report's plot)."""
+
+    sizes = _curve_batches(spec)
+    if not sizes:
+        return []
+    vocab = embedding_vocab(module) or 2
+    feeds = {b: random_feed(spec, int_high=vocab, **{spec.batch_symbol: b}) for b in sizes}
+    status = console.status(f"measuring the latency-versus-batch curve ({', '.join(map(str, sizes))})") if console else None
+    if status:
+        status.start()
+    try:
+        lat = chosen.recipe.validation.latency
+        stats = latency_mod.measure({"infopt": chosen.runner.run}, feeds, CURVE_WARMUP, lat.curve_iterations,
+                                    devices={"infopt": chosen.runner.device}, seconds=lat.curve_seconds,
+                                    min_iterations=MIN_CURVE_RUNS)
+    finally:
+        if status:
+            status.stop()
+    # throughput at the p50: one slow outlier run moves the mean, and with it the curve's shape
+    return [{**{k: v for k, v in s.to_json().items() if k != "runner"}, "throughput": s.batch / (s.p50_ms / 1e3)}
+            for s in stats]
+
+
+def _work(module, spec, model_file: Path) -> dict[str, Any]:
+    """FLOPs and bytes per sample, for the report's roofline line."""
+
+    weight_bytes = model_bytes(model_file)
+    dims = {spec.batch_symbol: 1} if spec.batch_symbol else {}
+    feed = random_feed(spec, int_high=embedding_vocab(module) or 2, **dims)
+    return count_work(module, feed, spec.names, weight_bytes)
+
+
+def _run_candidate(candidate, work):
+    """``work()`` on a built candidate; the artifact failing to run on valid inputs is a build error naming it."""
+
+    try:
+        return work()
+    except Exception as exc:  # noqa: BLE001 - the runtime's own errors, of many types
+
+        candidate.status, candidate.reason = "failed", (
+            f"the built model does not take its whole dim range: {exc}" if isinstance(exc, RangeFailure)
+            else f"the built model fails to run: {type(exc).__name__}: {_first_line(exc)}")
+        return None
+
+
+def _survivors(candidates, allow_partial: bool) -> list:
+    """The built candidates; a failed one stops the build (every failure named) unless ``allow_partial``."""
+    failed = [c for c in candidates if c.status == "failed"]
+    built = [c for c in candidates if c.status == "built"]
+    if failed and (not built or not allow_partial):
+
+        total = len([c for c in candidates if c.status != "skipped"])
+        raise BuildError(f"{len(failed)} of {total} candidates failed: " + "; ".join(f"{c.label}: {c.reason}" for c in failed),
+                         fix="fix the cause, keep to the backends that build with --backend, or ship the others "
+                             "anyway with --allow-partial (the report lists the failures)")
+    return built
+
+
+def _build_candidates(work, artifact, recipes, target, console, calib, budget, check_batches, allow_partial=False):
+    """Run each recipe's pipeline. One this machine cannot build is recorded as skipped; one that
+    fails stops the build with every failure named, unless ``allow_partial`` keeps the survivors."""
+
+    candidates = [cand.Candidate(r) for r in recipes]
+    for c in candidates:
+        reason = cand.blocked_reason(c.recipe, target, artifact.kind, has_python_module(artifact))
+        if reason:
+            c.status, c.reason = "skipped", reason
+    runnable = [c for c in candidates if c.status != "skipped"]
+    if not runnable:
+        listing = "; ".join(f"{c.label}: {c.reason}" for c in candidates)
+        if all(cand.SOURCE_REASON in c.reason for c in candidates):
+            raise UsageError(f"this source cannot be built so: {listing}",
+                             fix="use --backend onnxruntime, or build from the Python module (a state dict with "
+                                 "--model-class, or a Hugging Face folder)")
+        raise EnvironmentProblem(f"nothing can be built here for {target.name}: {listing}",
+                                 fix="build on a machine that has what is missing, or choose another --backend or precision")
+    errors = []
+    shared = SharedPrefixes([c.recipe for c in runnable])
+    for c in runnable:
+        (work / c.label).mkdir(parents=True, exist_ok=True)
+        try:
+            c.artifact = Pipeline(c.recipe, target, work / c.label, calibration=calib, budget=budget,
+                                  check_batches=check_batches, console=console,
+                                  label=c.label if len(runnable) > 1 else "").run(artifact, shared)
+            c.runner = cand.validation_runner(c.artifact, target)
+            c.outputs = cand.artifact_outputs(c.artifact)
+            c.status = "built"
+        except (BuildError, EnvironmentProblem) as exc:
+            if len(runnable) == 1:
+                raise
+            errors.append(exc)
+            c.status, c.reason = "failed", str(exc).strip().splitlines()[0]
+    if not any(c.status == "built" for c in candidates):
+        raise errors[0]
+    _survivors(candidates, allow_partial)
+    cand.drop_duplicates(candidates)
+    return candidates
+
+
+def _server_engine(lineage) -> dict | None:
+    """What ``tensorrt_build`` recorded when it left the engine to the server, or None."""
+    record = next((r for r in lineage if r.name == "tensorrt_build" and r.details.get("engine") == "server"), None)
+    return record.details if record else None
+
+
+def _triton_engine(server: dict | None) -> dict | None:
+    """The Triton config's request for that engine: precision mode and workspace."""
+    if server is None:
+        return None
+    return {"precision_mode": server["precision_mode"], "workspace_bytes": int(server["workspace_gb"] * 2**30)}
+
+
+def _engine_notes(server: dict | None) -> list[str]:
+    if server is None:
+        return []
+    return [f"the TensorRT engine is built on the server at load time ({server['reason']} here): Triton's ONNX Runtime "
+            f"backend with the TensorRT execution accelerator, precision {server['precision_mode']}; what was validated "
+            "here is the ONNX model it is built from"]
+
+
+def _int8_notes(lineage) -> list[str]:
+    """What the report and CLI say about INT8: dynamic without calibration and why; a missed budget."""
+    notes = []
+    for record in lineage:
+        if record.name != "quantize_int8" or not record.details:
+            continue
+        d = record.details
+        if not d.get("layers"):
+            notes.append(f"no layer was quantized ({d.get('mode')} INT8 found no layer it covers): this artifact "
+                         "computes in FP32" + ("; pass --calib PATH for static INT8, which covers Conv and Gemm"
+                                               if d.get("mode") == "dynamic" else ""))
+            continue
+        if d.get("mode") == "dynamic":
+            notes.append("INT8 is dynamic: no calibration data was given, so activations are quantized per batch "
+                         "at run time and only MatMul layers are INT8; pass --calib PATH for static INT8")
+        if d.get("budget_met") is False:
+            notes.append(f"the drift budget {d['budget']} was not met on {d['measured_on']} "
+                         f"({len(d['excluded'])}/{len(d['layers'])} layers in FP32)")
+    return notes
+
+
+def load(dist_dir: str | Path, *, allow_failed: bool = False, threads: int = 0, key: str | Path | None = None):
+    """A callable runner for an output folder's model; refuses one whose validation failed, and one
+    whose files differ from its manifest (or, with ``key``, whose manifest's signature does not verify).
+    ``threads`` sets ONNX Runtime's intra-op threads (0: its default, one per core)."""
+
+    root = Path(dist_dir)
+    manifest = read_manifest(root)
+    check_sealed(root, manifest, "output", key)
+    if not manifest["validation"]["verdict"]["passed"] and not allow_failed:
+        raise ValidationFailed(f"{root} failed validation: {'; '.join(manifest['validation']['verdict']['reasons'])}",
+                               fix="rebuild it, or pass allow_failed=True to load it anyway")
+    return manifest_runner(root, manifest, threads)
+
+
+def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None,
+             batch_sizes: Sequence[int] | None = None, progress: bool | Any = True,
+             key: str | Path | None = None) -> dict[str, Any]:
+    """Re-check an output folder: file integrity against the manifest, drift of its model against
+    the stored reference outputs, latency, and the verdict against the recipe's thresholds."""
+
+    root = Path(dist_dir)
+    manifest = read_manifest(root)
+    recipe = _with_overrides(Recipe.from_json(manifest["recipe"]), thresholds, batch_sizes)
+    spec = InputSpec.from_json(manifest["inputs"])
+    if key is not None:
+
+        check_signature(root, key)
+    _, problems = check_files(root, manifest)
+    result: dict[str, Any] = {"dist": str(root), "name": manifest["name"], "integrity": problems or "ok"}
+    if problems:
+        result["verdict"] = {"passed": False, "reasons": [f"file check: {p}" for p in problems], "checks": []}
+        return result
+    runner = manifest_runner(root, manifest)
+    inputs, reference = read_samples(root, manifest)
+    drift = drift_mod.compare([reference], [runner.run(inputs)], tuple(o["name"] for o in manifest["outputs"]),
+                              f"{SAMPLES_FILE} (stored at build)")
+    feeds = _latency_feeds(spec, recipe, None)
+    lat = recipe.validation.latency
+    timings = latency_mod.measure({"infopt": runner.run}, feeds, lat.warmup, lat.iterations, devices={"infopt": runner.device})
+    verdict = judge(recipe.validation, drift.worst, [t.p99_ms for t in timings])
+    result.update({"drift": drift.to_json(), "latency": [t.to_json() for t in timings], "verdict": verdict.to_json()})
+    return result

@@ -1,0 +1,147 @@
+"""Candidates: every recipe a build may use, built and judged side by side, and the choice among them.
+
+With ``--backend auto`` a build makes one candidate per bundled recipe for the target and
+precision (ONNX Runtime, ONNX Runtime with transformer fusion, AOTInductor, TensorRT, ...). Those
+this machine cannot build are listed with the reason. The rest are validated on the same inputs
+(drift against one eager reference) and timed in one run, and the fastest that passes the drift
+checks is chosen. When the target is a GPU and nothing could be timed on one here, CPU timings say
+nothing about the target, so the choice follows the target's backend preference instead, and the
+report says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infopt.api.emit import onnx_outputs
+from infopt.core.artifact import STAGE, Artifact
+from infopt.core.manifest import model_sha256
+from infopt.core.recipe import Recipe
+from infopt.core.registry import get_pass
+from infopt.exporters.torch_export import exported_outputs
+from infopt.runtime import backends
+from infopt.runtime.runner import Runner
+
+
+@dataclass
+class Candidate:
+    recipe: Recipe
+    status: str = "pending"
+    """built, skipped (this machine cannot build it) or failed (its build raised)"""
+    reason: str = ""
+    artifact: Artifact | None = None
+    runner: Runner | None = None
+    outputs: list[tuple[str, str, tuple]] = field(default_factory=list)
+    drift: Any = None
+    verdict: Any = None
+    chosen: bool = False
+
+    @property
+    def label(self) -> str:
+        return self.recipe.name
+
+    def speedups(self, timings) -> dict[int, float]:
+        """Eager p50 / this candidate's p50, per batch size."""
+        eager = {t.batch: t.p50_ms for t in timings if t.runner == "eager"}
+        return {t.batch: eager[t.batch] / t.p50_ms for t in timings
+                if t.runner == self.label and t.batch in eager and t.p50_ms > 0}
+
+    def speedup(self, timings) -> float | None:
+        """Geometric mean of the per-batch speedups."""
+        values = list(self.speedups(timings).values())
+        return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+SOURCE_REASON = "needs the model's Python module"
+
+
+def blocked_reason(recipe: Recipe, target, source_kind: str, python_module: bool = True) -> str | None:
+    """Why ``recipe`` cannot be built here for ``target`` from a ``source_kind`` model, or None.
+    ``python_module``: whether the source is an ``nn.Module`` with Python layers (not TorchScript,
+    ``.pt2`` or ONNX), which module-level INT4 needs unless the recipe also quantizes the graph."""
+
+    steps = {s.name for s in recipe.passes}
+    if not python_module and "quantize_int4" in steps and "quantize_int4_graph" not in steps:
+        return (f"INT4 through {recipe.backend} {SOURCE_REASON} (TorchScript, .pt2 and ONNX have none to quantize "
+                "layer by layer); the onnxruntime backend quantizes the graph instead")
+
+    compile_step = next((get_pass(s.name) for s in recipe.passes if get_pass(s.name).produces in ("aoti", "tensorrt")), None)
+    if compile_step is not None and STAGE[compile_step.consumes] < STAGE[source_kind]:
+        return f"{compile_step.name} needs the model as {compile_step.consumes}, and the source is already {source_kind}"
+    return backends.named(recipe.backend).unavailable(recipe.precision, target.device)
+
+
+def drop_duplicates(candidates: list[Candidate]) -> None:
+    """A candidate whose model file is byte-identical to an earlier one's (a fusion variant that
+    found nothing to fuse) is the same model: it is marked skipped rather than timed twice."""
+
+    seen: dict[str, str] = {}
+    for c in candidates:
+        if c.status != "built":
+            continue
+        digest = model_sha256(c.artifact.path)
+        if digest in seen:
+            c.status, c.reason, c.runner = "skipped", f"the same model file as {seen[digest]}", None
+        else:
+            seen[digest] = c.label
+
+
+def validation_runner(artifact: Artifact, target) -> Runner:
+    """The runner a candidate is validated with: its own runtime, on the target's device where present."""
+    return backends.runner_for_file(artifact.path, artifact.spec.names, artifact.output_names, device=target.device)
+
+
+def runner_description(runner: Runner) -> str:
+    backend = backends.for_runner(runner)
+    return backend.describe(runner) if backend else f"{runner.device} ({runner.kind})"
+
+
+def artifact_outputs(artifact: Artifact) -> list[tuple[str, str, tuple]]:
+    """(name, dtype, shape) of the final model's outputs, whatever its representation; a TensorRT
+    engine's are those of the ONNX model it was built from (``artifact.obj``, see
+    ``tensorrt_build.engine_artifact``)."""
+
+    if artifact.kind == "aoti":
+
+        return exported_outputs(artifact.obj, artifact.spec, artifact.output_names)
+    if artifact.kind == "tensorrt":
+        return onnx_outputs(Path(artifact.obj))
+    return onnx_outputs(artifact.path)
+
+
+def choose(candidates: list[Candidate], timings, target) -> tuple[Candidate, str]:
+    """The candidate to ship and why: the fastest that passed, or the target's preference."""
+    built = [c for c in candidates if c.status == "built"]
+    passed = [c for c in built if c.verdict.passed]
+    if len(built) == 1:
+        return built[0], "the only candidate built"
+    if not passed:
+        return built[0], "no candidate passed validation; the first by the target's backend preference is kept"
+    on_target = target.device == "cpu" or any(c.runner.device == "cuda" for c in passed)
+    if not on_target:
+        return passed[0], (f"latency here was measured on this machine's CPU, which says nothing of {target.name}: "
+                           f"chosen by the target's backend preference ({', '.join(target.backends)}) among "
+                           "those that passed")
+    best = max(passed, key=lambda c: c.speedup(timings) or 0.0)
+    return best, "the fastest (geometric mean of p50 speedup over eager across batch sizes) of those that passed validation"
+
+
+def table(candidates: list[Candidate], timings) -> list[dict[str, Any]]:
+    """The candidate rows for the manifest and report."""
+    rows = []
+    for c in candidates:
+        row: dict[str, Any] = {"recipe": c.label, "backend": c.recipe.backend, "status": c.status,
+                               "reason": c.reason, "chosen": c.chosen}
+        if c.status == "built":
+            worst = c.drift.worst
+            p50 = {t.batch: t.p50_ms for t in timings if t.runner == c.label}
+            row.update({"passed": c.verdict.passed, "failed_checks": c.verdict.reasons,
+                        "cosine_min": worst.get("cosine_min"), "max_abs": worst.get("max_abs"),
+                        "p50_ms": {str(b): v for b, v in p50.items()},
+                        "speedup": c.speedup(timings), "runs_on": runner_description(c.runner),
+                        "size_bytes": c.artifact.size_bytes()})
+        rows.append(row)
+    return rows

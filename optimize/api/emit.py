@@ -1,0 +1,171 @@
+"""Writing a build's output folder: model, server layouts, validation samples, report, manifest."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from infopt.api.provenance import tool_versions
+from infopt.core.manifest import file_table, sha256, write_manifest
+from infopt.core.safe_load import arrays_file
+from infopt.exporters import servers
+from infopt.exporters.servers import EmitJob
+from infopt.report.html import to_html
+from infopt.report.markdown import to_markdown
+from infopt.runtime import backends
+from infopt.runtime.loading import ONNX_DTYPES
+
+SAMPLES_FILE = "validation/samples.npz"
+MAX_STORED_SAMPLES = 64
+"""Validation inputs and reference outputs kept in the output folder for ``infopt validate``."""
+
+
+def onnx_outputs(path: Path) -> list[tuple[str, str, tuple]]:
+    """(name, dtype, shape) of each graph output, dynamic dims as their symbol names."""
+    import onnx
+
+
+    model = onnx.load(str(path), load_external_data=False)
+    outs = []
+    for value in model.graph.output:
+        kind = value.type.tensor_type
+        shape = tuple(d.dim_param if d.dim_param else d.dim_value if d.HasField("dim_value") else f"d{i}"
+                      for i, d in enumerate(kind.shape.dim))
+        outs.append((value.name, ONNX_DTYPES.get(kind.elem_type, "float32"), shape))
+    return outs
+
+
+def store_samples(path: Path, batches: list[dict[str, np.ndarray]], reference: list[list[np.ndarray]],
+                  output_names: tuple[str, ...], batched: bool) -> int:
+    """Save up to MAX_STORED_SAMPLES inputs and the reference outputs for them."""
+    if batched:
+        inputs = {k: np.concatenate([b[k] for b in batches])[:MAX_STORED_SAMPLES] for k in batches[0]}
+        outputs = {n: np.concatenate([r[i] for r in reference])[:MAX_STORED_SAMPLES] for i, n in enumerate(output_names)}
+    else:
+        inputs = dict(batches[0])
+        outputs = {n: reference[0][i] for i, n in enumerate(output_names)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(path, **{f"input.{k}": v for k, v in inputs.items()},
+                        **{f"reference.{k}": v for k, v in outputs.items()})
+    return int(next(iter(inputs.values())).shape[0]) if batched else 1
+
+
+def read_samples(root: Path, manifest: dict[str, Any]) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+    """The inputs stored at build, by name, and the eager reference's outputs for them, in output order."""
+
+    data = arrays_file(Path(root) / SAMPLES_FILE)
+    inputs = {k.split(".", 1)[1]: v for k, v in data.items() if k.startswith("input.")}
+    reference = [data[f"reference.{o['name']}"] for o in manifest["outputs"]]
+    return inputs, reference
+
+
+def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, device: str,
+                 emit: list[str], attachments: dict[str, Path] | None = None,
+                 server_engine: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Fill ``stage`` and return the completed manifest (files and their sha256 included).
+
+    The model is ``model/model.onnx``, ``model/model.pt2`` (AOTInductor) or ``model/model.plan``
+    (TensorRT); ``server_engine`` asks the Triton config for a TensorRT engine built at load time."""
+    name = manifest["name"]
+    (stage / "model").mkdir(parents=True, exist_ok=True)
+    rel_model = f"model/model{model_file.suffix}"
+    shutil.copyfile(model_file, stage / rel_model)
+    artifacts = {"model": rel_model}
+    for rel, source in (attachments or {}).items():
+        (stage / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, stage / rel)
+        if rel.startswith("servers/"):
+            server = rel.split("/")[1]
+            artifacts[server] = f"servers/{server}"
+        else:
+            artifacts[Path(rel).stem] = rel
+    manifest["artifacts"] = artifacts
+    backend = backends.for_file(model_file)
+    job = EmitJob(stage, name, model_file, stage / rel_model, spec, manifest, device, backend, server_engine)
+    for emitter in servers.registered():
+        if emitter.name in emit and backend.serves_on(emitter.name) and (written := emitter.write(job)) is not None:
+            artifacts[emitter.name] = written.relative_to(stage).as_posix()
+    manifest["files"] = file_table(stage)
+    write_reports(stage, manifest)
+    write_manifest(stage, manifest)
+    return manifest
+
+
+REPORTS = ("report.md", "report.html")
+
+
+def write_reports(stage: Path, manifest: dict[str, Any]) -> None:
+    """``report.md`` and the self-contained ``report.html``, made from the manifest (whose file
+    table they show), then hashed into it, so ``infopt verify`` covers them too."""
+
+    (stage / "report.md").write_text(to_markdown(manifest))
+    (stage / "report.html").write_text(to_html(manifest))
+    for rel in REPORTS:
+        manifest["files"][rel] = {"bytes": (stage / rel).stat().st_size, "sha256": sha256(stage / rel)}
+
+
+VOLATILE_KEYS = frozenset({"created", "seconds", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "throughput", "speedup",
+                           "latency", "curve", "triton_tuning", "selection"})
+"""Manifest fields that differ between two builds of the same model with the same options: the time of
+the build and every timing (and what is chosen from timings: the Triton batching tuned to the
+measured curve, the words of the selection). Everything else, ``model/`` included, is byte-identical."""
+
+VOLATILE_FILES = ("report.md", "report.html", "servers/torchserve/", "servers/triton/", "servers/kserve/")
+"""Files that carry timings or a build time: the reports, the Triton config tuned to the measured
+curve, the TorchServe archive (torch-model-archiver stamps it) and the KServe manifest beside them."""
+
+
+def without_volatile(value: Any) -> Any:
+    """The manifest with its volatile fields and files left out: equal for two builds of the same model."""
+    if isinstance(value, dict):
+        return {k: without_volatile(v) for k, v in value.items()
+                if k not in VOLATILE_KEYS and not (isinstance(k, str) and k.startswith(VOLATILE_FILES))}
+    if isinstance(value, list):
+        return [without_volatile(v) for v in value]
+    return value
+
+
+def base_manifest(name: str, source: dict[str, Any], target, recipe, spec, outputs, passes, validation) -> dict[str, Any]:
+    return {
+        "schema": "infopt.manifest/1",
+        "name": name,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "source": source,
+        "target": target.model_dump(mode="json"),
+        "precision": recipe.precision,
+        "backend": recipe.backend,
+        "inputs": spec.to_json(),
+        "outputs": [{"name": n, "dtype": d, "shape": list(s)} for n, d, s in outputs],
+        "recipe": recipe.to_json(),
+        "passes": [p.to_json() for p in passes],
+        "validation": validation,
+        "versions": tool_versions(),
+    }
+
+
+def source_info(path: Path | None, fmt: str, module: Any = None) -> dict[str, Any]:
+    """Where the model came from, with a sha256 that tells two builds of the same model: the file's
+    bytes, each file of a folder, or for an in-memory module its state dict (names, dtypes, shapes, values)."""
+    if path is None:
+        return {"path": "(in-memory module)", "format": fmt, "sha256": None if module is None else _weights_sha256(module)}
+    if Path(path).is_dir():
+        files = {name: entry["sha256"] for name, entry in file_table(Path(path), skip=()).items()}
+        return {"path": str(path), "format": fmt, "files": files}
+    return {"path": str(path), "format": fmt, "sha256": sha256(path)}
+
+
+def _weights_sha256(module: Any) -> str:
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        array = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"{name}:{array.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(array.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

@@ -1,0 +1,163 @@
+"""The output folder's manifest: every file listed with its size and sha256, read back and checked.
+
+How the folder is written (staged, locked, swapped in whole) is ``exporters/staging.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from infopt.core.errors import UsageError
+
+MANIFEST = "manifest.json"
+SIGNATURE = "manifest.json.sig"
+UNLISTED = (MANIFEST, SIGNATURE)
+"""Files an output folder holds that its manifest does not list: the manifest, and its signature if signed."""
+
+
+def _hash_into(digest, path: Path) -> None:
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+
+
+EXTERNAL_DATA_BYTES = 1_800_000_000
+"""Past this many bytes of weights, they go to ``model.onnx.data`` (protobuf's 2 GB limit)."""
+
+
+def data_sha256(batches: Iterable[dict[str, Any]]) -> str:
+    """sha256 over every array's name, dtype, shape and bytes, in order: the data the model saw."""
+    digest = hashlib.sha256()
+    for batch in batches:
+        for name in sorted(batch):
+            array = np.ascontiguousarray(batch[name])
+            digest.update(f"{name}:{array.dtype}:{array.shape};".encode())
+            digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    _hash_into(digest, path)
+    return digest.hexdigest()
+
+
+def model_parts(path: Path) -> list[Path]:
+    """A model file and its external-data sidecar (``<name>.data``) where there is one."""
+    path = Path(path)
+    return [part for part in (path, path.with_name(path.name + ".data")) if part.exists()]
+
+
+def model_bytes(path: Path) -> int:
+    return sum(part.stat().st_size for part in model_parts(path))
+
+
+def model_sha256(path: Path) -> str:
+    """sha256 over a model file followed by its sidecar, so two ONNX models with the same graph and
+    different weights differ."""
+    digest = hashlib.sha256()
+    for part in model_parts(path):
+        _hash_into(digest, part)
+    return digest.hexdigest()
+
+
+def file_table(root: Path, skip: tuple[str, ...] = UNLISTED) -> dict[str, dict[str, Any]]:
+    """Every file under ``root`` (but the manifest) with its size and sha256."""
+    table = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        if rel not in skip:
+            table[rel] = {"bytes": path.stat().st_size, "sha256": sha256(path)}
+    return table
+
+
+def jsonable(value: Any) -> Any:
+    """Non-finite floats as strings ("inf", "-inf", "nan"), so the manifest is strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
+    (root / MANIFEST).write_text(json.dumps(jsonable(manifest), indent=2, allow_nan=False) + "\n")
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    """The manifest of an output folder; every path it names must lie inside the folder."""
+    path = Path(root) / MANIFEST
+    if not path.is_file():
+        raise UsageError(f"{root} has no {MANIFEST}: it is not an infopt output folder",
+                         fix="pass the folder `infopt build` wrote (dist/<name>)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path} is not valid JSON: {exc}", fix="rebuild the artifact") from exc
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files", {}), dict):
+        raise UsageError(f"{path} is not an infopt manifest", fix="rebuild the artifact")
+    named = [*manifest.get("files", {}), *_strings(manifest.get("artifacts", {}))]
+    outside = [rel for rel in named if not _inside(Path(root), rel)]
+    if outside:
+        raise UsageError(f"{path} names paths outside its output folder: {', '.join(map(repr, outside[:3]))}",
+                         where=str(path), fix="rebuild the artifact; a manifest that points outside its folder was edited")
+    return manifest
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _inside(root: Path, rel: str) -> bool:
+    """``rel`` is a relative path that stays inside ``root``, symbolic links followed."""
+    if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
+        return False
+    base = root.resolve()
+    return (base / rel).resolve().is_relative_to(base)
+
+
+def output_root(path: Path) -> Path:
+    """The output folder named by ``path``: the folder itself, or the folder of its manifest.json."""
+    path = Path(path)
+    return path.parent if path.name == MANIFEST else path
+
+
+FILE_PROBLEMS = {"missing": "missing", "changed": "sha256 differs from the manifest",
+                 "unrecorded": "the manifest records no sha256 for it"}
+
+
+def file_status(root: Path, rel: str, info: Any) -> str:
+    """``ok``, ``missing``, ``changed`` (size or sha256 differs) or ``unrecorded`` (no sha256 in the manifest)."""
+    if not isinstance(info, dict) or not info.get("sha256"):
+        return "unrecorded"
+    path = Path(root) / rel
+    if not path.is_file():
+        return "missing"
+    size = path.stat().st_size
+    if size != info.get("bytes", size) or sha256(path) != info["sha256"]:
+        return "changed"
+    return "ok"
+
+
+def verify_files(root: Path, manifest: dict[str, Any]) -> list[str]:
+    """Listed files that are missing or differ from the manifest."""
+    problems = []
+    for rel, info in manifest.get("files", {}).items():
+        status = file_status(root, rel, info)
+        if status != "ok":
+            problems.append(f"{rel}: {FILE_PROBLEMS[status]}")
+    return problems

@@ -1,0 +1,190 @@
+"""Pipeline: runs a recipe's passes in order, timing each and recording its artifact size.
+
+A pass whose input representation is already behind the model (capture, for an ONNX file) is
+skipped and recorded as such, unless it is not ``skippable``: then the build stops with a usage
+error. A pass that raises stops the build with an error that names it.
+
+Candidates whose recipes begin with the same passes and options (``capture`` ... ``onnx_export``
+for ONNX Runtime with and without fusion; ``quantize_int4`` ... for both INT4 backends) share that
+work through :class:`SharedPrefixes`: the first builds it, the others start from a copy.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import re
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+from rich.markup import escape
+
+from infopt.core.artifact import STAGE, Artifact, PassRecord
+from infopt.core.errors import BuildError, InfoptError, RecipeError, UsageError
+from infopt.core.recipe import Recipe
+from infopt.core.registry import PassContext, get_pass
+from infopt.core.target import Target
+
+log = logging.getLogger("infopt.core.pipeline")
+
+
+class Pipeline:
+    def __init__(self, recipe: Recipe, target: Target, workdir: Path, *, calibration=None, budget=None,
+                 check_batches=None, console=None, label: str = ""):
+        self.recipe = recipe
+        self.target = target
+        self.workdir = workdir
+        self.calibration = calibration
+        self.budget = budget
+        self.check_batches = check_batches
+        self.console = console
+        self.label = f"{label}: " if label else ""
+        self._say = None
+
+    def run(self, artifact: Artifact, shared: "SharedPrefixes | None" = None) -> Artifact:
+        steps = [(get_pass(s.name), s.options) for s in self.recipe.passes]
+        keys = step_keys(self.recipe)
+        artifact = artifact.derive(artifact.kind, path=artifact.path, obj=artifact.obj)  # the caller's lineage stays its own
+        done = 0
+        if shared is not None:
+            done, artifact = shared.start(keys, artifact)
+        progress = _progress(self.console)
+        with progress or nullcontext():
+            task = progress.add_task("building", total=len(steps), completed=done) if progress else None
+            for index in range(done, len(steps)):
+                definition, raw_options = steps[index]
+                if progress:
+                    head = f"{escape(self.label)}pass [bold]{definition.name}[/]"
+                    progress.update(task, description=head)
+                    self._say = lambda text, h=head: progress.update(task, description=f"{h}: {escape(text)}")
+                artifact = self._run_one(definition, raw_options, artifact)
+                if shared is not None:
+                    shared.offer(keys[:index + 1], artifact, self.recipe.name)
+                if progress:
+                    progress.advance(task)
+        return artifact
+
+    def _run_one(self, definition, raw_options, artifact: Artifact) -> Artifact:
+        record = PassRecord(definition.name, definition.consumes, definition.produces)
+        if STAGE[definition.consumes] < STAGE[artifact.kind]:
+            if not definition.skippable:
+                needs = "the model's Python module" if definition.consumes == "torch" else f"the model as {definition.consumes}"
+                raise UsageError(f"pass {definition.name} needs {needs}, and this model is already {artifact.kind}",
+                                 where=f"recipe {self.recipe.name}",
+                                 fix="pass the model it was made from (a Hugging Face folder, a state dict with "
+                                     "--model-class, or an nn.Module)" if definition.consumes == "torch" else None)
+            record.skipped = True
+            record.notes.append(f"skipped: the model is already {artifact.kind}")
+            record.details = {"options": definition.parse_options(raw_options).model_dump()}
+            artifact.lineage.append(record)
+            return artifact
+        if definition.consumes != artifact.kind:
+            raise RecipeError(
+                f"pass {definition.name} consumes {definition.consumes} but the model is {artifact.kind}",
+                where=f"recipe {self.recipe.name}",
+            )
+        if definition.needs_calibration and self.calibration is None:
+            raise RecipeError(f"pass {definition.name} needs calibration data", fix="pass --calib PATH")
+        options = definition.parse_options(raw_options)
+        context = PassContext(self.target, self.workdir, self.calibration, self.budget, self.check_batches, self._say)
+        start = time.perf_counter()
+        try:
+            outcome = definition.run(artifact, options, context)
+        except InfoptError as exc:
+            if exc.where is None:
+                exc.where = f"pass {definition.name}"
+            else:
+                exc.where = f"{exc.where} (pass {definition.name})"
+            exc.args = (exc.render(),)
+            raise
+        except Exception as exc:  # a pass failing in a way it did not foresee is still a build error
+            log.info("pass %s failed", definition.name, exc_info=True)  # the trace, with --verbose
+            raise BuildError(
+                f"pass {definition.name} failed: {type(exc).__name__}: {_first_line(exc)}",
+                where=f"pass {definition.name} ({definition.consumes} -> {definition.produces})",
+                fix="run `infopt --verbose build ...` for the full trace; try --recipe with this pass removed "
+                    "to see whether the rest of the pipeline works",
+            ) from exc
+        record.seconds = time.perf_counter() - start
+        record.changed = outcome.changed
+        record.notes.extend(outcome.notes)
+        record.details = outcome.details
+        result = outcome.artifact
+        record.size_bytes = result.size_bytes()
+        result.lineage = list(artifact.lineage) + [record]
+        log.info("pass %s: %.2fs changed=%s", definition.name, record.seconds, record.changed)
+        return result
+
+
+def step_keys(recipe: Recipe) -> tuple[str, ...]:
+    """Each pass of the recipe with its options, as text that is equal when the pass would do the same work."""
+    return tuple(f"{s.name} {json.dumps(s.options, sort_keys=True, default=str)}" for s in recipe.passes)
+
+
+class SharedPrefixes:
+    """The artifacts after the pass prefixes that more than one of ``recipes`` begins with.
+
+    A pass sees only its input artifact, its options and the build's context (the same for every
+    candidate), so the same prefix gives the same artifact. Each is kept as a copy, and each
+    candidate that starts from it gets its own copy: passes may change an in-memory model in
+    place. A model that cannot be copied is not shared; that candidate runs its passes itself."""
+
+    def __init__(self, recipes: list[Recipe]):
+        keys = [step_keys(r) for r in recipes]
+        self.wanted: set[tuple[str, ...]] = set()
+        for i, first in enumerate(keys):
+            for other in keys[i + 1:]:
+                common = 0
+                while common < min(len(first), len(other)) and first[common] == other[common]:
+                    common += 1
+                if common:
+                    self.wanted.add(first[:common])
+        self.saved: dict[tuple[str, ...], tuple[Artifact, str]] = {}
+
+    def offer(self, prefix: tuple[str, ...], artifact: Artifact, label: str) -> None:
+        if prefix in self.wanted and prefix not in self.saved:
+            kept = _copy(artifact)
+            if kept is not None:
+                self.saved[prefix] = (kept, label)
+
+    def start(self, keys: tuple[str, ...], artifact: Artifact) -> tuple[int, Artifact]:
+        """How many of the recipe's passes are already done, and the artifact to go on from."""
+        for length in range(len(keys), 0, -1):
+            if keys[:length] in self.saved:
+                kept, label = self.saved[keys[:length]]
+                start = _copy(kept)
+                if start is None:
+                    break
+                for record in start.lineage[-length:]:
+                    record.notes.append(f"reused from {label}'s build: the same passes with the same options")
+                return length, start
+        return 0, artifact
+
+
+def _copy(artifact: Artifact) -> Artifact | None:
+    """The artifact with its own lineage and its own copy of the in-memory model; None when that cannot be copied."""
+    try:
+        obj = copy.deepcopy(artifact.obj) if artifact.obj is not None else None
+    except Exception:  # noqa: BLE001 - what a model cannot copy varies; it is then simply built again
+        log.info("not shared: the %s model cannot be copied", artifact.kind, exc_info=True)
+        return None
+    kept = artifact.derive(artifact.kind, path=artifact.path, obj=obj)
+    kept.lineage = copy.deepcopy(artifact.lineage)
+    return kept
+
+
+def _first_line(exc: Exception) -> str:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
+    return text.splitlines()[0][:400] if text else "(no message)"
+
+
+def _progress(console):
+    if console is None:
+        return None
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                    TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                    console=console, transient=True)

@@ -1,0 +1,55 @@
+"""How many threads infopt's own runs use, and the ONNX Runtime session options every run shares.
+
+``INFOPT_THREADS=N`` caps the threads of every ONNX Runtime session infopt opens (validation,
+calibration, sensitivity, latency) and of torch in the command line. Unset, each runtime takes
+its own default (one thread per core). Set it where cores are shared: a CI runner running other
+jobs, or test workers side by side, where two runtimes each spinning a pool over every core run
+slower than each on one. Latency figures are then for that many threads, and the manifest says so.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from infopt.core.errors import UsageError
+
+ENV = "INFOPT_THREADS"
+
+
+def thread_cap() -> int:
+    """The cap from ``$INFOPT_THREADS``, or 0 (each runtime's own default)."""
+
+    raw = os.environ.get(ENV, "").strip()
+    if not raw:
+        return 0
+    if not raw.isdigit() or int(raw) < 1:
+        raise UsageError(f"{ENV}={raw!r} is not a thread count", fix=f"set {ENV} to a whole number >= 1, or unset it")
+    return int(raw)
+
+
+def ort_session_options(optimize: bool = True, threads: int = 0):
+    """``onnxruntime.SessionOptions``: quiet, all graph optimizations or none, ``threads`` (else the cap)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if not optimize:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    threads = threads or thread_cap()
+    if threads:
+        options.intra_op_num_threads = threads
+    return options
+
+
+def cap_torch_threads() -> None:
+    """Apply the cap to torch in this process (the command line does; the Python API leaves the
+    caller's torch alone). Before torch is imported, through ``OMP_NUM_THREADS``, which torch reads
+    when it starts, so a command that needs no torch does not import it."""
+    threads = thread_cap()
+    if not threads:
+        return
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+    else:
+        os.environ["OMP_NUM_THREADS"] = str(threads)

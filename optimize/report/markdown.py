@@ -1,0 +1,222 @@
+"""The build report: tables a person reads, made from the manifest.
+
+The same sections render as ``report.md`` and as rich tables in the terminal, so the two never
+disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infopt.report.performance import cost_section, curve_section, roofline_section, tuning_section
+from infopt.report.section import Section
+
+
+def _num(value: Any, fmt: str = ".4g") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    return format(value, fmt)
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def summary(manifest: dict[str, Any]) -> Section:
+    v = manifest["validation"]
+    verdict = "PASS" if v["verdict"]["passed"] else "FAIL"
+    target = manifest["target"]
+    rows = [["verdict", verdict], ["target", f"{target['name']} ({target.get('description', '')})"],
+            ["precision", manifest["precision"]], ["backend", manifest["backend"]],
+            ["recipe", manifest["recipe"]["name"]], ["source", f"{manifest['source']['path']} ({manifest['source']['format']})"],
+            ["validated on", v["device"]]]
+    notes = [f"failed: {r}" for r in v["verdict"]["reasons"]]
+    notes += v.get("notes", [])
+    return Section(f"infopt build: {manifest['name']}", ["", ""], rows, notes)
+
+
+def io_section(manifest: dict[str, Any]) -> Section:
+    rows = [["input", i["name"], i["dtype"], str(i["shape"])] for i in manifest["inputs"]["inputs"]]
+    rows += [["output", o["name"], o["dtype"], str(o["shape"])] for o in manifest["outputs"]]
+    dims = manifest["inputs"].get("dims", {})
+    notes = [f"{k}: min {d['min']}, opt {d['opt']}, max {d['max']}" for k, d in dims.items()]
+    return Section("Inputs and outputs", ["", "name", "dtype", "shape"], rows, notes)
+
+
+def passes_section(manifest: dict[str, Any]) -> Section:
+    rows = []
+    for p in manifest["passes"]:
+        status = "skipped" if p["skipped"] else ("changed" if p["changed"] else "no change")
+        rows.append([p["name"], f"{p['consumes']} -> {p['produces']}", f"{p['seconds']:.2f}", _bytes(p["size_bytes"]),
+                     status, "; ".join(p["notes"])])
+    return Section("Passes", ["pass", "representation", "seconds", "size", "result", "notes"], rows)
+
+
+def drift_section(manifest: dict[str, Any]) -> Section:
+    drift = manifest["validation"]["drift"]
+    rows = [[name, _num(o["max_abs"]), _num(o["mean_abs"]), _num(o["max_rel"]), _num(o["cosine_min"], ".6f"),
+             _num(o["cosine_mean"], ".6f"), _num(o["sqnr_db"], ".1f"), _num(o["top1"])] for name, o in drift["outputs"].items()]
+    notes = [f"{drift['samples']} samples from {drift['source']}"]
+    if drift["random_inputs"]:
+        notes.append("WARNING: no --val data was given; drift was measured on random inputs, which may not "
+                     "exercise the model as real data does. Pass --val PATH for a real figure.")
+    return Section("Drift against the eager reference", ["output", "max_abs", "mean_abs", "max_rel", "cosine (min)",
+                                                          "cosine (mean)", "SQNR dB", "top-1 agree"], rows, notes)
+
+
+def latency_section(manifest: dict[str, Any]) -> Section:
+    latency = manifest["validation"]["latency"]
+    base = {r["batch"]: r for r in latency if r["runner"] == "eager"}
+    rows = []
+    for r in latency:
+        ref = base.get(r["batch"])
+        if r["runner"] == "eager":
+            ratio = "1.00x"
+        else:
+            ratio = f"{ref['p50_ms'] / r['p50_ms']:.2f}x" if ref and r["p50_ms"] > 0 else "-"
+        rows.append([str(r["batch"]), r["runner"], f"{r['p50_ms']:.3f}", f"{r['p90_ms']:.3f}", f"{r['p99_ms']:.3f}",
+                     f"{r['mean_ms']:.3f}", f"{r['throughput']:.1f}", ratio])
+    notes = [f"{latency[0]['iterations']} timed runs per row after warm-up, each runner in its own block; "
+             "speedup is eager p50 / candidate p50"] if latency else []
+    return Section("Latency (ms)", ["batch", "runner", "p50", "p90", "p99", "mean", "samples/s", "speedup"], rows, notes)
+
+
+def int8_section(manifest: dict[str, Any]) -> Section | None:
+    """The per-layer INT8 table: each layer's drift when it alone is INT8, and what stayed FP32."""
+    record = next((p for p in manifest["passes"] if p["name"] == "quantize_int8" and p.get("details", {}).get("layers")), None)
+    if record is None:
+        return None
+    d = record["details"]
+    metric = d["budget_metric"]
+    rows = [[str(i + 1), r["layer"], r["op"], r["module"] or "-", _num(r[metric], ".6g"), _num(r["sqnr_db"], ".1f"),
+             r["precision"]] for i, r in enumerate(d["layers"])]
+    quantized = sum(r["precision"] == "int8" for r in d["layers"])
+    order = (f"rows are ranked by the drift each layer adds when it alone is INT8 (on {d['measured_on']})"
+             if d.get("ranked", True) else "rows in graph order; each layer's drift alone was not measured, "
+             "since the model with every layer in INT8 met the budget")
+    notes = [f"{d['mode']} INT8, {d['placement']} placement: {quantized}/{len(d['layers'])} layers INT8; {order}",
+             f"budget {d['budget']}: {'met' if d['budget_met'] else 'NOT met'}, measured {_num(d['measured'].get(metric), '.6g')}"
+             f" with the layers above in their final precision"]
+    if d["excluded"]:
+        notes.append("kept in FP32 by the fallback, in order: " + ", ".join(d["excluded"]))
+    calib = d.get("calibration") or {}
+    if calib:
+        notes.append(f"calibration: {calib['method']} on {calib['samples']} samples from {calib['source']}"
+                     + (" (read from the calibration cache)" if calib["cached"] else ""))
+    return Section("INT8 layers", ["rank", "layer", "op", "module", f"{metric} alone", "SQNR dB", "precision"], rows, notes)
+
+
+def int4_section(manifest: dict[str, Any]) -> Section | None:
+    """The per-layer INT4 table: each Linear's group size and error, and why any stayed in float."""
+    record = next((p for p in manifest["passes"] if p["name"] in ("quantize_int4", "quantize_int4_graph")
+                   and "layers" in (p.get("details") or {})), None)
+    if record is None:
+        return None
+    d = record["details"]
+    rows = [[r["name"], "x".join(map(str, r["shape"])), "int4", str(r.get("group_size") or d["group_size"]),
+             _num(r["error"], ".3g"), ""] for r in d["layers"]]
+    rows += [[name, "-", "float", "-", "-", why] for name, why in (d.get("kept") or {}).items()]
+    notes = [f"{d['method'].upper()}, group size {d['group_size']} asked, "
+             f"{'symmetric' if d['symmetric'] else 'asymmetric'}; {len(d['layers'])}/{len(rows)} Linear layers INT4"]
+    return Section("INT4 layers", ["layer", "out x in", "precision", "group size", "relative error", "why float"], rows, notes)
+
+
+def candidates_section(manifest: dict[str, Any]) -> Section | None:
+    """Every candidate the build considered: what it measured, whether it passed, which was chosen."""
+    rows_in = manifest.get("candidates") or []
+    if len(rows_in) < 2:
+        return None
+    batches = sorted({int(b) for c in rows_in for b in c.get("p50_ms", {})})
+    rows, notes = [], [f"chosen: {manifest.get('selection', '')}"]
+    for c in rows_in:
+        if c["status"] != "built":
+            rows.append([c["recipe"], c["status"], "-", "-", *["-"] * len(batches), "-", "-", ""])
+            notes.append(f"{c['recipe']} {c['status']}: {c['reason']}")
+            continue
+        verdict = "pass" if c["passed"] else "FAIL"
+        rows.append([c["recipe"], verdict, _num(c["cosine_min"], ".6f"), _num(c["max_abs"], ".3g"),
+                     *[_num(c["p50_ms"].get(str(b)), ".3f") for b in batches],
+                     f"{c['speedup']:.2f}x" if c["speedup"] else "-", _bytes(c["size_bytes"]), "yes" if c["chosen"] else ""])
+        notes += [f"{c['recipe']} failed {r}" for r in c["failed_checks"]]
+    if any(c["status"] == "built" for c in rows_in):
+        runs_on = {c["runs_on"] for c in rows_in if c["status"] == "built"}
+        notes.append(f"measured on {', '.join(sorted(runs_on))}; p50 in ms; speedup is the geometric mean over batch "
+                     "sizes of eager p50 / candidate p50")
+    headers = ["candidate", "verdict", "cosine (min)", "max_abs", *[f"p50 b{b}" for b in batches],
+               "speedup", "size", "chosen"]
+    return Section("Candidates", headers, rows, notes)
+
+
+def files_section(manifest: dict[str, Any]) -> Section:
+    rows = [[rel, _bytes(info["bytes"]), info["sha256"][:16]] for rel, info in manifest.get("files", {}).items()]
+    return Section("Files", ["path", "size", "sha256 (first 16)"], rows,
+                   ["the reports and manifest.json are not listed here; the manifest holds the reports' sha256 too"])
+
+
+def versions_section(manifest: dict[str, Any]) -> Section:
+    return Section("Versions", ["tool", "version"], [[k, str(v)] for k, v in manifest["versions"].items()])
+
+
+def provenance_section(manifest: dict[str, Any]) -> Section | None:
+    prov = manifest.get("provenance")
+    if not prov:
+        return None
+    rows = [["command", prov["command"] or prov["python_call"]], ["recipe", prov["recipe"]]]
+    for key in ("calibration", "validation_data"):
+        data = prov.get(key)
+        if data:
+            rows.append([key.replace("_", " "), f"{data['samples']} samples from {data['source']}, sha256 {data['sha256'][:16]}"])
+    source = manifest["source"]
+    if source.get("sha256"):
+        rows.append(["source", f"{source['path']}, sha256 {source['sha256'][:16]}"])
+    return Section("Provenance", ["", ""], rows, ["`infopt verify DIST` re-hashes every file against this manifest"])
+
+
+def sections(manifest: dict[str, Any]) -> list[Section]:
+    found = [summary(manifest), candidates_section(manifest), io_section(manifest), passes_section(manifest), int8_section(manifest),
+             int4_section(manifest), drift_section(manifest), latency_section(manifest),
+             curve_section(manifest), roofline_section(manifest),
+             cost_section(manifest), tuning_section(manifest), provenance_section(manifest), files_section(manifest),
+             versions_section(manifest)]
+    return [s for s in found if s is not None]
+
+
+def to_markdown(manifest: dict[str, Any]) -> str:
+    out = []
+    for i, section in enumerate(sections(manifest)):
+        out.append(("# " if i == 0 else "## ") + section.title + "\n")
+        if section.rows:
+            headers = section.headers if any(section.headers) else ["item", "value"]
+            out.append("| " + " | ".join(headers) + " |")
+            out.append("|" + "|".join(" --- " for _ in headers) + "|")
+            for row in section.rows:
+                out.append("| " + " | ".join(c.replace("|", "\\|") for c in row) + " |")
+            out.append("")
+        for note in section.notes:
+            out.append(f"- {note}")
+        if section.notes:
+            out.append("")
+    return "\n".join(out)
+
+
+def print_sections(console, chosen: list[Section]) -> None:
+    from rich.table import Table
+
+    for section in chosen:
+        table = Table(title=section.title, title_justify="left", show_header=any(section.headers))
+        for header in section.headers or ["", ""]:
+            table.add_column(header)
+        for row in section.rows:
+            table.add_row(*row)
+        console.print(table)
+        for note in section.notes:
+            style = "bold red" if note.startswith(("failed", "WARNING")) else "dim"
+            console.print(f"  {note}", style=style, markup=False)

@@ -1,0 +1,1 @@
+"""Running models: the Runner call signature over every backend, and loading source models."""

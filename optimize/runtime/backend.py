@@ -1,0 +1,82 @@
+"""One descriptor per backend: what it ships, how it runs, whether this machine can build it, and
+how each server serves it. Everything that once switched on a backend's name or a model file's
+suffix asks the descriptor instead.
+
+A backend registers itself from its module in ``runtime/backends/`` (found there by name, so a new
+backend is one new module there plus the pass that produces its representation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from infopt.core.errors import UsageError
+from infopt.runtime.runner import Runner
+
+
+def _always(precision: str, device: str) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    """as recipes and targets name it: ``--backend NAME``"""
+    representation: str
+    """the artifact kind it ships (``core/artifact.py``'s STAGE): onnx, aoti, tensorrt"""
+    suffix: str
+    """the shipped model file's suffix: ``model/model<suffix>``"""
+    runner_kind: str
+    """``Runner.kind`` of its runner"""
+    open_runner: Callable[..., Runner]
+    """``open_runner(path, input_names, output_names, threads=0, device=...)``"""
+    unavailable: Callable[[str, str], str | None] = _always
+    """``unavailable(precision, device)``: why this machine cannot build it, or None"""
+    describe: Callable[[Runner], str] = lambda runner: f"{runner.device} ({runner.kind})"
+    """where a runner of it ran, for the candidates table"""
+    serving: Mapping[str, str] = field(default_factory=dict)
+    """server name -> how that server serves it; a server not named here does not serve this backend"""
+
+    def serves_on(self, server: str) -> bool:
+        return server in self.serving
+
+
+_BACKENDS: dict[str, Backend] = {}
+
+
+def register(backend: Backend) -> Backend:
+    if backend.name in _BACKENDS and _BACKENDS[backend.name] != backend:
+        raise ValueError(f"backend {backend.name!r} is registered twice")
+    _BACKENDS[backend.name] = backend
+    return backend
+
+
+def registered() -> dict[str, Backend]:
+    return dict(_BACKENDS)
+
+
+def named(name: str) -> Backend:
+    if name not in _BACKENDS:
+        raise UsageError(f"unknown backend {name!r}", fix=f"use one of: {', '.join(sorted(_BACKENDS))}")
+    return _BACKENDS[name]
+
+
+def for_file(path: str | Path) -> Backend:
+    suffix = Path(path).suffix
+    for backend in _BACKENDS.values():
+        if backend.suffix == suffix:
+            return backend
+    raise UsageError(f"{path} is not a model file any backend runs",
+                     fix=f"expected one of: {', '.join(b.suffix for b in _BACKENDS.values())}")
+
+
+def for_runner(runner: Runner) -> Backend | None:
+    return next((b for b in _BACKENDS.values() if b.runner_kind == runner.kind), None)
+
+
+def runner_for_file(path: str | Path, input_names: Sequence[str] = (), output_names: Sequence[str] = (),
+                    threads: int = 0, device: str = "cpu") -> Runner:
+    """The runner for a model file, by the backend whose suffix it has."""
+    return for_file(path).open_runner(Path(path), input_names, output_names, threads=threads, device=device)

@@ -1,0 +1,25 @@
+"""Every backend infopt ships to, one module each; importing this package registers them all.
+
+Each module defines its Runner and registers a ``runtime.backend.Backend`` descriptor. Modules are
+found by walking this folder, so adding a backend does not touch this file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from pathlib import Path
+from typing import Any
+
+from infopt.runtime.backend import Backend, for_file, for_runner, named, registered, runner_for_file
+
+for _info in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_info.name}")
+
+__all__ = ["Backend", "for_file", "for_runner", "named", "registered", "runner_for_file", "manifest_runner"]
+
+
+def manifest_runner(root: Path, manifest: dict[str, Any], threads: int = 0):
+    """The runner of an output folder's model, its files already checked against ``manifest``."""
+    names = [i["name"] for i in manifest["inputs"]["inputs"]]
+    return runner_for_file(root / manifest["artifacts"]["model"], names, [o["name"] for o in manifest["outputs"]], threads)

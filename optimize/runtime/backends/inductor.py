@@ -1,0 +1,80 @@
+"""The Inductor backend: an AOTInductor ``.pt2`` package, compiled for the CPU or a CUDA GPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from infopt.core.doctor import cpp_compiler
+from infopt.core.errors import EnvironmentProblem
+from infopt.runtime.backend import Backend, register
+from infopt.runtime.runner import Runner
+
+
+class AotiRunner(Runner):
+    """An AOTInductor ``.pt2`` package; it runs on the device it was compiled for (CPU or CUDA)."""
+
+    kind = "aoti"
+
+    def __init__(self, path: str | Path, input_names: Sequence[str], output_names: Sequence[str] = ()):
+        import torch
+
+        self.path = Path(path)
+        self.package = torch._inductor.aoti_load_package(str(path))
+        self.device = self.package.get_metadata().get("AOTI_DEVICE_KEY", "cpu")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise EnvironmentProblem(f"{self.path.name} was compiled for CUDA and this machine has no CUDA GPU",
+                                     fix="run it on a GPU machine, or build for --target cpu")
+        self.input_names = tuple(input_names)
+        self.output_names = tuple(output_names)
+
+    def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        import torch
+        from torch.utils._pytree import tree_leaves
+
+        args = [_canonical(torch.from_numpy(feed[n])).to(self.device) for n in self.input_names]
+        with torch.inference_mode():
+            result = self.package(*args)
+        return [t.detach().cpu().numpy() for t in tree_leaves(result) if isinstance(t, torch.Tensor)]
+
+
+def _canonical(tensor):
+    """``tensor`` with row-major strides on every dim. An AOTInductor package indexes its inputs by
+    their strides; numpy (and ``Tensor.contiguous``) leave any stride on a size-1 dim of a view they
+    call contiguous, and with such an input (torch 2.13) the package returns wrong numbers."""
+    import torch
+
+    expected, step = [], 1
+    for size in reversed(tensor.shape):
+        expected.append(step)
+        step *= size
+    if tuple(reversed(expected)) == tensor.stride():
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
+
+
+def open_runner(path: Path, input_names: Sequence[str], output_names: Sequence[str], threads: int = 0,
+                device: str = "cpu") -> Runner:
+    """The package runs on the device it was compiled for; ``threads`` and ``device`` do not apply."""
+    return AotiRunner(path, input_names, output_names)
+
+
+def unavailable(precision: str, device: str) -> str | None:
+    if device == "cpu" and cpp_compiler() is None:
+        return "AOTInductor needs a C++ compiler for CPU kernels and none is on PATH (install g++ or set CXX)"
+    if device == "cuda":
+        import torch  # optional heavy dependency: loaded only to ask for a GPU
+
+        if not torch.cuda.is_available():
+            return "Inductor compiles CUDA kernels only on a machine with a CUDA GPU, and this one has none"
+    return None
+
+
+BACKEND = register(Backend(
+    name="inductor", representation="aoti", suffix=".pt2", runner_kind=AotiRunner.kind,
+    open_runner=open_runner, unavailable=unavailable, describe=lambda runner: f"{runner.device} (AOTInductor package)",
+    serving={"triton": "the Python backend loading model.pt2", "torchserve": "a handler that loads the AOTInductor package",
+             "kserve": "through the Triton repository"},
+))

@@ -1,0 +1,152 @@
+"""The floors hold: every import between infopt's modules points down (or sideways inside one
+floor without a cycle), and imports sit at the top of the module except where docs/ARCHITECTURE.md
+allows a lazy one.
+
+The graph is read from the source with ``ast`` (nothing is imported), so a function-local import,
+one under ``TYPE_CHECKING`` and a string in ``importlib`` are all seen.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# folder on disk -> import name (pyproject.toml's package-dir)
+FOLDERS = {"optimize": "infopt", "passes": "infopt.passes", "quantize": "infopt.quantize", "kernels": "infopt.kernels",
+           "exporters": "infopt.exporters", "validators": "infopt.validators", "recipes": "infopt.recipes"}
+
+# lowest first; a module belongs to the longest prefix that names it
+FLOORS = [
+    "infopt.recipes",
+    "infopt.core",
+    "infopt.runtime",
+    "infopt.validators",
+    "infopt.quantize",
+    "infopt.kernels",
+    "infopt.exporters",
+    "infopt.passes",
+    "infopt.exporters.servers",
+    "infopt.report",
+    "infopt.api",
+    "infopt.cli",
+    "infopt",
+]
+
+# where a function-local import of infopt's own modules is allowed, and why
+LAZY_ALLOWED = {
+    "infopt": "`import infopt` stays light: build/load/gate load on first use (PEP 562)",
+    "infopt.cli": "`infopt --help` imports no torch: a command loads the API when it runs",
+}
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str
+    line: int
+    local: bool
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for folder, package in FOLDERS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = [p for p in path.relative_to(ROOT / folder).with_suffix("").parts if p != "__init__"]
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def floor_of(module: str) -> int:
+    best = max((f for f in FLOORS if module == f or module.startswith(f + ".")), key=len)
+    return FLOORS.index(best)
+
+
+def _resolve(name: str, known: dict[str, Path]) -> str | None:
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def edges() -> list[Edge]:
+    known = modules()
+    found = []
+    for module, path in known.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for node, local in _imports(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                if node.level or not (node.module or "").startswith("infopt"):
+                    continue
+                names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
+                         for a in node.names]
+            for name in names:
+                if name.split(".")[0] == "infopt" and (target := _resolve(name, known)) and target != module:
+                    found.append(Edge(module, target, node.lineno, local))
+    return found
+
+
+def _imports(tree: ast.AST, local: bool = False):
+    for child in ast.iter_child_nodes(tree):
+        if isinstance(child, (ast.Import, ast.ImportFrom)):
+            yield child, local
+        inner = local or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+        yield from _imports(child, inner)
+
+
+def _is_package_of(source: str, target: str) -> bool:
+    """A package's ``__init__`` re-exporting its own modules is not an upward import."""
+    return modules()[source].name == "__init__.py" and target.startswith(source + ".")
+
+
+def test_every_module_has_a_floor():
+    for module in modules():
+        assert floor_of(module) >= 0, module
+
+
+def test_no_import_points_up():
+    up = [f"{e.source}:{e.line} ({FLOORS[floor_of(e.source)]}) imports {e.target} ({FLOORS[floor_of(e.target)]})"
+          for e in edges() if floor_of(e.target) > floor_of(e.source) and not _is_package_of(e.source, e.target)]
+    assert not up, "imports pointing up a floor:\n" + "\n".join(up)
+
+
+def test_no_cycles():
+    graph: dict[str, set[str]] = {}
+    for e in edges():
+        if not _is_package_of(e.source, e.target):
+            graph.setdefault(e.source, set()).add(e.target)
+    cycles, state = [], {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [node, nxt]) if nxt in stack else f"{node} -> {nxt}")
+            elif nxt not in state:
+                visit(nxt, stack + [node])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_internal_imports_sit_at_the_top():
+    lazy = [f"{e.source}:{e.line} imports {e.target} inside a function" for e in edges()
+            if e.local and not any(e.source == a or e.source.startswith(a + ".") for a in LAZY_ALLOWED if a != "infopt")
+            and e.source != "infopt"]
+    assert not lazy, "function-local imports of infopt's own modules (allowed only in " \
+                     f"{', '.join(LAZY_ALLOWED)}):\n" + "\n".join(lazy)
+
+
+def test_the_checker_sees_a_violation(tmp_path):
+    """The check can fail: an upward edge and a cycle planted in a copy of the graph are found."""
+    assert floor_of("infopt.core.errors") < floor_of("infopt.api.build")
+    assert floor_of("infopt.exporters.servers.triton") > floor_of("infopt.exporters.staging")
+    tree = ast.parse("def f():\n    from infopt.api import build\n")
+    (node, local), = list(_imports(tree))
+    assert local and isinstance(node, ast.ImportFrom)
