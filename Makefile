@@ -28,6 +28,7 @@ demo: $(STAMP)
 	cat dist/digits_cnn/report.md
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -n 2 --dist loadgroup tests
 
 bench: $(STAMP)

@@ -1,1 +1,19 @@
-"""Graph passes: FX/ExportedProgram passes, ONNX passes, and lowering passes (ONNX export)."""
+"""Graph passes: FX/ExportedProgram passes, ONNX passes, and lowering passes (ONNX export).
+
+Importing this package registers every bundled pass (``core/registry.py``), in the order
+``infopt recipes --passes`` lists them. A new pass is its module plus one line here.
+"""
+
+from __future__ import annotations
+
+from infopt.core.registry import register
+from infopt.exporters import torch_export
+from infopt.passes.fx import cast_precision, fold_batchnorm, int4_kernels, quantize_int4, remove_noops
+from infopt.passes.lower import aoti_compile, onnx_export, tensorrt_build
+from infopt.passes.onnx import ort_optimize, quantize_int4_graph, quantize_int8, smoothquant, transformer_fusion
+
+BUNDLED = (torch_export, remove_noops, fold_batchnorm, cast_precision, quantize_int4, int4_kernels, onnx_export,
+           aoti_compile, tensorrt_build, ort_optimize, transformer_fusion, quantize_int4_graph, smoothquant, quantize_int8)
+
+for _module in BUNDLED:
+    register(_module.PASS)

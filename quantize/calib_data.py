@@ -108,7 +108,6 @@ def _text(path: Path, spec: InputSpec, tokenizer: str | None):
     try:
         from transformers import AutoTokenizer
     except ImportError as exc:
-
         raise EnvironmentProblem("text calibration needs transformers", fix="pip install 'infopt[llm]'") from exc
     try:
         tok = AutoTokenizer.from_pretrained(tokenizer)
@@ -136,7 +135,6 @@ def _text(path: Path, spec: InputSpec, tokenizer: str | None):
 
 
 def _from_function(text: str) -> Any:
-
     function = import_named(text, "the calibration function")
     return function() if callable(function) else function
 
@@ -188,5 +186,4 @@ def _batch(rows: list[dict[str, np.ndarray]], spec: InputSpec, size: int) -> lis
 
 
 def _digest(batches: list[dict[str, np.ndarray]]) -> str:
-
     return data_sha256(batches)

@@ -60,7 +60,6 @@ class CalibrationTable:
 
 
 def cache_dir() -> Path:
-
     return cache_root() / "calibration"
 
 

@@ -157,7 +157,6 @@ def quantize_pt2e(program_or_module, example_args: Sequence[Any], calibration_ba
 
 
 def _check_cxx() -> None:
-
     if cpp_compiler() is None:
         raise EnvironmentProblem("Inductor on CPU compiles C++ and no C++ compiler was found",
                                  fix="install g++ (apt-get install g++) or set CXX to a C++ compiler")

@@ -21,6 +21,7 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run on CPU; read when triton is imported
 
+import infopt.passes  # noqa: E402,F401 - registers every bundled pass, for tests that load recipes below infopt.api
 from examples.models import DigitsCNN, TinyEncoder
 from examples.train import train_digits, train_encoder
 

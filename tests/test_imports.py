@@ -64,3 +64,18 @@ def test_help_does_not_import_torch():
 
 def test_version_attribute():
     assert isinstance(infopt.__version__, str) and infopt.__version__
+
+
+def test_every_package_folder_is_in_the_wheel():
+    """A folder with an ``__init__.py`` that pyproject.toml does not list would be left out of a
+    built wheel while an editable install still finds it."""
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    for package, folder in config["package-dir"].items():
+        for init in (root / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(root / folder).parts
+            assert ".".join((package, *parts)) in listed, f"{init.parent} is not in pyproject.toml's packages"

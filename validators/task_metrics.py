@@ -106,7 +106,6 @@ def resolve(name: str | None, labels: np.ndarray, outputs: np.ndarray, higher_is
 
 
 def _user_function(text: str) -> Callable[[np.ndarray, np.ndarray], float]:
-
     fn = import_named(text, "the task metric")
     if not callable(fn):
         raise UsageError(f"task metric {text} is not a function", fix="name a function(outputs, labels) -> float as module:function")

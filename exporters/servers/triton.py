@@ -21,6 +21,7 @@ The model file's suffix picks the backend:
 from __future__ import annotations
 
 import shutil
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -32,66 +33,8 @@ from infopt.exporters.servers.triton_tuning import TRITON_DTYPES, Tuning, tune
 ENGINE_CACHE_ROOT = "/tmp/triton_trt_engines"
 """Where the server keeps the engines it builds, one folder per model, unless ``cache_path`` is given."""
 
-PYTHON_MODEL = '''"""Triton Python-backend model: runs the AOTInductor package ``model.pt2`` beside this file.
-
-``load_package`` and ``infer`` hold the inference logic and need only torch and numpy;
-``TritonPythonModel`` adapts them to Triton's request and response objects.
-"""
-
-import json
-from pathlib import Path
-
-import numpy as np
-
-
-def load_package(path, device="cpu"):
-    """Load the ``.pt2`` package; ``device`` is "cpu" or "cuda[:N]" (the package's own device)."""
-    import torch
-
-    index = int(device.split(":")[1]) if device.startswith("cuda:") else -1
-    if index >= 0:
-        torch.cuda.set_device(index)
-    return torch._inductor.aoti_load_package(str(path), device_index=index)
-
-
-def infer(package, arrays):
-    """Run the package on numpy arrays in input order; the outputs as numpy arrays."""
-    import torch
-    from torch.utils._pytree import tree_leaves
-
-    device = package.get_metadata().get("AOTI_DEVICE_KEY", "cpu")
-    # a fresh copy: AOTInductor packages index inputs by their strides, and numpy keeps odd strides
-    # on size-1 dims of a "contiguous" view, which gives wrong results
-    args = [torch.from_numpy(np.array(a, order="C", copy=True)).to(device) for a in arrays]
-    with torch.inference_mode():
-        result = package(*args)
-    return [t.detach().cpu().numpy() for t in tree_leaves(result) if isinstance(t, torch.Tensor)]
-
-
-class TritonPythonModel:
-    def initialize(self, args):
-        config = json.loads(args["model_config"])
-        self.input_names = [i["name"] for i in config["input"]]
-        self.output_names = [o["name"] for o in config["output"]]
-        device = "cpu"
-        if args.get("model_instance_kind") == "GPU":
-            device = "cuda:" + str(args.get("model_instance_device_id", 0))
-        self.package = load_package(Path(__file__).with_name("model.pt2"), device)
-
-    def execute(self, requests):
-        import triton_python_backend_utils as pb_utils
-
-        responses = []
-        for request in requests:
-            try:
-                arrays = [pb_utils.get_input_tensor_by_name(request, n).as_numpy() for n in self.input_names]
-                outputs = infer(self.package, arrays)
-                tensors = [pb_utils.Tensor(n, np.ascontiguousarray(o)) for n, o in zip(self.output_names, outputs)]
-                responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
-            except Exception as exc:  # one bad request must not take the model down
-                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc))))
-        return responses
-'''
+PYTHON_MODEL = (files("infopt.exporters.servers") / "programs" / "triton_python_model.py").read_text()
+"""The program shipped beside the model, kept as a real file (``programs/triton_python_model.py``) so it is linted and tested."""
 
 
 def _tensor_block(name: str, dtype: str, dims: list[int]) -> str:

@@ -81,7 +81,6 @@ def _console(progress: bool | Any):
 
 
 def resolve_spec(loaded, inputs, dims, example_inputs, val) -> InputSpec:
-
     if isinstance(inputs, InputSpec):
         spec = inputs
     elif inputs:
@@ -92,13 +91,11 @@ def resolve_spec(loaded, inputs, dims, example_inputs, val) -> InputSpec:
     elif loaded.spec is not None:
         spec = loaded.spec
     elif val is not None:
-
         spec = spec_from_samples(val, loaded.arg_names)
     else:
         raise InputSpecError(f"cannot tell what inputs {loaded.source or 'the model'} takes",
                              fix='pass --input "name:dtype[batch,...]" (one per input), example inputs, or --val samples')
     if dims:
-
         parsed = dict(parse_dim(d) for d in dims) if not isinstance(dims, dict) else dims
         spec = spec.with_dims(parsed)
     if loaded.format == "onnx":
@@ -107,14 +104,12 @@ def resolve_spec(loaded, inputs, dims, example_inputs, val) -> InputSpec:
 
 
 def reference_runner(loaded, spec):
-
     if loaded.format == "onnx":
         return OrtRunner(loaded.source, optimize=False)
     return TorchRunner(loaded.module, spec.names)
 
 
 def check_forward(reference, spec: InputSpec, module) -> list:
-
     feed = capture_feed(spec, int_high=embedding_vocab(module) or 2)
     try:
         return reference.run(feed)
@@ -127,7 +122,6 @@ def check_forward(reference, spec: InputSpec, module) -> list:
 
 
 def _safe_name(text: str) -> str:
-
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", text).strip("._") or "model"
     if len(name) > MAX_NAME_BYTES:
         raise UsageError(f"the model name {name[:40]}... is {len(name)} characters long; at most {MAX_NAME_BYTES} are allowed",
@@ -174,7 +168,6 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
         recipes = recipes_for(target_obj, precision, backend)
     budget = None
     if max_drift is not None:
-
         budget = Budget.parse(max_drift)
         thresholds = {**(thresholds or {}), budget.threshold_name: budget.threshold}
     recipes = [_with_overrides(r, thresholds, batch_sizes, pass_options) for r in recipes]
@@ -207,11 +200,9 @@ def _build_claimed(loaded, spec, recipes, target_obj, name, out, force, val, max
         artifact.output_names = ("output",) if len(probe) == 1 else tuple(f"output_{i}" for i in range(len(probe)))
 
     if tokenizer is None and loaded.format == "hf-folder":
-
         tokenizer = str(loaded.source) if has_tokenizer(Path(loaded.source)) else None
     calib = None
     if calibration is not None:
-
         calib = load_calibration(calibration, spec, samples=calib_samples, seed=calib_seed, tokenizer=tokenizer,
                                  hold_out=val is None)
     ctx.calib = calib
@@ -268,7 +259,6 @@ def _validation_batches(spec, val, max_samples, module, calib=None):
 
 
 def _latency_feeds(spec, recipe, module):
-
     batch = spec.batch_symbol
     sizes = recipe.validation.latency.batch_sizes
     vocab = embedding_vocab(module) or 2
@@ -431,7 +421,6 @@ def _survivors(candidates, allow_partial: bool) -> list:
     failed = [c for c in candidates if c.status == "failed"]
     built = [c for c in candidates if c.status == "built"]
     if failed and (not built or not allow_partial):
-
         total = len([c for c in candidates if c.status != "skipped"])
         raise BuildError(f"{len(failed)} of {total} candidates failed: " + "; ".join(f"{c.label}: {c.reason}" for c in failed),
                          fix="fix the cause, keep to the backends that build with --backend, or ship the others "
@@ -547,7 +536,6 @@ def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None
     recipe = _with_overrides(Recipe.from_json(manifest["recipe"]), thresholds, batch_sizes)
     spec = InputSpec.from_json(manifest["inputs"])
     if key is not None:
-
         check_signature(root, key)
     _, problems = check_files(root, manifest)
     result: dict[str, Any] = {"dist": str(root), "name": manifest["name"], "integrity": problems or "ok"}

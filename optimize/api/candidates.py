@@ -105,7 +105,6 @@ def artifact_outputs(artifact: Artifact) -> list[tuple[str, str, tuple]]:
     ``tensorrt_build.engine_artifact``)."""
 
     if artifact.kind == "aoti":
-
         return exported_outputs(artifact.obj, artifact.spec, artifact.output_names)
     if artifact.kind == "tensorrt":
         return onnx_outputs(Path(artifact.obj))

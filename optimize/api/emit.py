@@ -64,7 +64,7 @@ def read_samples(root: Path, manifest: dict[str, Any]) -> tuple[dict[str, np.nda
 
 
 def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, device: str,
-                 emit: list[str], attachments: dict[str, Path] | None = None,
+                 emit: list[str] | None, attachments: dict[str, Path] | None = None,
                  server_engine: dict[str, Any] | None = None) -> dict[str, Any]:
     """Fill ``stage`` and return the completed manifest (files and their sha256 included).
 
@@ -87,7 +87,8 @@ def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, 
     backend = backends.for_file(model_file)
     job = EmitJob(stage, name, model_file, stage / rel_model, spec, manifest, device, backend, server_engine)
     for emitter in servers.registered():
-        if emitter.name in emit and backend.serves_on(emitter.name) and (written := emitter.write(job)) is not None:
+        wanted = emit is None or emitter.name in emit
+        if wanted and backend.serves_on(emitter.name) and (written := emitter.write(job)) is not None:
             artifacts[emitter.name] = written.relative_to(stage).as_posix()
     manifest["files"] = file_table(stage)
     write_reports(stage, manifest)

@@ -58,7 +58,6 @@ class Artifact:
         return InputSpec.from_json(self.manifest["inputs"])
 
     def model_bytes(self) -> int:
-
         return model_bytes(self.root / self.manifest["artifacts"]["model"])
 
     def describe(self) -> dict[str, Any]:
@@ -114,7 +113,6 @@ def _runner(artifact: Artifact):
 
 
 def _drift_checks(group: str, report, thresholds) -> list[GateCheck]:
-
     verdict = judge(Validation(drift=thresholds), report.worst, [])
     checks = [GateCheck(group, c.name, c.measured, None, c.rule, c.passed) for c in verdict.checks]
     gated = {c.name for c in checks}
@@ -228,7 +226,6 @@ def _max_batch(spec: InputSpec) -> int:
 
 
 def _task_checks(result: GateResult, config: GateConfig, val, counts, names, cand_out, base_out) -> None:
-
     task = config.task
     labels = read_labels(val, task.labels, counts)
     if labels is None:
@@ -260,7 +257,6 @@ def _task_checks(result: GateResult, config: GateConfig, val, counts, names, can
 
 
 def _latency_feeds(spec: InputSpec, sizes: list[int] | None, limit: int) -> dict[int, dict[str, np.ndarray]]:
-
     if spec.batch_symbol is None:
         return {1: random_feed(spec)}
     r = spec.dims[spec.batch_symbol]
@@ -273,7 +269,6 @@ def _latency_feeds(spec: InputSpec, sizes: list[int] | None, limit: int) -> dict
 
 
 def _latency_checks(result, config, cand, base, cand_runner, base_runner, say) -> None:
-
     lat = config.latency
     feeds = _latency_feeds(cand.spec, lat.batch_sizes, min(_max_batch(cand.spec), _max_batch(base.spec)))
     cuda = cand_runner.device == "cuda" and base_runner.device == "cuda"
@@ -298,7 +293,6 @@ def _size_checks(result, config, cand, base) -> None:
 
 
 def _memory_checks(result, config, cand, base) -> None:
-
     batch = max(e["batch"] for e in result.measurements["latency"]["estimates"])
     c, b = measure(cand.root, batch), measure(base.root, batch)
     ratio = c["peak_rss_bytes"] / b["peak_rss_bytes"] if b["peak_rss_bytes"] else float("inf")

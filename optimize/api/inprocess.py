@@ -40,7 +40,6 @@ def compile(module: Any, *, target: str = "cpu", precision: str = "fp32", recipe
     device = resolve_device(options.device, target_obj.device)
     cast = next((s for s in chosen.passes if s.name == "cast_precision"), None)
     if cast is not None:
-
         module = cast_module(module, getattr(torch, DTYPES[get_pass("cast_precision").parse_options(cast.options).precision]))
     if not user_cache_dir():
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir("inductor"))

@@ -33,7 +33,6 @@ def inspect_model(path: str | Path, *, inputs: Sequence[str] | None = None, dims
         return info
     program = loaded.artifact.obj if loaded.format == "pt2" else None
     if program is None:
-
         program = export_module(loaded.module, spec)
     info["parameters"] = int(sum(t.numel() for t in program.state_dict.values()))
     info["ops"] = dict(Counter(str(n.target).replace("aten.", "") for n in program.graph.nodes

@@ -105,7 +105,6 @@ def check_sealed(root: Path, manifest: dict[str, Any], label: str, key: str | Pa
                              where=str(Path(root) / "manifest.json"),
                              fix=f"rebuild the {label} or restore its files; `infopt verify {root}` lists every file")
     if key is not None:
-
         check_signature(root, key, label)
 
 
@@ -119,7 +118,6 @@ def verify(root: Path, key: str | Path | None = None) -> dict[str, Any]:
     rows, problems = check_files(root, manifest)
     signature = None
     if key is not None:
-
         try:
             record = check_signature(root, key)
             signature = f"valid, Ed25519 key {record['public_key']}"

@@ -16,6 +16,7 @@ def targets(
     markdown: Annotated[bool, typer.Option("--markdown", help="Print what each target builds (precision x backend) as the README's Markdown table.")] = False,
 ) -> None:
     """List the targets and what they run."""
+    import infopt.passes  # noqa: F401 - registers every bundled pass
     from infopt.core.recipe import build_table_markdown
     from infopt.core.target import targets as all_targets
 
@@ -38,6 +39,7 @@ def recipes(
     as_json: o.Json = False,
 ) -> None:
     """List the bundled recipes (and passes)."""
+    import infopt.passes  # noqa: F401 - registers every bundled pass
     from infopt.core.recipe import bundled_recipes, load_recipe
     from infopt.core.registry import passes
 
@@ -47,8 +49,8 @@ def recipes(
         data = {"recipes": {n: r.to_json() for n, r in loaded.items()}}
         if show_passes:
             data["passes"] = {n: {"consumes": p.consumes, "produces": p.produces, "description": p.description,
-                                  "needs_calibration": p.needs_calibration, "requires": list(p.requires),
-                                  "ensures": list(p.ensures), "options": p.describe_options()} for n, p in registry.items()}
+                                  "needs_calibration": p.needs_calibration,
+                                  "options": p.describe_options()} for n, p in registry.items()}
         print_json(data)
         return
     console = stdout()

@@ -52,7 +52,6 @@ class Artifact:
     def size_bytes(self) -> int | None:
         """Bytes on disk (with external data) for a file, bytes of weights for an in-memory model."""
         if self.path is not None and self.path.exists():
-
             return model_bytes(self.path)
         state = getattr(self.obj, "state_dict", None)
         if state is None:

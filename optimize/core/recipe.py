@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from infopt.core.artifact import STAGE
 from infopt.core.errors import RecipeError
 from infopt.core.registry import get_pass
-from infopt.core.target import Backend, Precision, Target, targets
+from infopt.core.target import BackendName, Precision, Target, targets
 from infopt.recipes import PIPELINES_DIR
 
 
@@ -64,16 +64,16 @@ class Validation(_Strict):
 class Recipe(_Strict):
     name: str
     precision: Precision
-    backend: Backend
+    backend: BackendName
     description: str = ""
     passes: list[PassStep]
     validation: Validation = Field(default_factory=Validation)
-    emit: list[Literal["onnx", "triton", "torchserve", "kserve"]] = Field(
-        default_factory=lambda: ["onnx", "triton", "torchserve", "kserve"])
+    emit: list[str] | None = Field(
+        None, description="servers to write under servers/ (their registered names); none given: every server that "
+                          "serves the backend (``runtime/backend.py``)")
 
     @model_validator(mode="after")
     def _check_passes(self) -> "Recipe":
-
         previous = None
         for step in self.passes:
             definition = get_pass(step.name)
@@ -123,7 +123,6 @@ def load_recipe(path: str | Path) -> Recipe:
 
 
 def bundled_recipes() -> dict[str, Path]:
-
     return {p.stem: p for p in sorted(PIPELINES_DIR.glob("*.yaml"))}
 
 

@@ -1,15 +1,15 @@
 """The Pass contract and the registry of passes by name.
 
 A pass is a function of its input artifact and typed options. It declares what representation
-it consumes and produces, whether it needs calibration data, and what it requires of its input
-and ensures of its output. A recipe names passes; the registry resolves the names.
+it consumes and produces (a recipe is checked against both when it loads, and the pipeline again
+when it runs) and whether it needs calibration data. A recipe names passes; the registry resolves
+the names. The registry is filled from above: importing ``infopt.passes`` registers every bundled
+pass, so this floor imports none of them.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -21,23 +21,6 @@ if TYPE_CHECKING:
     from infopt.core.artifact import Artifact
     from infopt.core.target import Target
 
-PASS_MODULES: tuple[str, ...] = (
-    "infopt.exporters.torch_export",
-    "infopt.passes.fx.remove_noops",
-    "infopt.passes.fx.fold_batchnorm",
-    "infopt.passes.fx.cast_precision",
-    "infopt.passes.fx.quantize_int4",
-    "infopt.passes.fx.int4_kernels",
-    "infopt.passes.lower.onnx_export",
-    "infopt.passes.lower.aoti_compile",
-    "infopt.passes.lower.tensorrt_build",
-    "infopt.passes.onnx.ort_optimize",
-    "infopt.passes.onnx.transformer_fusion",
-    "infopt.passes.onnx.quantize_int4_graph",
-    "infopt.passes.onnx.smoothquant",
-    "infopt.passes.onnx.quantize_int8",
-)
-"""Modules that each define one ``PASS``; importing them is cheap (torch loads on first run)."""
 
 
 class PassOptions(BaseModel):
@@ -86,8 +69,6 @@ class Pass:
     skippable: bool = True
     """A pass whose input is already behind the model (capture, for an ONNX file) is skipped; one
     that is not skippable (a quantization that defines the precision) stops the build instead."""
-    requires: tuple[str, ...] = ()
-    ensures: tuple[str, ...] = ()
 
     def parse_options(self, raw: dict[str, Any] | None) -> PassOptions:
         try:
@@ -107,23 +88,25 @@ class Pass:
         ]
 
 
-@cache
-def _registry() -> dict[str, Pass]:
-    found: dict[str, Pass] = {}
-    for module_name in PASS_MODULES:
-        definition: Pass = importlib.import_module(module_name).PASS
-        if definition.name in found:
-            raise RuntimeError(f"pass {definition.name} is defined twice")
-        found[definition.name] = definition
-    return found
+_PASSES: dict[str, Pass] = {}
+
+
+def register(definition: Pass) -> Pass:
+    """Add a pass to the registry; ``infopt.passes`` registers every bundled one when it is imported."""
+    if _PASSES.get(definition.name, definition) is not definition:
+        raise RuntimeError(f"pass {definition.name} is defined twice")
+    _PASSES[definition.name] = definition
+    return definition
 
 
 def passes() -> dict[str, Pass]:
-    return dict(_registry())
+    return dict(_PASSES)
 
 
 def get_pass(name: str) -> Pass:
-    known = _registry()
-    if name not in known:
-        raise RecipeError(f"unknown pass {name!r}", fix=f"use one of: {', '.join(known)}")
-    return known[name]
+    if not _PASSES:
+        raise RecipeError(f"no passes are registered, so pass {name!r} cannot be resolved",
+                          fix="import infopt.passes (infopt.api does) before loading a recipe")
+    if name not in _PASSES:
+        raise RecipeError(f"unknown pass {name!r}", fix=f"use one of: {', '.join(_PASSES)}")
+    return _PASSES[name]

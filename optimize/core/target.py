@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from infopt.core.errors import RecipeError
 from infopt.recipes import TARGETS_FILE
 
 Precision = Literal["fp32", "fp16", "bf16", "fp8", "int8", "int4"]
-Backend = Literal["onnxruntime", "tensorrt", "inductor"]
+BackendName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_-]*$")]
+"""A backend's registered name (``runtime/backends/``); the registry, not this module, knows which exist."""
 
 
 class Target(BaseModel):
@@ -24,7 +25,7 @@ class Target(BaseModel):
     arch: str
     description: str = ""
     precisions: tuple[Precision, ...]
-    backends: tuple[Backend, ...]
+    backends: tuple[BackendName, ...]
     memory_bandwidth_gbs: float | None = Field(None, description="peak memory bandwidth, GB/s")
     peak_tflops: dict[str, float] = Field(default_factory=dict, description="dense peak per dtype, TFLOP/s or TOP/s")
     price_per_hour: float | None = Field(None, description="indicative USD per hour, for cost lines in reports")

@@ -50,7 +50,6 @@ def sniff(path: Path) -> str:
     if not path.exists():
         raise ModelLoadError(f"model file not found: {path}", fix="check the path; it is relative to the current folder")
     if path.is_dir():
-
         if is_hf_folder(path):
             return "hf-folder"
         raise ModelLoadError(f"{path} is a folder but not a Hugging Face model folder (it has no config.json)",
@@ -104,7 +103,6 @@ def load_model(path: str | Path, *, model_class: str | None = None, model_args: 
     if fmt == "onnx":
         return _load_onnx(path)
     if fmt == "hf-folder":
-
         module, spec = load_hf_folder(path)
         return LoadedModel(None, "hf-folder", path, module, spec.names, spec)
     import torch

@@ -121,6 +121,4 @@ PASS = Pass(
     options=FoldBatchNormOptions,
     description="fold inference BatchNorm into the preceding convolution",
     mutates_input=True,
-    requires=("graph",),
-    ensures=("no-conv-batchnorm",),
 )

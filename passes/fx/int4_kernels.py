@@ -78,6 +78,4 @@ PASS = Pass(
     options=Int4KernelsOptions,
     description="run INT4 weight-only linears with the Triton W4A16 kernel on CUDA",
     mutates_input=True,
-    requires=("graph",),
-    ensures=("int4-triton-kernels",),
 )

@@ -175,7 +175,6 @@ def _fall_back(original, quantized, result, options: QuantizeInt4Options, contex
 
 
 def _write_checkpoint(model, layout: str, context: PassContext, artifact: Artifact, details: dict) -> str:
-
     found = hf_model(model)
     if found is None:
         details["checkpoint"] = None
@@ -207,5 +206,4 @@ PASS = Pass(
     options=QuantizeInt4Options,
     description="INT4 weight-only Linear layers (RTN, GPTQ, AWQ) in infopt's packed format; GPTQ/AWQ checkpoint",
     needs_calibration=False,
-    ensures=("int4-weights",),
 )

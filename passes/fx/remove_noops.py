@@ -68,6 +68,4 @@ PASS = Pass(
     options=RemoveNoopsOptions,
     description="remove eval-mode dropout and identity copies",
     mutates_input=True,
-    requires=("graph",),
-    ensures=("no-dropout",),
 )

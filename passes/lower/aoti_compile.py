@@ -110,5 +110,4 @@ PASS = Pass(
     run=run,
     options=InductorOptions,
     description="AOTInductor: compile the ExportedProgram into a .pt2 package (CPU or CUDA)",
-    ensures=("compiled",),
 )

@@ -102,6 +102,4 @@ PASS = Pass(
     run=run,
     options=OnnxExportOptions,
     description="export to ONNX with the dynamo exporter; onnx.checker and shape inference",
-    requires=("graph",),
-    ensures=("onnx-checked", "onnx-shapes"),
 )

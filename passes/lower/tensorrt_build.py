@@ -179,5 +179,4 @@ PASS = Pass(
     run=run,
     options=TensorRTOptions,
     description="build a TensorRT engine (model.plan) from the ONNX model, or leave it to the server's TensorRT accelerator",
-    requires=("onnx-checked",),
 )

@@ -66,6 +66,4 @@ PASS = Pass(
     run=run,
     options=OrtOptimizeOptions,
     description="ONNX Runtime offline graph optimization, saved to a file",
-    requires=("onnx-checked",),
-    ensures=("onnx-checked", "ort-optimized"),
 )

@@ -125,5 +125,4 @@ PASS = Pass(
     run=run,
     options=GraphInt4Options,
     description="INT4 RTN of an ONNX graph's MatMul/Gemm weights to MatMulNBits, for sources without a Python module",
-    ensures=("int4-weights",),
 )

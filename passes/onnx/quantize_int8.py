@@ -158,7 +158,6 @@ def _check_budget_applies(budget, reference) -> None:
 
 
 def _calibrate(src, layers, options, context):
-
     context.say(f"calibrating {options.method} on {context.calibration.count} samples")
     observer = Observer(options.method, options.percentile, options.bins)
     return calibrate(src, onnx_int8.calibration_tensors(layers), context.calibration, observer)
@@ -213,6 +212,4 @@ PASS = Pass(
     run=run,
     options=QuantizeInt8Options,
     description="INT8 weights and activations: static QDQ from calibration, or dynamic; sensitivity-guided FP32 fallback",
-    requires=("onnx-checked",),
-    ensures=("int8",),
 )

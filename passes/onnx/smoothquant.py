@@ -55,6 +55,4 @@ PASS = Pass(
     run=run,
     options=SmoothQuantOptions,
     description="SmoothQuant: migrate activation outliers into MatMul/Gemm weights before static INT8",
-    requires=("onnx-checked",),
-    ensures=("onnx-checked",),
 )

@@ -60,6 +60,4 @@ PASS = Pass(
     produces="onnx",
     run=run,
     description="fuse attention, skip/layer norm and GELU into ONNX Runtime contrib ops (onnxscript ort_fusions)",
-    requires=("onnx-checked",),
-    ensures=("onnx-checked",),
 )

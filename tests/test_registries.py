@@ -1,0 +1,110 @@
+"""The backend and server registries are complete, and extending either is one registration.
+
+docs/ARCHITECTURE.md lists the files to touch to add a backend or a server; these tests keep that
+list honest: everything the bundled targets and recipes name is registered, every backend has a
+runner and a server, and a backend or server registered from outside the packages is used by the
+real build and load paths without any other change.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import infopt
+from infopt.core.artifact import STAGE
+from infopt.core.errors import UsageError
+from infopt.core.manifest import read_manifest
+from infopt.core.recipe import bundled_recipes, load_recipe
+from infopt.core.target import targets
+from infopt.exporters import servers
+from infopt.exporters.servers import emitter as emitter_registry
+from infopt.runtime import backend as backend_registry
+from infopt.runtime import backends
+from infopt.runtime.runner import Runner
+
+
+def test_every_backend_a_target_or_recipe_names_is_registered():
+    known = backends.registered()
+    named = {b for t in targets().values() for b in t.backends}
+    named |= {load_recipe(path).backend for path in bundled_recipes().values()}
+    assert named and named <= set(known), named - set(known)
+
+
+def test_every_server_a_recipe_or_backend_names_is_registered():
+    emitters = {e.name for e in servers.registered()}
+    assert {"triton", "torchserve", "kserve"} <= emitters
+    for path in bundled_recipes().values():
+        assert set(load_recipe(path).emit or ()) - {"onnx"} <= emitters, path
+    for b in backends.registered().values():
+        assert b.serving and set(b.serving) <= emitters, b.name
+
+
+def test_each_backend_is_whole():
+    found = backends.registered()
+    suffixes = [b.suffix for b in found.values()]
+    assert len(set(suffixes)) == len(suffixes)
+    for b in found.values():
+        assert b.representation in STAGE and b.suffix.startswith(".") and b.runner_kind
+        assert callable(b.open_runner) and all(isinstance(b.unavailable(p, d), (str, type(None)))
+                                               for p in ("fp32", "bf16") for d in ("cpu", "cuda"))
+        assert backends.for_file(f"model{b.suffix}") is b
+
+
+def test_an_unknown_model_file_is_a_clear_error():
+    with pytest.raises(UsageError, match="not a model file any backend runs"):
+        backends.runner_for_file("weights.bin")
+
+
+class _DoublingRunner(Runner):
+    kind = "doubling"
+
+    def __init__(self, path: Path, input_names):
+        self.scale = float(Path(path).read_text())
+        self.input_names = tuple(input_names)
+
+    def run(self, feed):
+        return [feed[n] * self.scale for n in self.input_names]
+
+
+def test_a_backend_registered_from_one_module_is_opened_by_suffix(tmp_path, monkeypatch):
+    toy = backend_registry.Backend(name="toy", representation="onnx", suffix=".toy", runner_kind="doubling",
+                                   open_runner=lambda path, names, outs, threads=0, device="cpu": _DoublingRunner(path, names),
+                                   serving={"triton": "not really"})
+    monkeypatch.setitem(backend_registry._BACKENDS, "toy", toy)
+    (tmp_path / "m.toy").write_text("2.0")
+    runner = backends.runner_for_file(tmp_path / "m.toy", ["x"])
+    np.testing.assert_array_equal(runner(np.arange(3.0)), [0.0, 2.0, 4.0])
+    assert backends.named("toy") is toy and backends.for_runner(runner) is toy
+
+
+def test_a_server_registered_from_one_module_is_written_into_a_real_build(tmp_path, monkeypatch):
+    def write(job: servers.EmitJob) -> Path:
+        folder = job.stage / "servers" / "toy"
+        folder.mkdir(parents=True)
+        names = ",".join(i["name"] for i in job.manifest["inputs"]["inputs"])
+        (folder / "serve.txt").write_text(f"{job.name} {job.backend.name} {job.staged_model.name} {names}\n")
+        return folder
+
+    monkeypatch.setitem(emitter_registry._EMITTERS, "toy", servers.ServerEmitter("toy", 40, write))
+    monkeypatch.setitem(backends.named("onnxruntime").serving, "toy", "a text file")
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).eval()
+    result = infopt.build(model, example_inputs=(torch.randn(2, 6),), backend="onnxruntime", output=tmp_path / "mlp",
+                          progress=False, batch_sizes=[1])
+    manifest = read_manifest(result.output_dir)
+    assert manifest["artifacts"]["toy"] == "servers/toy"
+    assert (result.output_dir / "servers/toy/serve.txt").read_text() == "sequential onnxruntime model.onnx input\n"
+    assert "servers/toy/serve.txt" in manifest["files"]
+    assert {"triton", "torchserve", "kserve"} <= set(manifest["artifacts"])
+
+
+def test_a_backend_not_served_by_a_server_gets_no_folder_for_it(tmp_path, monkeypatch):
+    monkeypatch.delitem(backends.named("onnxruntime").serving, "torchserve")
+    model = torch.nn.Sequential(torch.nn.Linear(6, 2)).eval()
+    result = infopt.build(model, example_inputs=(torch.randn(2, 6),), backend="onnxruntime", output=tmp_path / "lin",
+                          progress=False, batch_sizes=[1])
+    assert "torchserve" not in result.manifest["artifacts"] and "triton" in result.manifest["artifacts"]
+    assert not (result.output_dir / "servers" / "torchserve").exists()
