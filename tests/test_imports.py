@@ -69,8 +69,9 @@ def test_version_attribute():
 def test_every_package_folder_is_in_the_wheel():
     """A folder with an ``__init__.py`` that pyproject.toml does not list would be left out of a
     built wheel while an editable install still finds it."""
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     root = Path(__file__).resolve().parents[1]
     config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from infopt.api.provenance import tool_versions
-from infopt.core.manifest import file_table, sha256, write_manifest
+from infopt.core.manifest import file_table, jsonable, sha256, write_manifest
+from infopt.core.manifest_schema import SCHEMA_VERSION, check_written
 from infopt.core.safe_load import arrays_file
 from infopt.exporters import servers
 from infopt.exporters.servers import EmitJob
@@ -92,6 +93,7 @@ def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, 
             artifacts[emitter.name] = written.relative_to(stage).as_posix()
     manifest["files"] = file_table(stage)
     write_reports(stage, manifest)
+    check_written(jsonable(manifest))
     write_manifest(stage, manifest)
     return manifest
 
@@ -132,7 +134,7 @@ def without_volatile(value: Any) -> Any:
 
 def base_manifest(name: str, source: dict[str, Any], target, recipe, spec, outputs, passes, validation) -> dict[str, Any]:
     return {
-        "schema": "infopt.manifest/1",
+        "schema": SCHEMA_VERSION,
         "name": name,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "source": source,

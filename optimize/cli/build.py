@@ -11,8 +11,6 @@ import typer
 from infopt.cli import options as o
 from infopt.cli.output import print_json, shown_path, stderr, stdout
 
-PRECISION_FLAGS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
-
 
 def build(
     model: Annotated[Path, typer.Argument(help="Model file: TorchScript .pt, torch.export .pt2, state_dict .pt, .onnx, or a Hugging Face model folder.")],
@@ -59,7 +57,7 @@ def build(
 ) -> None:
     """Build, validate and emit a deployable artifact for a target."""
     from infopt.api import build as run_build
-    from infopt.core.errors import UsageError
+    from infopt.api import flags as api_flags
     from infopt.report.markdown import (
         candidates_section,
         drift_section,
@@ -71,20 +69,16 @@ def build(
         summary,
     )
 
-    chosen = [p for p, flag in zip(PRECISION_FLAGS, (fp32, fp16, bf16, fp8, int8, int4)) if flag]
-    if precision:
-        chosen.append(precision)
-    if len(set(chosen)) > 1:
-        raise UsageError(f"more than one precision given: {', '.join(chosen)}", fix="pass one of --fp32/--fp16/--bf16/--fp8/--int8/--int4")
+    flags = {"fp32": fp32, "fp16": fp16, "bf16": bf16, "fp8": fp8, "int8": int8, "int4": int4}
     result = run_build(
-        model, target=target, precision=chosen[0] if chosen else "fp32", backend=backend, inputs=inputs, dims=dims,
+        model, target=target, precision=api_flags.precision(flags, precision), backend=backend, inputs=inputs, dims=dims,
         val=val, batch_sizes=o.parse_batch_sizes(batch_sizes),
         thresholds=o.thresholds(max_abs=max_abs, min_cosine=min_cosine, min_top1=min_top1,
                                 min_sqnr_db=min_sqnr_db, max_p99_ms=max_p99_ms),
         recipe=recipe, name=name, output=output, force=force, model_class=model_class, model_args=model_args,
         allow_pickle=allow_pickle, progress=False if quiet else stderr(), calibration=calib, calib_samples=calib_samples, tokenizer=tokenizer,
-        max_drift=max_drift, pass_options={**_pass_options(calib_method, calib_percentile, calib_bins, smoothquant_alpha),
-                                           **_int4_options(int4_method, group_size, act_order, int4_checkpoint)},
+        max_drift=max_drift, pass_options={**api_flags.calibration_options(calib_method, calib_percentile, calib_bins, smoothquant_alpha),
+                                           **api_flags.int4_options(int4_method, group_size, act_order, int4_checkpoint)},
         allow_partial=allow_partial, command=["infopt", *sys.argv[1:]],
     )
     if as_json:
@@ -96,34 +90,3 @@ def build(
         stdout().print(f"wrote {shown_path(result.output_dir)}/ (report.md, report.html, manifest.json)", markup=False)
     if not result.passed:
         raise typer.Exit(1)
-
-
-def _int4_options(method, group_size, act_order, checkpoint) -> dict[str, dict]:
-    """The INT4 flags as ``quantize_int4`` options; a value outside the option's choices names its flag.
-    (The group size is checked by the options themselves, for recipes as well.)"""
-    from typing import get_args
-
-    from infopt.core.errors import UsageError
-    from infopt.passes.fx.quantize_int4 import QuantizeInt4Options
-
-    fields = QuantizeInt4Options.model_fields
-    for flag, value, field in (("--int4-method", method, "method"), ("--int4-checkpoint", checkpoint, "checkpoint")):
-        allowed = get_args(fields[field].annotation)
-        if value is not None and value not in allowed:
-            raise UsageError(f"unknown {flag} {value!r}", fix=f"use one of: {', '.join(allowed)}")
-    values = {"method": method, "group_size": group_size, "act_order": act_order or None, "checkpoint": checkpoint}
-    found = {k: v for k, v in values.items() if v is not None}
-    return {"quantize_int4": found} if found else {}
-
-
-def _pass_options(method, percentile, bins, alpha) -> dict[str, dict]:
-    from infopt.core.errors import UsageError
-    from infopt.quantize.observers import METHODS
-
-    if method is not None and method not in METHODS:
-        raise UsageError(f"unknown --calib-method {method!r}", fix=f"use one of: {', '.join(METHODS)}")
-    int8 = {k: v for k, v in {"method": method, "percentile": percentile, "bins": bins}.items() if v is not None}
-    found = {"quantize_int8": int8} if int8 else {}
-    if alpha is not None:
-        found["smoothquant"] = {"alpha": alpha}
-    return found

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from infopt.core.errors import UsageError
+from infopt.core.manifest_schema import check_read
 
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.json.sig"
@@ -93,7 +94,8 @@ def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
 
 
 def read_manifest(root: Path) -> dict[str, Any]:
-    """The manifest of an output folder; every path it names must lie inside the folder."""
+    """The manifest of an output folder, checked against its schema (``manifest_schema.py``); every
+    path it names must lie inside the folder."""
     path = Path(root) / MANIFEST
     if not path.is_file():
         raise UsageError(f"{root} has no {MANIFEST}: it is not an infopt output folder",
@@ -109,6 +111,7 @@ def read_manifest(root: Path) -> dict[str, Any]:
     if outside:
         raise UsageError(f"{path} names paths outside its output folder: {', '.join(map(repr, outside[:3]))}",
                          where=str(path), fix="rebuild the artifact; a manifest that points outside its folder was edited")
+    check_read(manifest, str(path))
     return manifest
 
 
