@@ -8,6 +8,7 @@ names the module and the source line that stopped it and says what to change.
 from __future__ import annotations
 
 import linecache
+import sys
 import traceback
 from pathlib import Path
 
@@ -130,10 +131,10 @@ def user_frame(exc: BaseException, module) -> str | None:
 
 
 def _package_dirs() -> tuple[str, ...]:
-    import importlib
-
-    names = ("infopt", "infopt.passes", "infopt.quantize", "infopt.kernels", "infopt.exporters", "infopt.validators")
-    return tuple(str(Path(importlib.import_module(n).__file__).resolve().parent) + "/" for n in names)
+    """The folders of infopt's loaded modules: any frame of infopt's own code runs from one of them."""
+    found = {str(Path(m.__file__).resolve().parent) + "/" for n, m in list(sys.modules.items())
+             if (n == "infopt" or n.startswith("infopt.")) and getattr(m, "__file__", None)}
+    return tuple(sorted(found))
 
 
 def _chain(exc: BaseException):

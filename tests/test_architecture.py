@@ -150,3 +150,18 @@ def test_the_checker_sees_a_violation(tmp_path):
     tree = ast.parse("def f():\n    from infopt.api import build\n")
     (node, local), = list(_imports(tree))
     assert local and isinstance(node, ast.ImportFrom)
+
+
+def test_no_module_names_a_module_above_it():
+    """A string that names an infopt module (for ``importlib.import_module``, ``python -m``, a table of
+    plugins) is an import the graph above cannot see; none names a module above the floor of the
+    module that holds it. Registries are filled from above instead (``infopt.passes`` registers its
+    passes into ``core/registry.py``)."""
+    known = modules()
+    up = []
+    for module, path in known.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "." in node.value and node.value in known \
+                    and floor_of(node.value) > floor_of(module):
+                up.append(f"{module}:{node.lineno} names {node.value}")
+    assert not up, "\n".join(up)
