@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from infopt.core.version import __version__
 
 if TYPE_CHECKING:
-    from infopt.api.build import BuildResult, build, load
+    from infopt.api.builder import BuildResult, build, load
     from infopt.api.gating import gate
     from infopt.api.inprocess import compile
 

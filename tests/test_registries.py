@@ -39,8 +39,13 @@ def test_every_server_a_recipe_or_backend_names_is_registered():
     assert {"triton", "torchserve", "kserve"} <= emitters
     for path in bundled_recipes().values():
         assert set(load_recipe(path).emit or ()) - {"onnx"} <= emitters, path
+    for e in servers.registered():
+        assert e.serves and set(e.serves) <= set(STAGE), e.name
+
+
+def test_every_backend_is_served_by_some_server():
     for b in backends.registered().values():
-        assert b.serving and set(b.serving) <= emitters, b.name
+        assert any(e.serves_backend(b) for e in servers.registered()), b.name
 
 
 def test_each_backend_is_whole():
@@ -72,9 +77,8 @@ class _DoublingRunner(Runner):
 
 def test_a_backend_registered_from_one_module_is_opened_by_suffix(tmp_path, monkeypatch):
     toy = backend_registry.Backend(name="toy", representation="onnx", suffix=".toy", runner_kind="doubling",
-                                   open_runner=lambda path, names, outs, threads=0, device="cpu": _DoublingRunner(path, names),
-                                   serving={"triton": "not really"})
-    monkeypatch.setitem(backend_registry._BACKENDS, "toy", toy)
+                                   open_runner=lambda path, names, outs, threads=0, device="cpu": _DoublingRunner(path, names))
+    monkeypatch.setitem(backend_registry.BACKENDS.items, "toy", toy)
     (tmp_path / "m.toy").write_text("2.0")
     runner = backends.runner_for_file(tmp_path / "m.toy", ["x"])
     np.testing.assert_array_equal(runner(np.arange(3.0)), [0.0, 2.0, 4.0])
@@ -82,6 +86,8 @@ def test_a_backend_registered_from_one_module_is_opened_by_suffix(tmp_path, monk
 
 
 def test_a_server_registered_from_one_module_is_written_into_a_real_build(tmp_path, monkeypatch):
+    """A new server is one registration: it is written for the representations it serves, hashed into the
+    manifest; and a server that does not serve a backend's representation gets no folder."""
     def write(job: servers.EmitJob) -> Path:
         folder = job.stage / "servers" / "toy"
         folder.mkdir(parents=True)
@@ -89,8 +95,10 @@ def test_a_server_registered_from_one_module_is_written_into_a_real_build(tmp_pa
         (folder / "serve.txt").write_text(f"{job.name} {job.backend.name} {job.staged_model.name} {names}\n")
         return folder
 
-    monkeypatch.setitem(emitter_registry._EMITTERS, "toy", servers.ServerEmitter("toy", 40, write))
-    monkeypatch.setitem(backends.named("onnxruntime").serving, "toy", "a text file")
+    monkeypatch.setitem(emitter_registry.EMITTERS.items, "toy", servers.ServerEmitter("toy", 40, write, {"onnx": "a text file"}))
+    torchserve = emitter_registry.EMITTERS.items["torchserve"]
+    monkeypatch.setitem(emitter_registry.EMITTERS.items, "torchserve",
+                        servers.ServerEmitter("torchserve", torchserve.order, torchserve.write, {"aoti": "only"}))
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).eval()
     result = infopt.build(model, example_inputs=(torch.randn(2, 6),), backend="onnxruntime", output=tmp_path / "mlp",
                           progress=False, batch_sizes=[1])
@@ -98,13 +106,5 @@ def test_a_server_registered_from_one_module_is_written_into_a_real_build(tmp_pa
     assert manifest["artifacts"]["toy"] == "servers/toy"
     assert (result.output_dir / "servers/toy/serve.txt").read_text() == "sequential onnxruntime model.onnx input\n"
     assert "servers/toy/serve.txt" in manifest["files"]
-    assert {"triton", "torchserve", "kserve"} <= set(manifest["artifacts"])
-
-
-def test_a_backend_not_served_by_a_server_gets_no_folder_for_it(tmp_path, monkeypatch):
-    monkeypatch.delitem(backends.named("onnxruntime").serving, "torchserve")
-    model = torch.nn.Sequential(torch.nn.Linear(6, 2)).eval()
-    result = infopt.build(model, example_inputs=(torch.randn(2, 6),), backend="onnxruntime", output=tmp_path / "lin",
-                          progress=False, batch_sizes=[1])
-    assert "torchserve" not in result.manifest["artifacts"] and "triton" in result.manifest["artifacts"]
-    assert not (result.output_dir / "servers" / "torchserve").exists()
+    assert {"triton", "kserve"} <= set(manifest["artifacts"])
+    assert "torchserve" not in manifest["artifacts"] and not (result.output_dir / "servers" / "torchserve").exists()

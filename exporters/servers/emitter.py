@@ -1,18 +1,19 @@
 """One emitter per server: each server's module registers how it writes its layout into an output
-folder. ``api/emit.py`` calls the emitters the recipe names, in ``order``, for a backend whose
-descriptor says that server serves it (``runtime/backend.py``'s ``serving``).
+folder. ``api/emit.py`` calls the emitters the recipe names (all by default), in ``order``, each for a
+backend whose representation it serves.
 
 A new server is one module in ``exporters/servers/`` that registers a ``ServerEmitter`` (the
-package finds it by walking the folder) and a ``serving`` entry in the backends that it serves.
+package finds it by walking the folder), saying which representations it serves and how.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from infopt.core.inputspec import InputSpec
+from infopt.core.plugins import Registry
 from infopt.runtime.backend import Backend
 
 
@@ -43,17 +44,17 @@ class ServerEmitter:
     write: Callable[[EmitJob], Path | None]
     """writes ``servers/<name>/`` and returns the folder (or the file) to list under ``artifacts``;
     None when it has nothing to write for this build"""
+    serves: Mapping[str, str]
+    """representation (a backend's ``representation``) -> how this server serves it; a backend whose
+    representation is not here gets no folder for this server"""
+
+    def serves_backend(self, backend: Backend) -> bool:
+        return backend.representation in self.serves
 
 
-_EMITTERS: dict[str, ServerEmitter] = {}
-
-
-def register(emitter: ServerEmitter) -> ServerEmitter:
-    if emitter.name in _EMITTERS and _EMITTERS[emitter.name] != emitter:
-        raise ValueError(f"server emitter {emitter.name!r} is registered twice")
-    _EMITTERS[emitter.name] = emitter
-    return emitter
+EMITTERS: Registry[ServerEmitter] = Registry("server", lambda e: e.name)
+register = EMITTERS.register
 
 
 def registered() -> list[ServerEmitter]:
-    return sorted(_EMITTERS.values(), key=lambda e: e.order)
+    return sorted(EMITTERS.items.values(), key=lambda e: e.order)

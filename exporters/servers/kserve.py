@@ -222,4 +222,11 @@ def emit(job: EmitJob) -> Path | None:
     return write_kserve(job.stage / "servers" / "kserve", job.name, job.manifest)
 
 
-EMITTER = register(ServerEmitter("kserve", 30, emit))
+SERVES = {
+    "onnx": "through the Triton model repository written before it",
+    "aoti": "through the Triton model repository written before it",
+    "tensorrt": "through the Triton model repository written before it",
+}
+"""the representations this server serves, and how"""
+
+EMITTER = register(ServerEmitter("kserve", 30, emit, SERVES))

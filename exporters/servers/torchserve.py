@@ -205,4 +205,10 @@ def emit(job: EmitJob) -> Path:
     return job.stage / "servers" / "torchserve"
 
 
-EMITTER = register(ServerEmitter("torchserve", 20, emit))
+SERVES = {
+    "onnx": "a handler running an ONNX Runtime session",
+    "aoti": "a handler loading the AOTInductor package",
+}
+"""the representations this server serves, and how"""
+
+EMITTER = register(ServerEmitter("torchserve", 20, emit, SERVES))

@@ -186,4 +186,11 @@ def emit(job: EmitJob) -> Path:
                             server_engine=job.server_engine, tuning=tuning)
 
 
-EMITTER = register(ServerEmitter("triton", 10, emit))
+SERVES = {
+    "onnx": "the onnxruntime backend (the TensorRT accelerator with server_engine)",
+    "aoti": "the Python backend, model.py loading model.pt2",
+    "tensorrt": "the TensorRT backend (platform tensorrt_plan)",
+}
+"""the representations this server serves, and how"""
+
+EMITTER = register(ServerEmitter("triton", 10, emit, SERVES))

@@ -89,7 +89,7 @@ def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, 
     job = EmitJob(stage, name, model_file, stage / rel_model, spec, manifest, device, backend, server_engine)
     for emitter in servers.registered():
         wanted = emit is None or emitter.name in emit
-        if wanted and backend.serves_on(emitter.name) and (written := emitter.write(job)) is not None:
+        if wanted and emitter.serves_backend(backend) and (written := emitter.write(job)) is not None:
             artifacts[emitter.name] = written.relative_to(stage).as_posix()
     manifest["files"] = file_table(stage)
     write_reports(stage, manifest)

@@ -7,29 +7,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from infopt.core.inputspec import InputSpec
+from infopt.core.lineage import PassRecord
 from infopt.core.manifest import model_bytes
 
 Representation = Literal["torch", "exported", "onnx", "aoti", "tensorrt"]
 STAGE: dict[str, int] = {"torch": 0, "exported": 1, "onnx": 2, "aoti": 2, "tensorrt": 3}
 """How far down the flow each representation is; a pass never moves a model back up."""
-
-
-@dataclass
-class PassRecord:
-    """What one pass did: the lineage entry the manifest and report show."""
-
-    name: str
-    consumes: str
-    produces: str
-    seconds: float = 0.0
-    size_bytes: int | None = None
-    changed: bool = False
-    skipped: bool = False
-    notes: list[str] = field(default_factory=list)
-    details: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 @dataclass

@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infopt.core.errors import BuildError, UsageError
+from infopt.core.lineage import PassRecord
 
 SCHEMA_VERSION = "infopt.manifest/1"
 SCHEMA_FILE = "manifest.schema.json"
@@ -59,18 +60,6 @@ class DimInfo(_Open):
 class Inputs(_Open):
     inputs: list[TensorInfo]
     dims: dict[str, DimInfo] = Field(default_factory=dict)
-
-
-class PassInfo(_Open):
-    name: str
-    consumes: str
-    produces: str
-    seconds: float = 0.0
-    size_bytes: int | None = None
-    changed: bool = False
-    skipped: bool = False
-    notes: list[str] = Field(default_factory=list)
-    details: dict[str, Any] = Field(default_factory=dict)
 
 
 class Verdict(_Open):
@@ -135,7 +124,7 @@ class Manifest(_Open):
     inputs: Inputs
     outputs: list[TensorInfo]
     recipe: dict[str, Any]
-    passes: list[PassInfo]
+    passes: list[PassRecord]
     validation: Validation
     versions: dict[str, str]
     candidates: list[dict[str, Any]] = Field(default_factory=list)
@@ -148,6 +137,11 @@ class Manifest(_Open):
 
 def json_schema() -> dict[str, Any]:
     return Manifest.model_json_schema(by_alias=True)
+
+
+def schema_text() -> str:
+    """``manifest.schema.json`` as shipped: ``python -m infopt.core.manifest_schema > optimize/core/manifest.schema.json``."""
+    return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
 
 
 def shipped_schema() -> dict[str, Any]:
@@ -178,3 +172,7 @@ def check_read(manifest: dict[str, Any], where: str) -> None:
     except ValidationError as exc:
         raise UsageError(f"{where} is not a manifest infopt wrote: {_problems(exc)}", where=where,
                          fix="rebuild the artifact; a manifest is written by `infopt build` and not edited") from None
+
+
+if __name__ == "__main__":
+    print(schema_text(), end="")

@@ -21,8 +21,9 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from infopt.core.artifact import STAGE, Artifact, PassRecord
+from infopt.core.artifact import STAGE, Artifact
 from infopt.core.errors import BuildError, InfoptError, RecipeError, UsageError
+from infopt.core.lineage import PassRecord
 from infopt.core.recipe import Recipe
 from infopt.core.registry import PassContext, get_pass
 from infopt.core.target import Target

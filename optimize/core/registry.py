@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from infopt.core.errors import RecipeError
+from infopt.core.plugins import Registry
 
 if TYPE_CHECKING:
     from infopt.core.artifact import Artifact
@@ -88,25 +89,16 @@ class Pass:
         ]
 
 
-_PASSES: dict[str, Pass] = {}
-
-
-def register(definition: Pass) -> Pass:
-    """Add a pass to the registry; ``infopt.passes`` registers every bundled one when it is imported."""
-    if _PASSES.get(definition.name, definition) is not definition:
-        raise RuntimeError(f"pass {definition.name} is defined twice")
-    _PASSES[definition.name] = definition
-    return definition
-
-
-def passes() -> dict[str, Pass]:
-    return dict(_PASSES)
+PASSES: Registry[Pass] = Registry("pass", lambda p: p.name)
+register = PASSES.register
+"""Add a pass to the registry; ``infopt.passes`` registers every bundled one when it is imported."""
+passes = PASSES.all
 
 
 def get_pass(name: str) -> Pass:
-    if not _PASSES:
+    if not PASSES.items:
         raise RecipeError(f"no passes are registered, so pass {name!r} cannot be resolved",
                           fix="import infopt.passes (infopt.api does) before loading a recipe")
-    if name not in _PASSES:
-        raise RecipeError(f"unknown pass {name!r}", fix=f"use one of: {', '.join(_PASSES)}")
-    return _PASSES[name]
+    if name not in PASSES.items:
+        raise RecipeError(f"unknown pass {name!r}", fix=f"use one of: {', '.join(PASSES.items)}")
+    return PASSES.items[name]

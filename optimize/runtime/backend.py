@@ -1,6 +1,6 @@
-"""One descriptor per backend: what it ships, how it runs, whether this machine can build it, and
-how each server serves it. Everything that once switched on a backend's name or a model file's
-suffix asks the descriptor instead.
+"""One descriptor per backend: what it ships, how it runs, and whether this machine can build it;
+the servers say which representations they serve (``exporters/servers/emitter.py``). Everything
+that once switched on a backend's name or a model file's suffix asks the descriptor instead.
 
 A backend registers itself from its module in ``runtime/backends/`` (found there by name, so a new
 backend is one new module there plus the pass that produces its representation).
@@ -8,11 +8,12 @@ backend is one new module there plus the pass that produces its representation).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 from infopt.core.errors import UsageError
+from infopt.core.plugins import Registry
 from infopt.runtime.runner import Runner
 
 
@@ -36,44 +37,25 @@ class Backend:
     """``unavailable(precision, device)``: why this machine cannot build it, or None"""
     describe: Callable[[Runner], str] = lambda runner: f"{runner.device} ({runner.kind})"
     """where a runner of it ran, for the candidates table"""
-    serving: Mapping[str, str] = field(default_factory=dict)
-    """server name -> how that server serves it; a server not named here does not serve this backend"""
-
-    def serves_on(self, server: str) -> bool:
-        return server in self.serving
 
 
-_BACKENDS: dict[str, Backend] = {}
-
-
-def register(backend: Backend) -> Backend:
-    if backend.name in _BACKENDS and _BACKENDS[backend.name] != backend:
-        raise ValueError(f"backend {backend.name!r} is registered twice")
-    _BACKENDS[backend.name] = backend
-    return backend
-
-
-def registered() -> dict[str, Backend]:
-    return dict(_BACKENDS)
-
-
-def named(name: str) -> Backend:
-    if name not in _BACKENDS:
-        raise UsageError(f"unknown backend {name!r}", fix=f"use one of: {', '.join(sorted(_BACKENDS))}")
-    return _BACKENDS[name]
+BACKENDS: Registry[Backend] = Registry("backend", lambda b: b.name)
+register = BACKENDS.register
+registered = BACKENDS.all
+named = BACKENDS.named
 
 
 def for_file(path: str | Path) -> Backend:
     suffix = Path(path).suffix
-    for backend in _BACKENDS.values():
+    for backend in BACKENDS.items.values():
         if backend.suffix == suffix:
             return backend
     raise UsageError(f"{path} is not a model file any backend runs",
-                     fix=f"expected one of: {', '.join(b.suffix for b in _BACKENDS.values())}")
+                     fix=f"expected one of: {', '.join(b.suffix for b in BACKENDS.items.values())}")
 
 
 def for_runner(runner: Runner) -> Backend | None:
-    return next((b for b in _BACKENDS.values() if b.runner_kind == runner.kind), None)
+    return next((b for b in BACKENDS.items.values() if b.runner_kind == runner.kind), None)
 
 
 def runner_for_file(path: str | Path, input_names: Sequence[str] = (), output_names: Sequence[str] = (),

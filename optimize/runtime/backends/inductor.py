@@ -75,6 +75,4 @@ def unavailable(precision: str, device: str) -> str | None:
 BACKEND = register(Backend(
     name="inductor", representation="aoti", suffix=".pt2", runner_kind=AotiRunner.kind,
     open_runner=open_runner, unavailable=unavailable, describe=lambda runner: f"{runner.device} (AOTInductor package)",
-    serving={"triton": "the Python backend loading model.pt2", "torchserve": "a handler that loads the AOTInductor package",
-             "kserve": "through the Triton repository"},
 ))

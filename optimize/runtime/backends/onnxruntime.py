@@ -58,6 +58,4 @@ def describe(runner: Runner) -> str:
 BACKEND = register(Backend(
     name="onnxruntime", representation="onnx", suffix=".onnx", runner_kind=OrtRunner.kind,
     open_runner=open_runner, describe=describe,
-    serving={"triton": "the onnxruntime backend (TensorRT accelerator with server_engine)",
-             "torchserve": "a handler that opens an ONNX Runtime session", "kserve": "through the Triton repository"},
 ))

@@ -156,5 +156,4 @@ def unavailable(precision: str, device: str) -> str | None:
 BACKEND = register(Backend(
     name="tensorrt", representation="tensorrt", suffix=".plan", runner_kind=TensorRTRunner.kind,
     open_runner=open_runner, unavailable=unavailable,
-    serving={"triton": "the TensorRT backend (platform tensorrt_plan)", "kserve": "through the Triton repository"},
 ))
