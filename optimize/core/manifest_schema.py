@@ -10,6 +10,7 @@ so a manifest written by a newer infopt of the same schema version still reads.
 from __future__ import annotations
 
 import json
+import sys
 from importlib.resources import files
 from typing import Any, Literal
 
@@ -175,4 +176,4 @@ def check_read(manifest: dict[str, Any], where: str) -> None:
 
 
 if __name__ == "__main__":
-    print(schema_text(), end="")
+    sys.stdout.write(schema_text())
