@@ -158,7 +158,6 @@ def _line_from_message(text: str) -> str | None:
 
 def exported_outputs(program, spec: InputSpec, names: tuple[str, ...]) -> list[tuple[str, str, tuple]]:
     """(name, dtype, shape) of each user output of ``program``, its dynamic dims named by the spec's symbols."""
-
     signature = program.graph_signature
     nodes = {n.name: n for n in program.graph.nodes}
     symbols: dict[str, str] = {}

@@ -124,7 +124,6 @@ def save_model(model, dst: Path) -> Path:
     ``<name>.data`` beside it (one protobuf cannot exceed 2 GB)."""
     import onnx
 
-
     dst.parent.mkdir(parents=True, exist_ok=True)
     if model.ByteSize() > EXTERNAL_DATA_BYTES:
         onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")

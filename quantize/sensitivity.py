@@ -60,7 +60,6 @@ class Budget:
     @classmethod
     def parse(cls, text: "str | Budget") -> "Budget":
         """``metric=value``, e.g. ``cosine_mean=0.995`` or ``top1=0.99``."""
-
         if isinstance(text, Budget):
             return text
         metric, sep, value = str(text).partition("=")

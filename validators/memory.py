@@ -62,7 +62,6 @@ def measure_here(dist: Path, batch: int) -> dict:
     import numpy as np  # noqa: F401 - loaded before the starting figure, as every runtime needs it
     import onnxruntime  # noqa: F401 - the runtime's own import is not the model's memory
 
-
     manifest = read_manifest(dist)
     spec = InputSpec.from_json(manifest["inputs"])
     dims = {spec.batch_symbol: batch} if spec.batch_symbol else {}

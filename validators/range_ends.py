@@ -48,7 +48,6 @@ class RangeFailure(Exception):
 
 def check_range_ends(runner, ends) -> None:
     """Raise RangeFailure, naming the dims, where ``runner`` fails or gives other shapes than eager."""
-
     for where, feed, shapes in ends:
         try:
             got = [np.shape(o) for o in runner.run(feed)]

@@ -372,7 +372,6 @@ def _curve_batches(spec) -> list[int]:
 
 def _measure_curve(chosen, spec, module, console) -> list[dict[str, Any]]:
     """Latency of the shipped model at each batch size of the curve (Triton tuning and the report's plot)."""
-
     sizes = _curve_batches(spec)
     if not sizes:
         return []
@@ -396,7 +395,6 @@ def _measure_curve(chosen, spec, module, console) -> list[dict[str, Any]]:
 
 def _work(module, spec, model_file: Path) -> dict[str, Any]:
     """FLOPs and bytes per sample, for the report's roofline line."""
-
     weight_bytes = model_bytes(model_file)
     dims = {spec.batch_symbol: 1} if spec.batch_symbol else {}
     feed = random_feed(spec, int_high=embedding_vocab(module) or 2, **dims)
@@ -405,7 +403,6 @@ def _work(module, spec, model_file: Path) -> dict[str, Any]:
 
 def _run_candidate(candidate, work):
     """``work()`` on a built candidate; the artifact failing to run on valid inputs is a build error naming it."""
-
     try:
         return work()
     except Exception as exc:  # noqa: BLE001 - the runtime's own errors, of many types

@@ -29,7 +29,6 @@ def onnx_outputs(path: Path) -> list[tuple[str, str, tuple]]:
     """(name, dtype, shape) of each graph output, dynamic dims as their symbol names."""
     import onnx
 
-
     model = onnx.load(str(path), load_external_data=False)
     outs = []
     for value in model.graph.output:
@@ -57,7 +56,6 @@ def store_samples(path: Path, batches: list[dict[str, np.ndarray]], reference: l
 
 def read_samples(root: Path, manifest: dict[str, Any]) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
     """The inputs stored at build, by name, and the eager reference's outputs for them, in output order."""
-
     data = arrays_file(Path(root) / SAMPLES_FILE)
     inputs = {k.split(".", 1)[1]: v for k, v in data.items() if k.startswith("input.")}
     reference = [data[f"reference.{o['name']}"] for o in manifest["outputs"]]

@@ -101,7 +101,6 @@ def check_same_model(candidate: Artifact, baseline: Artifact) -> None:
 
 def _runner(artifact: Artifact):
     """The artifact's runner; its files were checked when it was opened."""
-
     try:
         return manifest_runner(artifact.root, artifact.manifest)
     except InfoptError:

@@ -31,7 +31,6 @@ def compile(module: Any, *, target: str = "cpu", precision: str = "fp32", recipe
     """
     import torch
 
-
     target_obj = get_target(target)
     chosen = load_recipe(recipe) if recipe else find_recipe(target_obj, precision, "inductor")
     target_obj.require_precision(chosen.precision)

@@ -166,7 +166,6 @@ PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
 
 def build_table() -> dict[str, dict[str, list[str]]]:
     """Target -> precision -> backends: what each bundled target builds (the README's table)."""
-
     return {name: backends_for(target) for name, target in targets().items()}
 
 

@@ -49,7 +49,6 @@ def _load(path: Path) -> dict[str, Target]:
 
 def targets(path: Path | None = None) -> dict[str, Target]:
     """Every declared target by name (the bundled ``targets.yaml`` unless a path is given)."""
-
     return dict(_load(Path(path or TARGETS_FILE)))
 
 

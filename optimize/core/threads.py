@@ -19,7 +19,6 @@ ENV = "INFOPT_THREADS"
 
 def thread_cap() -> int:
     """The cap from ``$INFOPT_THREADS``, or 0 (each runtime's own default)."""
-
     raw = os.environ.get(ENV, "").strip()
     if not raw:
         return 0

@@ -72,7 +72,6 @@ def cast_module(module, dtype):
 def run(artifact: Artifact, options: CastOptions, context: PassContext) -> PassOutcome:
     import torch
 
-
     if options.when == "cuda" and context.target.device != "cuda":
         note = f"kept float32: the cast is for CUDA targets and {context.target.name} is {context.target.device}"
         return PassOutcome(artifact, False, [note], {"precision": "fp32"})

@@ -48,7 +48,6 @@ def run(artifact: Artifact, options: Int4KernelsOptions, context: PassContext) -
 
     import torch
 
-
     portable = torch.ops.infopt.int4_linear.default
     kernel = torch.ops.infopt.w4a16_linear.default
     swapped, kept, notes = [], [], []

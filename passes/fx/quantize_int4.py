@@ -106,7 +106,6 @@ def hf_model(module):
 
 def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) -> PassOutcome:
 
-
     module = artifact.obj
     if not has_python_module(artifact):
         note = (f"skipped: a TorchScript model has no Python module to quantize layer by layer; "

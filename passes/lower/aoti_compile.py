@@ -51,7 +51,6 @@ def user_cache_dir() -> str | None:
 @contextmanager
 def inductor_cache() -> Iterator[str]:
     """Point Inductor (and Triton, which nests under it) at infopt's cache folder for the block."""
-
     chosen = user_cache_dir()
     if chosen:
         yield chosen

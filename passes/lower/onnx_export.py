@@ -36,7 +36,6 @@ def export_onnx(program, path: Path, input_names, output_names, opset: int = 20,
     import onnx
     import torch
 
-
     with quiet_third_party():
         onnx_program = torch.onnx.export(program, (), dynamo=True, input_names=list(input_names),
                                          output_names=list(output_names), opset_version=opset,

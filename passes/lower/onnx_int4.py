@@ -54,7 +54,6 @@ def translation_table() -> dict:
     import torch
     from onnx.defs import OpSchema
 
-
     param, option = OpSchema.FormalParameter, OpSchema.FormalParameterOption
     floats = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
     schema = OpSchema(
@@ -102,7 +101,6 @@ def pack_zero_points(zeros):
     import numpy as np
     import torch
 
-
     if zeros.shape[1] % 2:
         zeros = np.concatenate([zeros, np.zeros((zeros.shape[0], 1), np.uint8)], axis=1)
     return pack_int4(torch.from_numpy(np.ascontiguousarray(zeros))).numpy()
@@ -111,7 +109,6 @@ def pack_zero_points(zeros):
 def permute_packed(qweight, perm):
     """uint8 ``[N, K // 2]`` with codes in column order ``perm``, repacked low nibble first."""
     import torch
-
 
     return pack_int4(unpack_int4(torch.from_numpy(qweight.copy()))[:, torch.from_numpy(perm)]).numpy()
 

@@ -63,7 +63,6 @@ def timing_cache_path(target_arch: str) -> Path:
     """``<cache>/tensorrt/timing-<gpu name or target arch>.cache``: tactics are timed per GPU model."""
     import torch
 
-
     label = torch.cuda.get_device_name() if torch.cuda.is_available() else target_arch
     return cache_dir("tensorrt") / f"timing-{re.sub(r'[^A-Za-z0-9_.-]+', '-', label).strip('-')}.cache"
 

@@ -63,7 +63,6 @@ def run(artifact: Artifact, options: GraphInt4Options, context: PassContext) -> 
     import onnx_ir as ir
     import torch
 
-
     record = module_record(artifact)
     if record is not None and record.changed:
         return PassOutcome(artifact, False, [f"nothing to do: {MODULE_PASS} quantized the module"], {})

@@ -65,7 +65,6 @@ def choose_mode(mode: str, placement: str, has_calibration: bool, target_name: s
 def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) -> PassOutcome:
     import onnx
 
-
     placement = resolve_placement(options.placement, context.target)
     mode = choose_mode(options.mode, placement, context.calibration is not None, context.target.name)
     budget = Budget.parse(context.budget or options.budget)
@@ -179,7 +178,6 @@ def _build_confirmed(build, layers, excluded, order, batches, reference, budget,
     """Build the real INT8 model and measure it against the FP32 ``reference``; while it misses the
     budget, move the next layer of ``order()`` (called only then) to FP32 and build again."""
     import numpy as np
-
 
     excluded = list(excluded)
     while True:

@@ -26,7 +26,6 @@ class SmoothQuantOptions(PassOptions):
 def run(artifact: Artifact, options: SmoothQuantOptions, context: PassContext) -> PassOutcome:
     import onnx
 
-
     if context.calibration is None:
         return PassOutcome(artifact, False, ["skipped: no calibration data (SmoothQuant serves static INT8)"])
     model = onnx.load(str(artifact.path))
