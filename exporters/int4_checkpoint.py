@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -219,6 +220,53 @@ def write_awq_checkpoint(model: nn.Module, out: Path | str, *, config: Mapping[s
     return _write(model, Path(out), tensors, layers, quant_config, config, source_dir, force)
 
 
+CHECKPOINT_PRODUCT = "int4_checkpoint"
+"""The name under which the INT4 pass hands a :class:`CheckpointSource` to the vLLM emitter
+(``Artifact.products``)."""
+
+
+@dataclass(frozen=True)
+class CheckpointSource:
+    """A checkpoint to write at the end of a build: the quantized Hugging Face module, its format
+    (:func:`checkpoint_format`) and the folder it was loaded from (tokenizer and generation files)."""
+
+    module: nn.Module
+    format: str
+    source_dir: Path | None = None
+
+    def write(self, out: Path, *, force: bool = False) -> Path:
+        return write_checkpoint(self.module, out, self.format, source_dir=self.source_dir, force=force)
+
+
+def checkpoint_format(model: nn.Module, layout: str) -> str:
+    """The format ``model`` is written in for ``layout`` (``gptq`` or ``awq``): ``awq``, ``gptq`` (v1),
+    or ``gptq_v2`` where a zero point has no v1 encoding. Raises what writing it would raise (a
+    layer the layout cannot hold, several group sizes) without writing anything, so a build can
+    refuse before its long steps rather than at the end."""
+    layers = _quantized_layers(model)
+    _common_group_size(layers)
+    if layout == "awq":
+        for name, weight in layers.items():
+            pack_awq(name, weight)
+        return "awq"
+    try:
+        for name, weight in layers.items():
+            pack_gptq(name, weight)
+        return "gptq"
+    except V1ZeroPointError:
+        for name, weight in layers.items():
+            pack_gptq(name, weight, "gptq_v2")
+        return "gptq_v2"
+
+
+def write_checkpoint(model: nn.Module, out: Path | str, checkpoint_format: str, *,
+                     source_dir: Path | str | None = None, force: bool = False) -> Path:
+    """Write ``model`` in ``checkpoint_format`` (what :func:`checkpoint_format` returned) at ``out``."""
+    if checkpoint_format == "awq":
+        return write_awq_checkpoint(model, out, source_dir=source_dir, force=force)
+    return write_gptq_checkpoint(model, out, source_dir=source_dir, checkpoint_format=checkpoint_format, force=force)
+
+
 def _quantized_layers(model: nn.Module) -> dict[str, Int4Weight]:
     layers = int4_layers(model)
     if not layers:
@@ -317,5 +365,6 @@ def _source_files(source_dir: Path | str | None) -> list[Path]:
     return [source_dir / name for name in SOURCE_FILES if (source_dir / name).is_file()]
 
 
-__all__ = ["AWQ_ORDER", "CheckpointLayoutError", "GPTQ_FORMATS", "pack_awq", "pack_gptq", "pack_nibbles",
-           "write_awq_checkpoint", "write_gptq_checkpoint"]
+__all__ = ["AWQ_ORDER", "CHECKPOINT_PRODUCT", "CheckpointLayoutError", "CheckpointSource", "GPTQ_FORMATS",
+           "checkpoint_format", "pack_awq", "pack_gptq", "pack_nibbles", "write_awq_checkpoint", "write_checkpoint",
+           "write_gptq_checkpoint"]

@@ -1,6 +1,6 @@
 """Server layouts, one module per server, each registering its ``emitter.ServerEmitter``: the Triton
-Inference Server model repository, a TorchServe archive, KServe InferenceServices. Importing this
-package registers every emitter in the folder."""
+Inference Server model repository, a TorchServe archive, KServe InferenceServices, vLLM's 4-bit
+checkpoint. Importing this package registers every emitter in the folder."""
 
 from __future__ import annotations
 

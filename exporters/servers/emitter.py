@@ -8,7 +8,7 @@ package finds it by walking the folder), saying which representations it serves 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -33,6 +33,8 @@ class EmitJob:
     device: str
     backend: Backend
     server_engine: dict[str, Any] | None = None
+    products: Mapping[str, Any] = field(default_factory=dict)
+    """in-memory results of the build's passes for an emitter to write (``Artifact.products``)"""
 
 
 @dataclass(frozen=True)

@@ -349,7 +349,7 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
         stored = store_samples(stage / "validation" / "samples.npz", batches, ref_out, names, spec.batch_symbol is not None)
         manifest["validation"]["stored_samples"] = stored
         manifest = write_output(stage, manifest, final.path, spec, target.device, recipe.emit, final.attachments,
-                                server_engine=_triton_engine(server))
+                                server_engine=_triton_engine(server), products=final.products)
     return BuildResult(name, out, manifest, final, candidates)
 
 

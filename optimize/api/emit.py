@@ -64,7 +64,7 @@ def read_samples(root: Path, manifest: dict[str, Any]) -> tuple[dict[str, np.nda
 
 def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, device: str,
                  emit: list[str] | None, attachments: dict[str, Path] | None = None,
-                 server_engine: dict[str, Any] | None = None) -> dict[str, Any]:
+                 server_engine: dict[str, Any] | None = None, products: dict[str, Any] | None = None) -> dict[str, Any]:
     """Fill ``stage`` and return the completed manifest (files and their sha256 included).
 
     The model is ``model/model.onnx``, ``model/model.pt2`` (AOTInductor) or ``model/model.plan``
@@ -84,7 +84,8 @@ def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, 
             artifacts[Path(rel).stem] = rel
     manifest["artifacts"] = artifacts
     backend = backends.for_file(model_file)
-    job = EmitJob(stage, name, model_file, stage / rel_model, spec, manifest, device, backend, server_engine)
+    job = EmitJob(stage, name, model_file, stage / rel_model, spec, manifest, device, backend, server_engine,
+                  products or {})
     for emitter in servers.registered():
         wanted = emit is None or emitter.name in emit
         if wanted and emitter.serves_backend(backend) and (written := emitter.write(job)) is not None:

@@ -31,6 +31,9 @@ class Artifact:
     lineage: list[PassRecord] = field(default_factory=list)
     attachments: dict[str, Path] = field(default_factory=dict)
     """Extra files that ship with the model, by their path in the output folder."""
+    products: dict[str, Any] = field(default_factory=dict)
+    """In-memory results of a pass that a server's emitter writes out at the end of the build, by name
+    (``int4_checkpoint``: the quantized Hugging Face module behind vLLM's 4-bit checkpoint)."""
 
     def size_bytes(self) -> int | None:
         """Bytes on disk (with external data) for a file, bytes of weights for an in-memory model."""
@@ -54,4 +57,4 @@ class Artifact:
         """The next artifact down the flow, keeping this one's spec, output names and lineage."""
         return Artifact(kind, spec or self.spec, path, obj,
                         self.output_names if output_names is None else output_names, list(self.lineage),
-                        dict(self.attachments))
+                        dict(self.attachments), dict(self.products))

@@ -6,10 +6,12 @@ keeps as one ``infopt.int4_linear`` op each; the ONNX exporter lowers those to `
 and the ``int4_kernels`` pass swaps them for the Triton kernel on CUDA.
 
 When the model holds a Hugging Face transformer (a submodule with a ``config``), the pass also
-writes its 4-bit checkpoint for the serving engines into ``servers/vllm/`` of the output: the GPTQ
-layout by default, or AWQ's GEMM layout (``checkpoint: awq``). After AWQ, whose per-input scales
-stay in the model as a division before each layer, no checkpoint is written unless one is asked
-for, and asking is an error that names the layer (neither layout holds such a scale).
+chooses its 4-bit checkpoint for the serving engines, checks that the layout can hold every layer,
+and hands the quantized module on (``Artifact.products["int4_checkpoint"]``); the vLLM emitter
+(``exporters/servers/vllm.py``) writes it into ``servers/vllm/`` of the output. The GPTQ layout by
+default, or AWQ's GEMM layout (``checkpoint: awq``). After AWQ, whose per-input scales stay in
+the model as a division before each layer, no checkpoint is written unless one is asked for, and
+asking is an error that names the layer (neither layout holds such a scale).
 
 Calibration samples padded along a ``seq`` dim are batched by length and cut back when the model
 takes an ``attention_mask``: padded positions never reach the model's output, and their
@@ -19,13 +21,14 @@ activations would otherwise dominate the Hessians and activation statistics.
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
 from infopt.core.artifact import Artifact
 from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
-from infopt.exporters.int4_checkpoint import V1ZeroPointError, write_awq_checkpoint, write_gptq_checkpoint
+from infopt.exporters.int4_checkpoint import CHECKPOINT_PRODUCT, CheckpointSource, checkpoint_format
 from infopt.quantize.int4_config import Int4Config
 from infopt.quantize.sensitivity import Budget
 from infopt.quantize.weight_only import fall_back_to_budget, quantize_int4
@@ -156,7 +159,7 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
             notes.append("no 4-bit checkpoint: AWQ's per-input scales are kept in the model (a Mul before each "
                          "layer), and the GPTQ and AWQ checkpoint layouts have no place for them")
     if layout != "none" and layers:
-        notes.append(_write_checkpoint(model, layout, context, result_artifact, details))
+        notes.append(_plan_checkpoint(model, layout, result_artifact, details))
     return PassOutcome(result_artifact, True, notes, details)
 
 
@@ -173,28 +176,17 @@ def _fall_back(original, quantized, result, options: QuantizeInt4Options, contex
     return fall_back_to_budget(original.eval(), quantized, result, batches, budget, progress=context.say)
 
 
-def _write_checkpoint(model, layout: str, context: PassContext, artifact: Artifact, details: dict) -> str:
+def _plan_checkpoint(model, layout: str, artifact: Artifact, details: dict) -> str:
     found = hf_model(model)
     if found is None:
         details["checkpoint"] = None
-        return "no Hugging Face config in the model, so no 4-bit checkpoint for vLLM was written"
+        return "no Hugging Face config in the model, so no 4-bit checkpoint for vLLM"
     prefix, inner = found
+    fmt = checkpoint_format(inner, layout)
     source = getattr(model, "source_dir", None)
-    folder = context.workdir / "int4_checkpoint"
-    fmt = layout
-    if layout == "awq":
-        write_awq_checkpoint(inner, folder, source_dir=source, force=True)
-    else:
-        try:
-            write_gptq_checkpoint(inner, folder, source_dir=source, force=True)
-            fmt = "gptq"
-        except V1ZeroPointError:
-            write_gptq_checkpoint(inner, folder, source_dir=source, checkpoint_format="gptq_v2", force=True)
-            fmt = "gptq_v2"
-    for path in sorted(folder.iterdir()):
-        artifact.attachments[f"{CHECKPOINT_DIR}/{path.name}"] = path
+    artifact.products[CHECKPOINT_PRODUCT] = CheckpointSource(inner, fmt, Path(source) if source else None)
     details["checkpoint"] = {"format": fmt, "folder": CHECKPOINT_DIR, "module": prefix or "(the model)"}
-    return f"{fmt.upper()} checkpoint of {prefix or 'the model'} in {CHECKPOINT_DIR}/ (vLLM, transformers)"
+    return f"{fmt.upper()} checkpoint of {prefix or 'the model'} for {CHECKPOINT_DIR}/ (vLLM, transformers)"
 
 
 PASS = Pass(

@@ -20,7 +20,10 @@ from torch import nn
 
 from infopt.core.errors import UsageError
 from infopt.exporters.int4_checkpoint import (
+    CHECKPOINT_PRODUCT,
     CheckpointLayoutError,
+    CheckpointSource,
+    checkpoint_format,
     pack_awq,
     pack_gptq,
     write_awq_checkpoint,
@@ -231,6 +234,48 @@ def test_gptq_v1_zero_point_zero(tmp_path):
     assert "blocks.0.fc" in str(err.value)
     v2 = {f"fc.{k}": v for k, v in pack_gptq("fc", stuck, "gptq_v2").items()}
     assert torch.equal(unpack_gptq(v2, "fc", "gptq_v2"), expected_weight(stuck))
+
+
+def test_checkpoint_format_chooses_v2_only_where_v1_cannot_hold_a_zero_and_writes_nothing(tmp_path):
+    assert checkpoint_format(tiny_llama(symmetric=False, zero_group=True), "gptq") == "gptq"
+    codes = torch.zeros(8, 32)
+    codes[0, 0] = 15
+    stuck = Int4Weight.from_codes(codes, torch.ones(8, 1), torch.zeros(8, 1), group_size=32, symmetric=False)
+    assert checkpoint_format(with_layer(stuck), "gptq") == "gptq_v2"
+    assert checkpoint_format(with_layer(stuck), "awq") == "awq"
+    scaled = rtn(torch.randn(16, 64), symmetric=False, group_size=GROUP)
+    scaled.input_scale = torch.rand(64) + 0.5
+    with pytest.raises(CheckpointLayoutError, match="proj"):
+        checkpoint_format(with_layer(scaled), "gptq")
+    assert_nothing_written(tmp_path)
+
+
+def test_vllm_emitter_writes_the_checkpoint_the_pass_handed_on_and_nothing_without_one(tmp_path):
+    from infopt.exporters.servers import registered
+    from infopt.runtime import backends
+
+    vllm = next(e for e in registered() if e.name == "vllm")
+    model = tiny_llama(symmetric=True)
+    job = servers_job(tmp_path, backends.for_file("model.onnx"), {})
+    assert vllm.serves_backend(job.backend) and vllm.write(job) is None
+    assert not (tmp_path / "servers").exists()
+    job.products = {CHECKPOINT_PRODUCT: CheckpointSource(model, checkpoint_format(model, "gptq"))}
+    folder = vllm.write(job)
+    assert folder == tmp_path / "servers" / "vllm"
+    quant = json.loads((folder / "config.json").read_text())["quantization_config"]
+    assert quant["quant_method"] == "gptq" and quant["sym"] is True
+    tensors = load_file(str(folder / "model.safetensors"))
+    prefix = "model.layers.0.mlp.up_proj"
+    assert torch.equal(unpack_gptq(tensors, prefix, "gptq"), expected_weight(int4_layers(model)[prefix]))
+
+
+def servers_job(stage, backend, products):
+    from infopt.core.inputspec import InputSpec
+    from infopt.exporters.servers import EmitJob
+
+    spec = InputSpec.parse(["input_ids:int64[batch,seq]"])
+    return EmitJob(stage, "tiny", stage / "model.onnx", stage / "model" / "model.onnx", spec, {}, "cpu", backend,
+                   products=products)
 
 
 def test_bert_gptq_names_every_quantized_layer(tmp_path):
