@@ -158,11 +158,16 @@ def _line_from_message(text: str) -> str | None:
 
 def exported_outputs(program, spec: InputSpec, names: tuple[str, ...]) -> list[tuple[str, str, tuple]]:
     """(name, dtype, shape) of each user output of ``program``, its dynamic dims named by the spec's symbols."""
+    from torch.export.graph_signature import InputKind
+
     signature = program.graph_signature
-    nodes = {n.name: n for n in program.graph.nodes}
+    # by position, not by name: a placeholder can be renamed after export (an input called ``input``,
+    # a Python builtin, becomes ``input_1`` once torch regenerates the module's code)
+    placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
+    user = [node for node, input_spec in zip(placeholders, signature.input_specs) if input_spec.kind == InputKind.USER_INPUT]
     symbols: dict[str, str] = {}
-    for tensor, node_name in zip(spec.inputs, signature.user_inputs):
-        for dim, size in zip(tensor.shape, nodes[node_name].meta["val"].shape):
+    for tensor, node in zip(spec.inputs, user):
+        for dim, size in zip(tensor.shape, node.meta["val"].shape):
             if isinstance(dim, str):
                 symbols[str(size)] = dim
     output_node = next(n for n in program.graph.nodes if n.op == "output")

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import torch
 
+from infopt.quantize.int4_config import AWQConfig
 from infopt.quantize.int4_format import Int4Weight, fake_quantize, grid
+from infopt.quantize.int4_methods import Int4Method, Quantized, register, weighted_error
 from infopt.quantize.rtn import group_codes, group_grid
 
 
@@ -136,3 +138,14 @@ def awq_quantize(weight: torch.Tensor, stats: ActivationSample, group_size: int,
     codes = group_codes(scaled, scales, zeros, group_size)
     return Int4Weight.from_codes(codes.cpu(), scales.cpu(), zeros.cpu(), group_size, symmetric,
                                  input_scale=None if scale is None else scale.cpu()), alpha
+
+
+def _quantize(weight: torch.Tensor, stats: ActivationSample, config: AWQConfig) -> Quantized:
+    packed, alpha = awq_quantize(weight, stats, config.group_size, config.symmetric,
+                                 grid_points=config.awq_grid, clip=config.awq_clip)
+    x = stats.sample.cpu()
+    return Quantized(packed, weighted_error(weight.cpu(), packed.effective_weight(), x.T @ x), alpha)
+
+
+HANDLER = register(Int4Method(AWQConfig, _quantize,
+                              lambda config, in_features: ActivationSample(in_features, max_rows=config.awq_rows)))

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import torch
 
+from infopt.quantize.int4_config import GPTQConfig
 from infopt.quantize.int4_format import Int4Weight, grid, quantize_codes
+from infopt.quantize.int4_methods import Int4Method, Quantized, register, weighted_error
 
 
 class Hessian:
@@ -40,15 +42,6 @@ class Hessian:
         self.rows += n
         x = x * (2.0 / self.rows) ** 0.5
         self.matrix += x.T @ x
-
-
-def weighted_error(weight: torch.Tensor, quantized: torch.Tensor, hessian: torch.Tensor) -> float:
-    """``tr(E H E^T) / tr(W H W^T)`` with ``E = W - Q``: the layer's relative output error on the
-    calibration data (0 is exact)."""
-    err = weight - quantized
-    num = torch.einsum("nk,kl,nl->", err, hessian, err)
-    den = torch.einsum("nk,kl,nl->", weight, hessian, weight)
-    return float(num / den) if den > 0 else 0.0
 
 
 def _inverse_cholesky(h: torch.Tensor, damp: float) -> torch.Tensor:
@@ -106,3 +99,12 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, 
     inverse = torch.argsort(perm).cpu()
     g_idx = (torch.arange(cols) // group_size)[inverse] if act_order else None
     return Int4Weight.from_codes(codes.cpu()[:, inverse], scales.cpu(), zeros.cpu(), group_size, symmetric, g_idx=g_idx)
+
+
+def _quantize(weight: torch.Tensor, hessian: Hessian, config: GPTQConfig) -> Quantized:
+    packed = gptq_quantize(weight, hessian.matrix, config.group_size, config.symmetric, damp=config.damp,
+                           act_order=config.act_order, block_size=config.block_size)
+    return Quantized(packed, weighted_error(weight.cpu(), packed.effective_weight(), hessian.matrix.cpu()))
+
+
+HANDLER = register(Int4Method(GPTQConfig, _quantize, lambda config, in_features: Hessian(in_features)))

@@ -1,33 +1,37 @@
-"""The INT4 weight-only settings: one typed, serializable config (no torch import).
+"""The INT4 weight-only settings (no torch import): one config class per method, and the flat
+:class:`Int4Config` that recipes and the ``quantize_int4`` pass take.
 
-It is the ``quantize_int4`` pass's options and the argument of
-:func:`infopt.quantize.weight_only.quantize_int4`; a recipe's YAML maps onto it one to one.
+As in torchao, a method is a config class with a handler registered for it
+(``quantize/int4_methods.py``): :class:`RTNConfig`, :class:`GPTQConfig` and :class:`AWQConfig` each
+carry the settings shared by every method (group size, symmetry, device) and their own.
+:class:`Int4Config` holds every method's settings side by side, the way a recipe's YAML writes them,
+and :meth:`Int4Config.method_config` turns it into the chosen method's class, refusing a setting
+that belongs to another method.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-Method = Literal["rtn", "gptq", "awq"]
+from infopt.core.errors import UsageError
+from infopt.core.plugins import Registry
 
 
-class Int4Config(BaseModel):
-    """How to quantize: the method and its settings (the ``quantize_int4`` pass's options)."""
+class Int4MethodConfig(BaseModel):
+    """What every INT4 method is given; a method's config class adds its own settings."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
-    method: Method = Field("gptq", description="rtn (no data), gptq or awq (calibration data)")
+    name: ClassVar[str]
+    """the method's name, as ``--int4-method`` and recipes give it"""
+    needs_data: ClassVar[bool] = True
+    """whether the method calibrates on data (RTN does not)"""
+
     group_size: int = Field(128, ge=2, description="input features per scale/zero group")
     symmetric: bool = Field(False, description="symmetric grid (zero point 8) instead of min/max")
-    act_order: bool = Field(False, description="GPTQ: quantize columns by decreasing Hessian diagonal (needs g_idx)")
-    damp: float = Field(0.01, gt=0, description="GPTQ: damping, as a fraction of the Hessian's mean diagonal")
-    block_size: int = Field(128, ge=1, description="GPTQ: columns per lazy batch update")
-    awq_grid: int = Field(20, ge=1, description="AWQ: points on the alpha grid of the scale search")
-    awq_clip: bool = Field(True, description="AWQ: search a clipping ratio per row and group")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where to calibrate and quantize: auto is cuda when there is a GPU")
-    awq_rows: int = Field(2048, ge=16, description="AWQ: calibration rows kept per layer for the searches")
 
     @field_validator("group_size")
     @classmethod
@@ -35,3 +39,72 @@ class Int4Config(BaseModel):
         if value % 2:
             raise ValueError(f"group size {value} must be even (two 4-bit codes per byte); 32, 64 or 128 usually fit")
         return value
+
+
+METHOD_CONFIGS: Registry[type[Int4MethodConfig]] = Registry("INT4 method", lambda c: c.name)
+"""The config class of each INT4 method, by name."""
+
+
+@METHOD_CONFIGS.register
+class RTNConfig(Int4MethodConfig):
+    """Round to nearest: each weight to its group's min/max grid; no data."""
+
+    name: ClassVar[str] = "rtn"
+    needs_data: ClassVar[bool] = False
+
+
+@METHOD_CONFIGS.register
+class GPTQConfig(Int4MethodConfig):
+    """GPTQ: columns rounded in turn, the rest updated to absorb the error, under the layer's Hessian."""
+
+    name: ClassVar[str] = "gptq"
+
+    act_order: bool = Field(False, description="GPTQ: quantize columns by decreasing Hessian diagonal (needs g_idx)")
+    damp: float = Field(0.01, gt=0, description="GPTQ: damping, as a fraction of the Hessian's mean diagonal")
+    block_size: int = Field(128, ge=1, description="GPTQ: columns per lazy batch update")
+
+
+@METHOD_CONFIGS.register
+class AWQConfig(Int4MethodConfig):
+    """AWQ: per-input scales and clipping searched on the layer's activations before rounding."""
+
+    name: ClassVar[str] = "awq"
+
+    awq_grid: int = Field(20, ge=1, description="AWQ: points on the alpha grid of the scale search")
+    awq_clip: bool = Field(True, description="AWQ: search a clipping ratio per row and group")
+    awq_rows: int = Field(2048, ge=16, description="AWQ: calibration rows kept per layer for the searches")
+
+
+Method = Literal["rtn", "gptq", "awq"]
+"""the names in :data:`METHOD_CONFIGS` (a test keeps them equal)"""
+
+
+class Int4Config(GPTQConfig, AWQConfig):
+    """Every method's settings side by side, and the method: the ``quantize_int4`` pass's options."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+    method: Method = Field("gptq", description="rtn (no data), gptq or awq (calibration data)")
+
+    def method_config(self) -> Int4MethodConfig:
+        """The chosen method's config, with the settings given here. A setting given explicitly that
+        the method does not have is refused: it would otherwise be ignored without a word."""
+        config_class = METHOD_CONFIGS.named(self.method)
+        own = set(config_class.model_fields)
+        stray = sorted(self.model_fields_set - own - {"method"})
+        if stray:
+            owners = {name: [c.name.upper() for c in METHOD_CONFIGS.items.values() if name in c.model_fields]
+                      for name in stray}
+            said = "; ".join(f"{name} is a setting of {'/'.join(owners[name])}" for name in stray)
+            raise UsageError(f"INT4 {self.method.upper()} was chosen, and {said}",
+                             fix=f"leave {', '.join(stray)} out, or choose the method it belongs to (--int4-method)")
+        return config_class(**self.model_dump(include=own))
+
+
+def as_method_config(config: Int4Config | Int4MethodConfig | None) -> Int4MethodConfig:
+    """A method's config from either form (GPTQ with the defaults for None)."""
+    if config is None:
+        return GPTQConfig()
+    if isinstance(config, Int4Config):
+        return config.method_config()
+    return config

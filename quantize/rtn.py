@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import torch
 
+from infopt.quantize.int4_config import RTNConfig
 from infopt.quantize.int4_format import Int4Weight, grid, quantize_codes
+from infopt.quantize.int4_methods import Int4Method, Quantized, register
 
 
 def group_grid(weight: torch.Tensor, group_size: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,3 +33,10 @@ def rtn_quantize(weight: torch.Tensor, group_size: int, symmetric: bool,
     codes = group_codes(weight, scales, zeros, group_size)
     return Int4Weight.from_codes(codes.cpu(), scales.cpu(), zeros.cpu(), group_size, symmetric,
                                  input_scale=None if input_scale is None else input_scale.cpu())
+
+
+def _quantize(weight: torch.Tensor, _statistic: None, config: RTNConfig) -> Quantized:
+    return Quantized(rtn_quantize(weight, config.group_size, config.symmetric), None)
+
+
+HANDLER = register(Int4Method(RTNConfig, _quantize))

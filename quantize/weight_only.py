@@ -1,10 +1,14 @@
 """INT4 weight-only quantization of a model's Linear layers: one config, one verb.
 
-``quantize_int4(model, Int4Config(method="gptq"), batches)`` replaces every quantizable
+``quantize_int4(model, GPTQConfig(), batches)`` replaces every quantizable
 ``nn.Linear`` (found by type and a filter, see :func:`quantizable_linears`) with an
 :class:`Int4Linear` in infopt's packed format. :func:`calibrate_int4` yields the packed weights
 (a serializable result) and :func:`apply_int4` applies them (deterministic); ``quantize_int4``
 does both in one pass over the model, without a second copy of it.
+
+The method is the config's class (``RTNConfig``, ``GPTQConfig``, ``AWQConfig``, or the flat
+``Int4Config`` that names one); its handler (``quantize/int4_methods.py``) says what statistic to
+collect and how to quantize a layer from it. Nothing here names a method.
 
 Calibration streams, layer group by layer group: the Linears of one transformer block (the
 children of the model's largest ``nn.ModuleList`` of Linears), then all the others. For each
@@ -26,9 +30,8 @@ import torch
 from torch import nn
 
 from infopt.core.errors import UsageError
-from infopt.quantize.awq import ActivationSample, awq_quantize
-from infopt.quantize.gptq import Hessian, gptq_quantize, weighted_error
-from infopt.quantize.int4_config import Int4Config
+from infopt.quantize import awq, gptq, rtn  # noqa: F401 - each registers its method's handler
+from infopt.quantize.int4_config import Int4Config, Int4MethodConfig, as_method_config
 from infopt.quantize.int4_format import (
     Int4Linear,
     Int4Weight,
@@ -38,7 +41,7 @@ from infopt.quantize.int4_format import (
     quantizable_linears,
     replace_module,
 )
-from infopt.quantize.rtn import rtn_quantize
+from infopt.quantize.int4_methods import Int4Method, handler_for
 from infopt.quantize.sensitivity import output_drift
 
 
@@ -61,7 +64,7 @@ class LayerResult:
 class Int4Result:
     """What :func:`calibrate_int4` found: the packed weights by layer path, and per-layer figures."""
 
-    config: Int4Config
+    config: Int4MethodConfig
     weights: dict[str, Int4Weight]
     layers: list[LayerResult] = field(default_factory=list)
     rows: int = 0
@@ -98,7 +101,7 @@ def group_size_for(in_features: int, wanted: int) -> int | None:
     return None
 
 
-def plan_layers(model: nn.Module, config: Int4Config, keep: LinearFilter = default_filter) -> LayerPlan:
+def plan_layers(model: nn.Module, config: Int4MethodConfig, keep: LinearFilter = default_filter) -> LayerPlan:
     """The Linears to quantize with their group sizes; a clear error when the model has none at all."""
     plan = LayerPlan({}, {})
     linears = list(quantizable_linears(model, keep))
@@ -140,33 +143,34 @@ def layer_groups(model: nn.Module, names: Sequence[str]) -> list[tuple[nn.Module
     return groups
 
 
-def calibrate_int4(model: nn.Module, config: Int4Config, batches: Iterable[Sequence[torch.Tensor]] | None = None, *,
+def calibrate_int4(model: nn.Module, config: Int4MethodConfig | Int4Config,
+                   batches: Iterable[Sequence[torch.Tensor]] | None = None, *,
                    keep: LinearFilter = default_filter, progress: Callable[[str], None] | None = None,
                    inplace: bool = False) -> Int4Result:
     """Packed INT4 weights for every quantizable Linear of ``model``.
 
-    ``batches`` are tuples of input tensors in the model's argument order; GPTQ and AWQ need
-    them, RTN does not. ``model`` is left unchanged (the work is done on a copy) unless
-    ``inplace``: then it ends with its Linears as :class:`Int4Linear`, on its own device.
+    ``batches`` are tuples of input tensors in the model's argument order; a method that
+    calibrates (GPTQ, AWQ) needs them, RTN does not. ``model`` is left unchanged (the work is
+    done on a copy) unless ``inplace``: then it ends with its Linears as :class:`Int4Linear`, on
+    its own device.
     """
+    config = as_method_config(config)
+    method = handler_for(config)
     plan = plan_layers(model, config, keep)
     names = list(plan.group_sizes)
     result = Int4Result(config, {}, kept=dict(plan.kept))
     if not names:
         return result
-    if config.method == "rtn":
+    if method.statistic is None:
         for name in names:
-            start = time.perf_counter()
             layer = model.get_submodule(name)
-            result.weights[name] = rtn_quantize(layer.weight, plan.group_sizes[name], config.symmetric)
-            result.layers.append(LayerResult(name, tuple(layer.weight.shape), None, time.perf_counter() - start,
-                                             group_size=plan.group_sizes[name]))
+            _record(result, name, layer, None, config.model_copy(update={"group_size": plan.group_sizes[name]}), method)
         if inplace:
             apply_int4(model, result.weights)
         return result
     batches = list(batches or [])
     if not batches:
-        raise UsageError(f"INT4 {config.method.upper()} needs calibration data",
+        raise UsageError(f"INT4 {method.name.upper()} needs calibration data",
                          fix="pass --calib PATH (a text file with --tokenizer, or samples), or --int4-method rtn")
     home, training = next(model.parameters()).device, model.training
     device = config.device if config.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -174,31 +178,35 @@ def calibrate_int4(model: nn.Module, config: Int4Config, batches: Iterable[Seque
     batches = [tuple(t.to(device) for t in batch) for batch in batches]
     groups = layer_groups(work, names)
     for number, (block, members) in enumerate(groups, 1):
-        stats = {n: _statistic(config, work.get_submodule(n).in_features) for n in members}
+        stats = {n: method.statistic(config, work.get_submodule(n).in_features) for n in members}
         if progress:
-            progress(f"group {number}/{len(groups)}: collecting {config.method.upper()} statistics")
+            progress(f"group {number}/{len(groups)}: collecting {method.name.upper()} statistics")
         result.rows = max(result.rows, _collect(work, block, members, stats, batches))
         for name in members:
             if progress:
                 progress(f"layer {len(result.layers) + 1}/{len(names)} {name}")
             layer = work.get_submodule(name)
-            start = time.perf_counter()
-            layer_config = config.model_copy(update={"group_size": plan.group_sizes[name]})
-            weight, error, alpha = _quantize_layer(name, layer, stats[name], layer_config)
-            result.weights[name] = weight
-            result.layers.append(LayerResult(name, tuple(layer.weight.shape), error, time.perf_counter() - start,
-                                             alpha=alpha, act_order=config.method == "gptq" and config.act_order,
-                                             group_size=layer_config.group_size))
+            if stats[name].rows == 0:
+                raise UsageError(f"layer {name} saw no calibration rows", where=f"layer {name}",
+                                 fix="the calibration data must run through the layer; check the inputs reach it")
+            weight = _record(result, name, layer, stats[name],
+                             config.model_copy(update={"group_size": plan.group_sizes[name]}), method)
             replace_module(work, name, Int4Linear(weight, layer.bias).to(device))
     if inplace:
         work.to(home).train(training)
     return result
 
 
-def _statistic(config: Int4Config, in_features: int):
-    if config.method == "gptq":
-        return Hessian(in_features)
-    return ActivationSample(in_features, max_rows=config.awq_rows)
+def _record(result: Int4Result, name: str, layer: nn.Linear, statistic, config: Int4MethodConfig,
+            method: Int4Method) -> Int4Weight:
+    """Quantize one layer with ``method`` and add it to ``result``."""
+    start = time.perf_counter()
+    done = method.quantize(layer.weight.detach().float(), statistic, config)
+    result.weights[name] = done.weight
+    result.layers.append(LayerResult(name, tuple(layer.weight.shape), done.error, time.perf_counter() - start,
+                                     alpha=done.alpha, act_order=getattr(config, "act_order", False),
+                                     group_size=config.group_size))
+    return done.weight
 
 
 def _collect(work: nn.Module, block: nn.Module | None, members: list[str], stats: dict, batches) -> int:
@@ -222,22 +230,6 @@ def _collect(work: nn.Module, block: nn.Module | None, members: list[str], stats
     return stats[members[0]].rows
 
 
-def _quantize_layer(name: str, layer: nn.Linear, stat, config: Int4Config) -> tuple[Int4Weight, float, float | None]:
-    """The packed weight, its relative output error on the calibration rows, and AWQ's alpha."""
-    weight = layer.weight.detach().float()
-    if stat.rows == 0:
-        raise UsageError(f"layer {name} saw no calibration rows", where=f"layer {name}",
-                         fix="the calibration data must run through the layer; check the inputs reach it")
-    if config.method == "gptq":
-        packed = gptq_quantize(weight, stat.matrix, config.group_size, config.symmetric, damp=config.damp,
-                               act_order=config.act_order, block_size=config.block_size)
-        return packed, weighted_error(weight.cpu(), packed.effective_weight(), stat.matrix.cpu()), None
-    packed, alpha = awq_quantize(weight, stat, config.group_size, config.symmetric,
-                                 grid_points=config.awq_grid, clip=config.awq_clip)
-    x = stat.sample.cpu()
-    return packed, weighted_error(weight.cpu(), packed.effective_weight(), x.T @ x), alpha
-
-
 def apply_int4(model: nn.Module, weights: dict[str, Int4Weight]) -> nn.Module:
     """Replace each named Linear of ``model`` (in place) by an :class:`Int4Linear` holding its weight."""
     for name, packed in weights.items():
@@ -246,11 +238,11 @@ def apply_int4(model: nn.Module, weights: dict[str, Int4Weight]) -> nn.Module:
     return model
 
 
-def quantize_int4(model: nn.Module, config: Int4Config | None = None,
+def quantize_int4(model: nn.Module, config: Int4MethodConfig | Int4Config | None = None,
                   batches: Iterable[Sequence[torch.Tensor]] | None = None, *, keep: LinearFilter = default_filter,
                   progress: Callable[[str], None] | None = None) -> Int4Result:
     """Calibrate in place: ``model`` ends with its quantizable Linears as INT4."""
-    return calibrate_int4(model, config or Int4Config(), batches, keep=keep, progress=progress, inplace=True)
+    return calibrate_int4(model, as_method_config(config), batches, keep=keep, progress=progress, inplace=True)
 
 
 def _outputs(model: nn.Module, batches) -> list:

@@ -129,6 +129,19 @@ def test_thread_cap_that_is_not_a_count(files, tmp_path):
 # asserts its exit code, a message naming the problem, no traceback, and nothing written beside the
 # inputs: no dist/ folder, no temporary sibling, no lock file.
 
+def _save_from_main(path: Path) -> None:
+    """A whole module pickled from a class the saving script defined (``__main__.Ghost``), gone once saved."""
+    import sys
+
+    main = sys.modules["__main__"]
+    ghost = type("Ghost", (torch.nn.Linear,), {"__module__": "__main__"})
+    main.Ghost = ghost
+    try:
+        torch.save(ghost(4, 3), path)
+    finally:
+        del main.Ghost
+
+
 def _workspace(folder: Path) -> None:
     """The files the table's commands name: a TorchScript, a state dict, an ONNX model, samples, junk."""
     import onnx
@@ -148,6 +161,7 @@ def _workspace(folder: Path) -> None:
     np.savez(folder / "wrong_shape.npz", x=np.zeros((8, 5), np.float32))
     (folder / "s.txt").write_text("a sentence\n")
     (folder / "empty.pt").write_bytes(b"")
+    _save_from_main(folder / "main.pt")
     (folder / "noise.pt").write_bytes(bytes(range(256)) * 4)
     with zipfile.ZipFile(folder / "notmodel.pt", "w") as archive:
         archive.writestr("readme.txt", "hello")
@@ -195,11 +209,15 @@ TABLE = [
      "pkg.module:Class"),
     ("build: model class not importable", ["build", "sd.pt", "--model-class", "no_such_pkg.m:Net", "--input",
                                            "x:float32[batch,4]"], 2, "cannot import"),
+    ("build: pickled module of a class from the saving script", ["build", "main.pt", "--allow-pickle", "--input",
+                                                                "x:float32[batch,4]"], 2, "__main__.Ghost cannot be imported"),
     ("build: state dict without class", ["build", "sd.pt", "--input", "x:float32[batch,4]"], 2, "--model-class"),
     ("build: state dict for another class", ["build", "sd.pt", "--model-class", "examples.models:DigitsCNN",
                                              "--input", "x:float32[batch,4]"], 2, "does not fit"),
     ("build: unknown calibration method", ["build", *TS, "--int8", "--calib", "v.npz", "--calib-method", "magic"], 2, "--calib-method"),
     ("build: unknown INT4 method", ["build", *TS, "--int4", "--int4-method", "magic"], 2, "--int4-method"),
+    ("build: a GPTQ setting when RTN is chosen", ["build", *TS, "--int4", "--act-order"], 2,
+     "act_order is a setting of GPTQ"),
     ("build: unknown INT4 checkpoint", ["build", *TS, "--int4", "--int4-checkpoint", "magic"], 2, "--int4-checkpoint"),
     ("build: drift budget not METRIC=VALUE", ["build", *TS, "--int8", "--max-drift", "tight"], 2, "drift budget 'tight'"),
     ("build: unknown recipe", ["build", *TS, "--recipe", "no-such-recipe"], 2, "no-such-recipe"),

@@ -26,7 +26,8 @@ from infopt.core.threads import thread_cap
 from infopt.exporters.staging import MAX_NAME_BYTES, claim_output, removed_if_stopped, staged_output
 from infopt.exporters.torch_export import user_frame
 from infopt.passes.fx.quantize_int4 import has_python_module
-from infopt.passes.onnx.quantize_int8 import choose_mode, resolve_placement
+from infopt.passes.lower.tensorrt_build import TensorRTDetails
+from infopt.passes.onnx.quantize_int8 import Int8Details, choose_mode, resolve_placement
 from infopt.quantize.calib_data import load_calibration
 from infopt.quantize.sensitivity import Budget
 from infopt.runtime.backends import manifest_runner
@@ -466,24 +467,27 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
     return candidates
 
 
-def _server_engine(lineage) -> dict | None:
+def _server_engine(lineage) -> TensorRTDetails | None:
     """What ``tensorrt_build`` recorded when it left the engine to the server, or None."""
-    record = next((r for r in lineage if r.name == "tensorrt_build" and r.details.get("engine") == "server"), None)
-    return record.details if record else None
+    for record in lineage:
+        details = TensorRTDetails.of(record.details) if record.name == "tensorrt_build" and not record.skipped else None
+        if details is not None and details.engine == "server":
+            return details
+    return None
 
 
-def _triton_engine(server: dict | None) -> dict | None:
+def _triton_engine(server: TensorRTDetails | None) -> dict | None:
     """The Triton config's request for that engine: precision mode and workspace."""
     if server is None:
         return None
-    return {"precision_mode": server["precision_mode"], "workspace_bytes": int(server["workspace_gb"] * 2**30)}
+    return {"precision_mode": server.precision_mode, "workspace_bytes": int(server.workspace_gb * 2**30)}
 
 
-def _engine_notes(server: dict | None) -> list[str]:
+def _engine_notes(server: TensorRTDetails | None) -> list[str]:
     if server is None:
         return []
-    return [f"the TensorRT engine is built on the server at load time ({server['reason']} here): Triton's ONNX Runtime "
-            f"backend with the TensorRT execution accelerator, precision {server['precision_mode']}; what was validated "
+    return [f"the TensorRT engine is built on the server at load time ({server.reason} here): Triton's ONNX Runtime "
+            f"backend with the TensorRT execution accelerator, precision {server.precision_mode}; what was validated "
             "here is the ONNX model it is built from"]
 
 
@@ -491,20 +495,20 @@ def _int8_notes(lineage) -> list[str]:
     """What the report and CLI say about INT8: dynamic without calibration and why; a missed budget."""
     notes = []
     for record in lineage:
-        if record.name != "quantize_int8" or not record.details:
+        d = Int8Details.of(record.details) if record.name == "quantize_int8" and not record.skipped else None
+        if d is None:
             continue
-        d = record.details
-        if not d.get("layers"):
-            notes.append(f"no layer was quantized ({d.get('mode')} INT8 found no layer it covers): this artifact "
+        if not d.layers:
+            notes.append(f"no layer was quantized ({d.mode} INT8 found no layer it covers): this artifact "
                          "computes in FP32" + ("; pass --calib PATH for static INT8, which covers Conv and Gemm"
-                                               if d.get("mode") == "dynamic" else ""))
+                                               if d.mode == "dynamic" else ""))
             continue
-        if d.get("mode") == "dynamic":
+        if d.mode == "dynamic":
             notes.append("INT8 is dynamic: no calibration data was given, so activations are quantized per batch "
                          "at run time and only MatMul layers are INT8; pass --calib PATH for static INT8")
-        if d.get("budget_met") is False:
-            notes.append(f"the drift budget {d['budget']} was not met on {d['measured_on']} "
-                         f"({len(d['excluded'])}/{len(d['layers'])} layers in FP32)")
+        if d.budget_met is False:
+            notes.append(f"the drift budget {d.budget} was not met on {d.measured_on} "
+                         f"({len(d.excluded)}/{len(d.layers)} layers in FP32)")
     return notes
 
 

@@ -19,13 +19,14 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
+from pydantic import ValidationError
 from rich.markup import escape
 
 from infopt.core.artifact import STAGE, Artifact
 from infopt.core.errors import BuildError, InfoptError, RecipeError, UsageError
 from infopt.core.lineage import PassRecord
 from infopt.core.recipe import Recipe
-from infopt.core.registry import PassContext, get_pass
+from infopt.core.registry import PassContext, PassDetails, get_pass
 from infopt.core.target import Target
 
 log = logging.getLogger("infopt.core.pipeline")
@@ -111,7 +112,7 @@ class Pipeline:
         record.seconds = time.perf_counter() - start
         record.changed = outcome.changed
         record.notes.extend(outcome.notes)
-        record.details = outcome.details
+        record.details = _checked_details(definition, outcome.details)
         result = outcome.artifact
         record.size_bytes = result.size_bytes()
         result.lineage = list(artifact.lineage) + [record]
@@ -174,6 +175,19 @@ def _copy(artifact: Artifact) -> Artifact | None:
     kept = artifact.derive(artifact.kind, path=artifact.path, obj=obj)
     kept.lineage = copy.deepcopy(artifact.lineage)
     return kept
+
+
+def _checked_details(definition, details) -> dict:
+    """The pass's details as JSON, checked against the type it declares (a mismatch is a bug in the pass)."""
+    if isinstance(details, PassDetails):
+        details = details.model_dump(mode="json")
+    if definition.details is None or not details:
+        return details
+    try:
+        return definition.details.model_validate(details).model_dump(mode="json")
+    except ValidationError as exc:
+        raise BuildError(f"pass {definition.name} recorded details that do not fit {definition.details.__name__}: "
+                         f"{_first_line(exc)}", where=f"pass {definition.name}") from exc
 
 
 def _first_line(exc: Exception) -> str:

@@ -53,8 +53,22 @@ class PassOutcome:
     artifact: "Artifact"
     changed: bool
     notes: list[str] = field(default_factory=list)
-    details: dict[str, Any] = field(default_factory=dict)
-    """Structured results for the manifest and report (a pass's tables)."""
+    details: "dict[str, Any] | PassDetails" = field(default_factory=dict)
+    """Structured results for the manifest and report (a pass's tables): the pass's ``details`` type
+    where it declares one."""
+
+
+class PassDetails(BaseModel):
+    """Base of a pass's typed details. The pipeline stores them as JSON in the manifest; code that
+    reads them back (the report, the builder) parses them with the same class, so a field renamed
+    on one side fails in a test rather than reading as missing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @classmethod
+    def of(cls, details: dict[str, Any] | None):
+        """The typed form of a record's details; None when the pass recorded none (skipped, nothing to do)."""
+        return cls.model_validate(details) if details else None
 
 
 @dataclass(frozen=True)
@@ -67,6 +81,8 @@ class Pass:
     description: str = ""
     needs_calibration: bool = False
     mutates_input: bool = False
+    details: type[PassDetails] | None = None
+    """The type of the details the pass records, when code other than the report's generic listing reads them."""
     skippable: bool = True
     """A pass whose input is already behind the model (capture, for an ONNX file) is skipped; one
     that is not skippable (a quantization that defines the precision) stops the build instead."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from infopt.passes.fx.quantize_int4 import Int4Details
+from infopt.passes.onnx.quantize_int8 import Int8Details
 from infopt.report.performance import cost_section, curve_section, roofline_section, tuning_section
 from infopt.report.section import Section
 
@@ -89,25 +91,33 @@ def latency_section(manifest: dict[str, Any]) -> Section:
     return Section("Latency (ms)", ["batch", "runner", "p50", "p90", "p99", "mean", "samples/s", "speedup"], rows, notes)
 
 
+def _details(manifest: dict[str, Any], kind, *names: str, with_layers: bool = False):
+    """The typed details of the first pass among ``names`` that recorded any (and layers, if asked), or None."""
+    for record in manifest["passes"]:
+        details = kind.of(record.get("details")) if record["name"] in names and not record.get("skipped") else None
+        if details is not None and (details.layers or not with_layers):
+            return details
+    return None
+
+
 def int8_section(manifest: dict[str, Any]) -> Section | None:
     """The per-layer INT8 table: each layer's drift when it alone is INT8, and what stayed FP32."""
-    record = next((p for p in manifest["passes"] if p["name"] == "quantize_int8" and p.get("details", {}).get("layers")), None)
-    if record is None:
+    d = _details(manifest, Int8Details, "quantize_int8", with_layers=True)
+    if d is None:
         return None
-    d = record["details"]
-    metric = d["budget_metric"]
+    metric = d.budget_metric
     rows = [[str(i + 1), r["layer"], r["op"], r["module"] or "-", _num(r[metric], ".6g"), _num(r["sqnr_db"], ".1f"),
-             r["precision"]] for i, r in enumerate(d["layers"])]
-    quantized = sum(r["precision"] == "int8" for r in d["layers"])
-    order = (f"rows are ranked by the drift each layer adds when it alone is INT8 (on {d['measured_on']})"
-             if d.get("ranked", True) else "rows in graph order; each layer's drift alone was not measured, "
+             r["precision"]] for i, r in enumerate(d.layers)]
+    quantized = sum(r["precision"] == "int8" for r in d.layers)
+    order = (f"rows are ranked by the drift each layer adds when it alone is INT8 (on {d.measured_on})"
+             if d.ranked else "rows in graph order; each layer's drift alone was not measured, "
              "since the model with every layer in INT8 met the budget")
-    notes = [f"{d['mode']} INT8, {d['placement']} placement: {quantized}/{len(d['layers'])} layers INT8; {order}",
-             f"budget {d['budget']}: {'met' if d['budget_met'] else 'NOT met'}, measured {_num(d['measured'].get(metric), '.6g')}"
+    notes = [f"{d.mode} INT8, {d.placement} placement: {quantized}/{len(d.layers)} layers INT8; {order}",
+             f"budget {d.budget}: {'met' if d.budget_met else 'NOT met'}, measured {_num(d.measured.get(metric), '.6g')}"
              f" with the layers above in their final precision"]
-    if d["excluded"]:
-        notes.append("kept in FP32 by the fallback, in order: " + ", ".join(d["excluded"]))
-    calib = d.get("calibration") or {}
+    if d.excluded:
+        notes.append("kept in FP32 by the fallback, in order: " + ", ".join(d.excluded))
+    calib = d.calibration
     if calib:
         notes.append(f"calibration: {calib['method']} on {calib['samples']} samples from {calib['source']}"
                      + (" (read from the calibration cache)" if calib["cached"] else ""))
@@ -116,16 +126,14 @@ def int8_section(manifest: dict[str, Any]) -> Section | None:
 
 def int4_section(manifest: dict[str, Any]) -> Section | None:
     """The per-layer INT4 table: each Linear's group size and error, and why any stayed in float."""
-    record = next((p for p in manifest["passes"] if p["name"] in ("quantize_int4", "quantize_int4_graph")
-                   and "layers" in (p.get("details") or {})), None)
-    if record is None:
+    d = _details(manifest, Int4Details, "quantize_int4", "quantize_int4_graph")
+    if d is None:
         return None
-    d = record["details"]
-    rows = [[r["name"], "x".join(map(str, r["shape"])), "int4", str(r.get("group_size") or d["group_size"]),
-             _num(r["error"], ".3g"), ""] for r in d["layers"]]
-    rows += [[name, "-", "float", "-", "-", why] for name, why in (d.get("kept") or {}).items()]
-    notes = [f"{d['method'].upper()}, group size {d['group_size']} asked, "
-             f"{'symmetric' if d['symmetric'] else 'asymmetric'}; {len(d['layers'])}/{len(rows)} Linear layers INT4"]
+    rows = [[r["name"], "x".join(map(str, r["shape"])), "int4", str(r.get("group_size") or d.group_size),
+             _num(r["error"], ".3g"), ""] for r in d.layers]
+    rows += [[name, "-", "float", "-", "-", why] for name, why in d.kept.items()]
+    notes = [f"{d.method.upper()}, group size {d.group_size} asked, "
+             f"{'symmetric' if d.symmetric else 'asymmetric'}; {len(d.layers)}/{len(rows)} Linear layers INT4"]
     return Section("INT4 layers", ["layer", "out x in", "precision", "group size", "relative error", "why float"], rows, notes)
 
 

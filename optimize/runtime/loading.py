@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import sys
 import zipfile
 from dataclasses import dataclass
@@ -96,6 +97,21 @@ def _corrupt(path: Path, why: Any) -> ModelLoadError:
                           fix="re-save or re-download the file; compare its size and checksum with the original")
 
 
+def _class_not_importable(path: Path, exc: Exception) -> ModelLoadError:
+    """The pickle names a class this process cannot import: most often one defined in the script that saved it."""
+    found = re.search(r"attribute '([^']+)' on <module '([^']+)'", str(exc))
+    named = f"{found.group(2)}.{found.group(1)}" if found else None
+    if isinstance(exc, ModuleNotFoundError):
+        named = f"module {exc.name}"
+    main = found is not None and found.group(2) == "__main__"
+    return ModelLoadError(
+        f"{path} pickles the model's class by name, and {named or 'its class'} cannot be imported here"
+        + (" (it was defined in the script that saved the model)" if main else ""),
+        fix="save the weights (torch.save(model.state_dict(), 'model.pt')) and pass --model-class pkg.module:Class, "
+            "or save TorchScript (torch.jit.save) or torch.export (.pt2), which need no class",
+    )
+
+
 def load_model(path: str | Path, *, model_class: str | None = None, model_args: str | dict | None = None,
                allow_pickle: bool = False) -> LoadedModel:
     path = Path(path)
@@ -148,6 +164,8 @@ def _load_torch_save(path, fmt, model_class, model_args, allow_pickle) -> Loaded
     if allow_pickle:
         try:
             obj = torch_file(path, allow_pickle=True)
+        except (AttributeError, ModuleNotFoundError) as exc:
+            raise _class_not_importable(path, exc) from exc
         except Exception as exc:  # noqa: BLE001
             raise _corrupt(path, f"torch.load: {exc}") from exc
         if isinstance(obj, torch.nn.Module):

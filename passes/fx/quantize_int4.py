@@ -27,9 +27,10 @@ from typing import Any, Literal
 from pydantic import Field
 
 from infopt.core.artifact import Artifact
-from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.core.errors import UsageError
+from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.exporters.int4_checkpoint import CHECKPOINT_PRODUCT, CheckpointSource, checkpoint_format
-from infopt.quantize.int4_config import Int4Config
+from infopt.quantize.int4_config import Int4Config, Int4MethodConfig
 from infopt.quantize.sensitivity import Budget
 from infopt.quantize.weight_only import fall_back_to_budget, quantize_int4
 
@@ -45,6 +46,27 @@ class QuantizeInt4Options(PassOptions, Int4Config):
     checkpoint: Literal["auto", "gptq", "awq", "none"] = Field(
         "auto", description="4-bit checkpoint for the serving engines when the model has a Hugging Face config; "
                             "auto: GPTQ layout, none after AWQ (its input scales have no place in either layout)")
+
+
+class Int4Details(PassDetails):
+    """What ``quantize_int4`` (and ``quantize_int4_graph``) record: the method, one row per INT4 layer,
+    the layers left in float and why, the fallback and the checkpoint."""
+
+    method: str
+    group_size: int
+    """as asked; a layer it does not divide has its own in its row"""
+    symmetric: bool
+    act_order: bool = False
+    calibration_rows: int = 0
+    layers: list[dict[str, Any]] = Field(default_factory=list)
+    """name, shape, error (relative output error on calibration data, None without), seconds, alpha,
+    act_order, group_size"""
+    kept: dict[str, str] = Field(default_factory=dict)
+    fallback: dict[str, Any] | None = None
+    checkpoint: dict[str, Any] | None = None
+    """format, folder, module: the 4-bit checkpoint the vLLM emitter writes"""
+    route: str | None = None
+    """"onnx graph" when the graph pass quantized a model with no Python module"""
 
 
 def argument_tuples(batches, spec) -> list[tuple]:
@@ -110,16 +132,15 @@ def hf_model(module):
 def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) -> PassOutcome:
 
     module = artifact.obj
-    if not has_python_module(artifact):
-        note = (f"skipped: a TorchScript model has no Python module to quantize layer by layer; "
-                f"{GRAPH_PASS} quantizes its ONNX graph (RTN) instead")
-        return PassOutcome(artifact, False, [note], {"options": options.model_dump()})
     method = options.method
     if method == "auto":
         method = "gptq" if context.calibration is not None else "rtn"
-    settings = options.model_dump(exclude={"method", "checkpoint", "fallback_budget"})
-    config = Int4Config(method=method, **settings)
-    batches = calibration_batches(context.calibration, artifact.spec) if method != "rtn" and context.calibration else None
+    config = _method_config(options, method)
+    if not has_python_module(artifact):
+        note = (f"skipped: a TorchScript model has no Python module to quantize layer by layer; "
+                f"{GRAPH_PASS} quantizes its ONNX graph (RTN) instead")
+        return PassOutcome(artifact, False, [note])
+    batches = calibration_batches(context.calibration, artifact.spec) if config.needs_data and context.calibration else None
     model = copy.deepcopy(module).eval()
     result = quantize_int4(model, config, batches, progress=context.say)
     fallback = _fall_back(module, model, result, options, context, artifact.spec)
@@ -128,7 +149,7 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
     sizes = sorted({row["group_size"] for row in layers}, reverse=True)
     grid = f"group size {'/'.join(map(str, sizes)) or config.group_size}, {'symmetric' if config.symmetric else 'asymmetric'}"
     notes = [f"{len(layers)} Linear layers to INT4 with {method.upper()} ({grid}"
-             + (", act-order" if config.act_order and method == "gptq" else "") + ")"]
+             + (", act-order" if getattr(config, "act_order", False) else "") + ")"]
     restored = set(fallback["restored"]) if fallback else set()
     notes += [f"kept {name} in float: {why}" for name, why in result.kept.items() if name not in restored]
     smaller = [row["name"] for row in layers if row["group_size"] != config.group_size]
@@ -147,20 +168,31 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
     if errors:
         notes.append(f"relative output error per layer on calibration data: mean {sum(errors) / len(errors):.2e}, "
                      f"worst {max(errors):.2e}")
-    details: dict[str, Any] = {"method": method, "group_size": config.group_size, "symmetric": config.symmetric,
-                               "act_order": config.act_order and method == "gptq",
-                               "calibration_rows": result.rows, "layers": layers, "kept": result.kept,
-                               "fallback": fallback}
+    details = Int4Details(method=method, group_size=config.group_size, symmetric=config.symmetric,
+                          act_order=getattr(config, "act_order", False), calibration_rows=result.rows, layers=layers,
+                          kept=result.kept, fallback=fallback)
     result_artifact = artifact.derive("torch", obj=model)
     layout = options.checkpoint
     if layout == "auto":
-        layout = "none" if method == "awq" and any(w.input_scale is not None for w in result.weights.values()) else "gptq"
+        layout = "none" if any(w.input_scale is not None for w in result.weights.values()) else "gptq"
         if layout == "none":
             notes.append("no 4-bit checkpoint: AWQ's per-input scales are kept in the model (a Mul before each "
                          "layer), and the GPTQ and AWQ checkpoint layouts have no place for them")
     if layout != "none" and layers:
         notes.append(_plan_checkpoint(model, layout, result_artifact, details))
     return PassOutcome(result_artifact, True, notes, details)
+
+
+def _method_config(options: QuantizeInt4Options, method: str) -> Int4MethodConfig:
+    """The chosen method's config from the options given (a setting of another method is refused)."""
+    given = options.model_dump(exclude={"method", "checkpoint", "fallback_budget"}, exclude_unset=True)
+    try:
+        return Int4Config(method=method, **given).method_config()
+    except UsageError as exc:
+        if options.method == "auto":
+            exc.fix = f"{exc.fix}; auto chose {method.upper()} because " + (
+                "there is no calibration data (pass --calib for GPTQ)" if method == "rtn" else "there is calibration data")
+        raise
 
 
 def _fall_back(original, quantized, result, options: QuantizeInt4Options, context: PassContext, spec):
@@ -176,16 +208,15 @@ def _fall_back(original, quantized, result, options: QuantizeInt4Options, contex
     return fall_back_to_budget(original.eval(), quantized, result, batches, budget, progress=context.say)
 
 
-def _plan_checkpoint(model, layout: str, artifact: Artifact, details: dict) -> str:
+def _plan_checkpoint(model, layout: str, artifact: Artifact, details: Int4Details) -> str:
     found = hf_model(model)
     if found is None:
-        details["checkpoint"] = None
         return "no Hugging Face config in the model, so no 4-bit checkpoint for vLLM"
     prefix, inner = found
     fmt = checkpoint_format(inner, layout)
     source = getattr(model, "source_dir", None)
     artifact.products[CHECKPOINT_PRODUCT] = CheckpointSource(inner, fmt, Path(source) if source else None)
-    details["checkpoint"] = {"format": fmt, "folder": CHECKPOINT_DIR, "module": prefix or "(the model)"}
+    details.checkpoint = {"format": fmt, "folder": CHECKPOINT_DIR, "module": prefix or "(the model)"}
     return f"{fmt.upper()} checkpoint of {prefix or 'the model'} for {CHECKPOINT_DIR}/ (vLLM, transformers)"
 
 
@@ -195,6 +226,7 @@ PASS = Pass(
     produces="torch",
     run=run,
     options=QuantizeInt4Options,
+    details=Int4Details,
     description="INT4 weight-only Linear layers (RTN, GPTQ, AWQ) in infopt's packed format; GPTQ/AWQ checkpoint",
     needs_calibration=False,
 )

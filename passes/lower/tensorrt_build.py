@@ -28,7 +28,7 @@ from pydantic import Field
 from infopt.core.artifact import Artifact
 from infopt.core.cache import cache_dir
 from infopt.core.errors import BuildError, EnvironmentProblem
-from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.runtime.backends.tensorrt import INSTALL_FIX, make_logger, tensorrt_unavailable
 
 SERVER_PRECISION_MODES = {"fp32": "FP32", "fp16": "FP16", "int8": "INT8"}
@@ -147,14 +147,30 @@ def build_engine(artifact: Artifact, options: TensorRTOptions, context: PassCont
     plan_path = context.workdir / "model.plan"
     plan_path.write_bytes(bytes(memoryview(plan)))
     context.say(f"TensorRT: engine saved, {plan_path.stat().st_size / 1e6:.1f} MB")
-    details: dict[str, Any] = {
-        "engine": "built", "precision": options.precision, "tensorrt_version": trt.__version__, "profile": shapes,
-        "timing_cache": str(cache_file) if cache_file else None, "timing_cache_reused": reused,
-        "workspace_gb": options.workspace_gb, "optimization_level": options.optimization_level,
-    }
+    details = TensorRTDetails(engine="built", precision=options.precision, tensorrt_version=trt.__version__,
+                              profile=shapes, timing_cache=str(cache_file) if cache_file else None,
+                              timing_cache_reused=reused, workspace_gb=options.workspace_gb,
+                              optimization_level=options.optimization_level)
     notes = [f"TensorRT {trt.__version__} {options.precision} engine, one profile: "
              + "; ".join(f"{n} {s['min']}..{s['max']}" for n, s in shapes.items())]
     return PassOutcome(engine_artifact(artifact, plan_path), True, notes, details)
+
+
+class TensorRTDetails(PassDetails):
+    """What ``tensorrt_build`` records: the engine built here, or left to the server and why."""
+
+    engine: Literal["built", "server"]
+    precision: str
+    workspace_gb: float
+    precision_mode: str | None = None
+    """server: the Triton TensorRT accelerator's precision_mode (FP32, FP16, INT8)"""
+    reason: str | None = None
+    """server: why no engine was built here"""
+    tensorrt_version: str | None = None
+    profile: dict[str, Any] = Field(default_factory=dict)
+    timing_cache: str | None = None
+    timing_cache_reused: bool | None = None
+    optimization_level: int | None = None
 
 
 def run(artifact: Artifact, options: TensorRTOptions, context: PassContext) -> PassOutcome:
@@ -166,8 +182,8 @@ def run(artifact: Artifact, options: TensorRTOptions, context: PassContext) -> P
     mode = server_precision_mode(options.precision)
     note = (f"TensorRT engine not built here ({reason}): the server builds it at load time "
             f"(Triton's ONNX Runtime backend, TensorRT execution accelerator, precision {mode})")
-    details = {"engine": "server", "precision": options.precision, "precision_mode": mode, "reason": reason,
-               "workspace_gb": options.workspace_gb}
+    details = TensorRTDetails(engine="server", precision=options.precision, precision_mode=mode, reason=reason,
+                              workspace_gb=options.workspace_gb)
     return PassOutcome(artifact, False, [note], details)
 
 
@@ -177,5 +193,6 @@ PASS = Pass(
     produces="tensorrt",
     run=run,
     options=TensorRTOptions,
+    details=TensorRTDetails,
     description="build a TensorRT engine (model.plan) from the ONNX model, or leave it to the server's TensorRT accelerator",
 )

@@ -19,6 +19,7 @@ from pydantic import Field
 from infopt.core.artifact import Artifact
 from infopt.core.errors import UsageError
 from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.passes.fx.quantize_int4 import Int4Details
 from infopt.passes.lower.onnx_int4 import replace_with_nbits
 from infopt.quantize.rtn import rtn_quantize
 from infopt.quantize.weight_only import FALLBACK_GROUP_SIZES, group_size_for
@@ -97,8 +98,8 @@ def run(artifact: Artifact, options: GraphInt4Options, context: PassContext) -> 
         raise UsageError("the model has no MatMul or Gemm with a stored weight to quantize to INT4",
                          fix="INT4 weight-only quantization applies to Linear layers (transformers); use --int8 "
                              "for convolutional models")
-    details = {"method": "rtn", "group_size": wanted, "symmetric": symmetric, "act_order": False,
-               "calibration_rows": 0, "layers": layers, "kept": kept, "route": "onnx graph"}
+    details = Int4Details(method="rtn", group_size=wanted, symmetric=symmetric, layers=layers, kept=kept,
+                          route="onnx graph")
     notes = [f"{len(layers)} MatMul/Gemm weights to INT4 with RTN on the ONNX graph (the source has no Python "
              "module to calibrate layer by layer)"]
     notes += [f"kept {name} in float: {why}" for name, why in kept.items()]
@@ -123,5 +124,6 @@ PASS = Pass(
     produces="onnx",
     run=run,
     options=GraphInt4Options,
+    details=Int4Details,
     description="INT4 RTN of an ONNX graph's MatMul/Gemm weights to MatMulNBits, for sources without a Python module",
 )

@@ -10,13 +10,13 @@ not only on the probe; the per-layer table goes into the manifest and the report
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
 from infopt.core.artifact import Artifact
 from infopt.core.errors import UsageError
-from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.quantize import onnx_int8, sensitivity
 from infopt.quantize.calibrate import calibrate
 from infopt.quantize.observers import Observer
@@ -77,7 +77,7 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
         kinds = "Conv/MatMul/Gemm" if mode == "static" else "MatMul"
         return PassOutcome(artifact, False,
                            [f"{mode} INT8: the model has no {kinds} layers with constant weights; the model is left as it is"],
-                           {"mode": mode, "layers": []})
+                           Int8Details(mode=mode))
     attachments, ranges, calib_info = {}, None, {}
     if mode == "static":
         batches = list(context.calibration.batches)
@@ -122,18 +122,40 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
         verdict = " - NOT met even with every layer in FP32"
     else:
         verdict = " - NOT met"
-    details = {"mode": mode, "placement": placement, "budget": str(budget), "budget_metric": budget.metric,
-               "budget_threshold": budget.threshold, "budget_met": met, "measured": drift,
-               "measured_on": "calibration data" if mode == "static" else "validation data",
-               "calibration": calib_info, "excluded": excluded, "fallback_steps": steps,
-               "ranked": ranked is not None, "layers": _layer_rows(ranked, layers, excluded, budget),
-               "quantized_ops": onnx_int8.quantized_nodes(dst)}
+    details = Int8Details(mode=mode, placement=placement, budget=str(budget), budget_metric=budget.metric,
+                          budget_threshold=budget.threshold, budget_met=met, measured=drift,
+                          measured_on="calibration data" if mode == "static" else "validation data",
+                          calibration=calib_info, excluded=excluded, fallback_steps=steps, ranked=ranked is not None,
+                          layers=_layer_rows(ranked, layers, excluded, budget),
+                          quantized_ops=onnx_int8.quantized_nodes(dst))
     notes = [f"{mode} INT8 ({_why(mode, context)}): {len(quantized)}/{len(layers)} layers in INT8"
              + (f", {len(excluded)} kept in FP32 by the fallback" if excluded else ""),
-             f"budget {budget}: measured {drift.get(budget.metric):.6g} on {details['measured_on']}{verdict}"]
+             f"budget {budget}: measured {drift.get(budget.metric):.6g} on {details.measured_on}{verdict}"]
     result = artifact.derive("onnx", path=dst)
     result.attachments.update(attachments)
     return PassOutcome(result, True, notes, details)
+
+
+class Int8Details(PassDetails):
+    """What ``quantize_int8`` records: the mode, the budget and what it measured, and one row per layer."""
+
+    mode: Literal["static", "dynamic"]
+    layers: list[dict[str, Any]] = Field(default_factory=list)
+    """layer, op, module, the budget metric's drift with the layer alone in INT8, sqnr_db, precision;
+    empty when the model has no layer the mode covers"""
+    placement: str | None = None
+    budget: str | None = None
+    budget_metric: str | None = None
+    budget_threshold: float | None = None
+    budget_met: bool | None = None
+    measured: dict[str, Any] = Field(default_factory=dict)
+    measured_on: str | None = None
+    calibration: dict[str, Any] = Field(default_factory=dict)
+    excluded: list[str] = Field(default_factory=list)
+    """layers kept in FP32 by the fallback, in the order it restored them"""
+    fallback_steps: list[dict[str, Any]] = Field(default_factory=list)
+    ranked: bool = False
+    quantized_ops: dict[str, int] = Field(default_factory=dict)
 
 
 def _why(mode: str, context: PassContext) -> str:
@@ -209,5 +231,6 @@ PASS = Pass(
     produces="onnx",
     run=run,
     options=QuantizeInt8Options,
+    details=Int8Details,
     description="INT8 weights and activations: static QDQ from calibration, or dynamic; sensitivity-guided FP32 fallback",
 )

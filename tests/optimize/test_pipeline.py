@@ -80,3 +80,32 @@ def test_candidates_share_the_passes_their_recipes_begin_with(digits, tmp_path):
     inputs = torch.from_numpy(digits[1]["val"][0][:4])
     with torch.inference_mode():
         assert torch.allclose(program.obj.module()(inputs), digits[0](inputs), atol=1e-5)
+
+
+def test_details_are_checked_against_the_type_the_pass_declares(tmp_path, monkeypatch):
+    """A pass's typed details reach the lineage as JSON; details that do not fit the type are a build error."""
+    from pydantic import Field
+
+    from infopt.core.recipe import Recipe
+    from infopt.core.registry import PASSES, Pass, PassDetails, PassOutcome
+
+    class CountDetails(PassDetails):
+        count: int
+        names: list[str] = Field(default_factory=list)
+
+    recorded = {"value": CountDetails(count=2, names=["a", "b"])}
+
+    def run(artifact, options, context):
+        return PassOutcome(artifact, True, [], recorded["value"])
+
+    monkeypatch.setitem(PASSES.items, "count_things", Pass("count_things", "onnx", "onnx", run, details=CountDetails))
+    recipe = Recipe(name="count", precision="fp32", backend="onnxruntime", passes=[{"name": "count_things"}])
+    spec = InputSpec.parse(["x:float32[batch,4]"])
+    model = tmp_path / "m.onnx"
+    model.write_bytes(b"")
+    final = Pipeline(recipe, get_target("cpu"), tmp_path).run(Artifact("onnx", spec, path=model))
+    assert final.lineage[-1].details == {"count": 2, "names": ["a", "b"]}
+    assert CountDetails.of(final.lineage[-1].details).names == ["a", "b"]
+    recorded["value"] = {"count": "many"}
+    with pytest.raises(BuildError, match="count_things recorded details that do not fit CountDetails"):
+        Pipeline(recipe, get_target("cpu"), tmp_path).run(Artifact("onnx", spec, path=model))

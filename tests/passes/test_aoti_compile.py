@@ -67,6 +67,19 @@ def test_outputs_keep_the_specs_dim_names(compiled):
     assert exported_outputs(outcome.artifact.obj, SPEC, ("logits",)) == [("logits", "float32", ("batch", 10))]
 
 
+def test_outputs_of_a_copied_program_whose_input_torch_renamed():
+    """An input named ``input`` (nn.Sequential's) is ``input_1`` in a copy of the program (candidates
+    that share passes start from copies), while the signature still says ``input``."""
+    import copy
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 4)).eval()
+    spec = InputSpec.parse(["input:float32[batch,16]"], ["batch=1:4:8"])
+    program = copy.deepcopy(torch.export.export(model, (torch.randn(2, 16),),
+                                                dynamic_shapes=({0: torch.export.Dim("batch", min=1, max=8)},)))
+    assert [n.name for n in program.graph.nodes if n.op == "placeholder"][-1] != "input"
+    assert exported_outputs(program, spec, ("y",)) == [("y", "float32", ("batch", 4))]
+
+
 def test_cast_module_computes_in_bf16_with_float32_io(digits):
     model, data = digits
     wrapped = cast_module(model, torch.bfloat16)

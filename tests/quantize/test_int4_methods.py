@@ -10,9 +10,10 @@ from torch import nn
 
 from infopt.core.errors import UsageError
 from infopt.quantize.awq import ActivationSample, awq_quantize
-from infopt.quantize.gptq import Hessian, gptq_quantize, weighted_error
+from infopt.quantize.gptq import Hessian, gptq_quantize
 from infopt.quantize.int4_config import Int4Config
 from infopt.quantize.int4_format import Int4Linear, decompose_int4, pack_int4, unpack_int4
+from infopt.quantize.int4_methods import weighted_error
 from infopt.quantize.rtn import rtn_quantize
 from infopt.quantize.weight_only import calibrate_int4, layer_groups, quantize_int4
 from infopt.validators.metrics import cosine
@@ -176,3 +177,61 @@ def test_group_size_falls_back_per_layer_and_keeps_what_nothing_divides():
 def test_gptq_without_calibration_data_says_so():
     with pytest.raises(UsageError, match="needs calibration data"):
         quantize_int4(Stack(), Int4Config(method="gptq", group_size=32), [])
+
+
+def test_every_method_name_has_one_config_class_and_one_handler():
+    from typing import get_args
+
+    from infopt.quantize.int4_config import METHOD_CONFIGS, Method
+    from infopt.quantize.int4_methods import HANDLERS
+
+    assert set(get_args(Method)) == set(METHOD_CONFIGS.items) == set(HANDLERS.items) == {"rtn", "gptq", "awq"}
+    for name, handler in HANDLERS.items.items():
+        assert handler.config is METHOD_CONFIGS.items[name]
+        assert (handler.statistic is None) == (not handler.config.needs_data)
+
+
+def test_the_flat_config_names_its_method_and_refuses_another_methods_setting():
+    from infopt.quantize.int4_config import AWQConfig, GPTQConfig, RTNConfig
+
+    assert Int4Config(method="gptq", act_order=True, group_size=64).method_config() == GPTQConfig(act_order=True, group_size=64)
+    assert Int4Config(method="awq", awq_grid=5).method_config() == AWQConfig(awq_grid=5)
+    assert Int4Config(method="rtn", symmetric=True).method_config() == RTNConfig(symmetric=True)
+    with pytest.raises(UsageError, match="awq_grid is a setting of AWQ"):
+        Int4Config(method="gptq", awq_grid=5).method_config()
+
+
+def test_a_method_registered_from_one_module_is_used_by_the_driver(monkeypatch):
+    """A new method is a config class and a handler: the driver collects its statistic and calls it."""
+    from typing import ClassVar
+
+    from infopt.quantize.int4_config import METHOD_CONFIGS, Int4MethodConfig
+    from infopt.quantize.int4_methods import HANDLERS, Int4Method, Quantized
+
+    class MaxAbsConfig(Int4MethodConfig):
+        name: ClassVar[str] = "maxabs"
+
+    class MaxAbs:
+        """Tracks the largest |x| per input feature; the weight is rounded symmetrically."""
+
+        def __init__(self, features):
+            self.peak, self.rows = torch.zeros(features), 0
+
+        def add(self, x):
+            self.peak = torch.maximum(self.peak, x.detach().abs().reshape(-1, x.shape[-1]).amax(0).cpu())
+            self.rows += x.reshape(-1, x.shape[-1]).shape[0]
+
+    seen = {}
+
+    def quantize(weight, statistic, config):
+        seen[weight.shape] = statistic.rows
+        return Quantized(rtn_quantize(weight, config.group_size, True), 0.0)
+
+    monkeypatch.setitem(METHOD_CONFIGS.items, "maxabs", MaxAbsConfig)
+    monkeypatch.setitem(HANDLERS.items, "maxabs", Int4Method(MaxAbsConfig, quantize, lambda c, k: MaxAbs(k)))
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16)).eval()
+    batches = [(torch.randn(8, 32),) for _ in range(3)]
+    result = calibrate_int4(model, MaxAbsConfig(group_size=32), batches)
+    assert seen == {(64, 32): 24, (16, 64): 24}
+    assert sorted(result.weights) == ["0", "2"] and all(w.symmetric for w in result.weights.values())
+    assert isinstance(model[0], nn.Linear), "not in place: the caller's model is unchanged"

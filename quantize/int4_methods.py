@@ -1,0 +1,69 @@
+"""INT4 method handlers, registered by config class as torchao registers its quantization handlers.
+
+A handler says how its method quantizes one Linear: the statistic it collects from calibration
+activations (none for a method without data) and the function that turns the layer's weight and
+that statistic into packed INT4 under the method's config. ``quantize/weight_only.py`` streams
+the calibration and calls the handler of the config it is given; it never names a method.
+
+A new method: its config class in ``int4_config.py`` (registered in ``METHOD_CONFIGS``, named in
+``Method``), and a module that registers its handler here, imported by ``weight_only.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Protocol
+
+import torch
+
+from infopt.core.plugins import Registry
+from infopt.quantize.int4_config import Int4MethodConfig
+from infopt.quantize.int4_format import Int4Weight
+
+
+class Statistic(Protocol):
+    rows: int
+    """calibration rows folded in so far"""
+
+    def add(self, inputs: torch.Tensor) -> None: ...
+
+
+class Quantized(NamedTuple):
+    weight: Int4Weight
+    error: float | None
+    """the layer's relative output error on the calibration data (:func:`weighted_error`); None without data"""
+    alpha: float | None = None
+    """AWQ's scale exponent, for the report"""
+
+
+@dataclass(frozen=True)
+class Int4Method:
+    config: type[Int4MethodConfig]
+    quantize: Callable[[torch.Tensor, Any, Any], Quantized]
+    """``(weight [N, K] float32, statistic or None, config) -> Quantized``"""
+    statistic: Callable[[Any, int], Statistic] | None = None
+    """``(config, in_features) -> Statistic`` the calibration activations are folded into; None: no data"""
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+
+HANDLERS: Registry[Int4Method] = Registry("INT4 method handler", lambda m: m.name)
+register = HANDLERS.register
+
+
+def handler_for(config: Int4MethodConfig) -> Int4Method:
+    handler = HANDLERS.named(config.name)
+    if not isinstance(config, handler.config):
+        raise TypeError(f"the {config.name} handler takes {handler.config.__name__}, not {type(config).__name__}")
+    return handler
+
+
+def weighted_error(weight: torch.Tensor, quantized: torch.Tensor, hessian: torch.Tensor) -> float:
+    """``tr(E H E^T) / tr(W H W^T)`` with ``E = W - Q``: the layer's relative output error on the
+    calibration data (0 is exact)."""
+    err = weight - quantized
+    num = torch.einsum("nk,kl,nl->", err, hessian, err)
+    den = torch.einsum("nk,kl,nl->", weight, hessian, weight)
+    return float(num / den) if den > 0 else 0.0
