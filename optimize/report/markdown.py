@@ -126,7 +126,8 @@ def int8_section(manifest: dict[str, Any]) -> Section | None:
 
 def int4_section(manifest: dict[str, Any]) -> Section | None:
     """The per-layer INT4 table: each Linear's group size and error, and why any stayed in float."""
-    d = _details(manifest, Int4Details, "quantize_int4", "quantize_int4_graph")
+    d = (_details(manifest, Int4Details, "quantize_int4", "quantize_int4_graph", with_layers=True)
+         or _details(manifest, Int4Details, "quantize_int4", "quantize_int4_graph"))
     if d is None:
         return None
     rows = [[r["name"], "x".join(map(str, r["shape"])), "int4", str(r.get("group_size") or d.group_size),

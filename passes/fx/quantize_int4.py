@@ -48,6 +48,11 @@ class QuantizeInt4Options(PassOptions, Int4Config):
                             "auto: GPTQ layout, none after AWQ (its input scales have no place in either layout)")
 
 
+SKIPPED_ROUTE = "none: no Python module"
+"""``Int4Details.route`` when the module pass stepped aside; its method and grid are what was asked,
+which the ONNX graph pass follows."""
+
+
 class Int4Details(PassDetails):
     """What ``quantize_int4`` (and ``quantize_int4_graph``) record: the method, one row per INT4 layer,
     the layers left in float and why, the fallback and the checkpoint."""
@@ -66,7 +71,8 @@ class Int4Details(PassDetails):
     checkpoint: dict[str, Any] | None = None
     """format, folder, module: the 4-bit checkpoint the vLLM emitter writes"""
     route: str | None = None
-    """"onnx graph" when the graph pass quantized a model with no Python module"""
+    """"onnx graph" when the graph pass quantized a model with no Python module; :data:`SKIPPED_ROUTE`
+    when this pass stepped aside for it"""
 
 
 def argument_tuples(batches, spec) -> list[tuple]:
@@ -139,7 +145,9 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
     if not has_python_module(artifact):
         note = (f"skipped: a TorchScript model has no Python module to quantize layer by layer; "
                 f"{GRAPH_PASS} quantizes its ONNX graph (RTN) instead")
-        return PassOutcome(artifact, False, [note])
+        asked = Int4Details(method=options.method, group_size=options.group_size, symmetric=options.symmetric,
+                            route=SKIPPED_ROUTE)
+        return PassOutcome(artifact, False, [note], asked)
     batches = calibration_batches(context.calibration, artifact.spec) if config.needs_data and context.calibration else None
     model = copy.deepcopy(module).eval()
     result = quantize_int4(model, config, batches, progress=context.say)

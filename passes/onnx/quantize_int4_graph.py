@@ -67,8 +67,8 @@ def run(artifact: Artifact, options: GraphInt4Options, context: PassContext) -> 
     record = module_record(artifact)
     if record is not None and record.changed:
         return PassOutcome(artifact, False, [f"nothing to do: {MODULE_PASS} quantized the module"], {})
-    settings = (record.details.get("options") if record is not None else None) or {}
-    method, wanted, symmetric = settings.get("method", "auto"), settings.get("group_size", 128), settings.get("symmetric", False)
+    asked = Int4Details.of(record.details) if record is not None else None
+    method, wanted, symmetric = (asked.method, asked.group_size, asked.symmetric) if asked else ("auto", 128, False)
     if method not in ("auto", "rtn"):
         raise UsageError(f"INT4 {method.upper()} calibrates layer by layer on the model's Python module, which this "
                          "source (TorchScript, .pt2 or ONNX) does not have",

@@ -90,8 +90,9 @@ def test_server_mode_keeps_the_onnx_model(conv_onnx, tmp_path, no_tensorrt, prec
     assert out.artifact is conv_onnx and out.artifact.kind == "onnx"
     assert out.artifact.path == conv_onnx.path and sha(out.artifact.path) == before
     assert out.changed is False
-    assert out.details == {"engine": "server", "precision": precision, "precision_mode": mode,
-                           "reason": "the tensorrt package is not installed", "workspace_gb": 2.0}
+    assert out.details.model_dump(exclude_none=True) == {
+        "engine": "server", "precision": precision, "precision_mode": mode, "reason": "the tensorrt package is not installed",
+        "workspace_gb": 2.0, "profile": {}}
     (note,) = out.notes
     assert "the tensorrt package is not installed" in note and f"precision {mode}" in note
     assert not list((tmp_path / "trt").iterdir())
@@ -102,7 +103,7 @@ def test_server_mode_keeps_the_onnx_model(conv_onnx, tmp_path, no_tensorrt, prec
 @pytest.mark.skipif(UNAVAILABLE is None, reason="this machine has TensorRT and a GPU, so the pass builds an engine")
 def test_server_mode_with_the_real_reason(conv_onnx, tmp_path):
     out = build(conv_onnx, tmp_path)
-    assert out.details["engine"] == "server" and out.details["reason"] == UNAVAILABLE
+    assert out.details.engine == "server" and out.details.reason == UNAVAILABLE
     assert UNAVAILABLE in out.notes[0]
 
 
@@ -156,8 +157,8 @@ def test_fp16_engine_matches_onnx_runtime_at_two_batch_sizes(conv_onnx, tmp_path
     monkeypatch.setenv("INFOPT_CACHE_DIR", str(tmp_path / "cache"))
     out = build(conv_onnx, tmp_path, target="h100", precision="fp16", optimization_level=1)
     assert out.changed and out.artifact.kind == "tensorrt" and out.artifact.path.name == "model.plan"
-    assert out.details["engine"] == "built" and out.details["precision"] == "fp16"
-    assert out.details["profile"] == {"x": {"min": [1, 3, 16, 16], "opt": [4, 3, 16, 16], "max": [8, 3, 16, 16]}}
+    assert out.details.engine == "built" and out.details.precision == "fp16"
+    assert out.details.profile == {"x": {"min": [1, 3, 16, 16], "opt": [4, 3, 16, 16], "max": [8, 3, 16, 16]}}
     runner = TensorRTRunner(out.artifact.path)
     assert runner.input_names == ("x",) and len(runner.output_names) == 1
     reference = OrtRunner(conv_onnx.path)
@@ -173,11 +174,11 @@ def test_fp16_engine_matches_onnx_runtime_at_two_batch_sizes(conv_onnx, tmp_path
 def test_timing_cache_is_saved_and_reused(conv_onnx, tmp_path, monkeypatch):
     monkeypatch.setenv("INFOPT_CACHE_DIR", str(tmp_path / "cache"))
     first = build(conv_onnx, tmp_path, target="h100", optimization_level=1)
-    cache = Path(first.details["timing_cache"])
+    cache = Path(first.details.timing_cache)
     assert cache.is_file() and cache.stat().st_size > 0
     assert cache.parent == tmp_path / "cache" / "tensorrt" and cache.name.startswith("timing-")
-    assert first.details["timing_cache_reused"] is False
+    assert first.details.timing_cache_reused is False
     second = build(conv_onnx, tmp_path, target="h100", optimization_level=1)
-    assert second.details["timing_cache"] == str(cache) and second.details["timing_cache_reused"] is True
+    assert second.details.timing_cache == str(cache) and second.details.timing_cache_reused is True
     off = build(conv_onnx, tmp_path, target="h100", optimization_level=1, timing_cache=False)
-    assert off.details["timing_cache"] is None
+    assert off.details.timing_cache is None

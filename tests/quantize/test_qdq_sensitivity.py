@@ -143,4 +143,4 @@ def test_top1_budget_on_a_non_classifier_output_is_a_usage_error(tmp_path):
     assert "top1" in caught.value.what and "[batch, classes]" in caught.value.what and "(4, 5, 8)" in caught.value.what
     assert "cosine_mean" in caught.value.fix
     context.budget = "cosine_mean=0.9"  # the same model under a metric it has builds
-    assert definition.run(artifact, definition.parse_options({}), context).details["budget_met"]
+    assert definition.run(artifact, definition.parse_options({}), context).details.budget_met
