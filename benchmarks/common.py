@@ -22,10 +22,13 @@ from infopt.validators.latency import measure
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def arguments(doc: str, results_file: str, models: str, quick_help: str) -> argparse.Namespace:
-    """``--iterations/--warmup/--quick/--models/--workdir/--markdown``; ``--markdown`` defaults to
-    ``results/<results_file>`` except with ``--quick``, which writes nothing."""
+def arguments(doc: str, results_file: str, models: str, quick_help: str,
+              extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    """``--iterations/--warmup/--quick/--models/--workdir/--markdown``, and what ``extra`` adds;
+    ``--markdown`` defaults to ``results/<results_file>`` except with ``--quick``, which writes nothing."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if extra is not None:
+        extra(parser)
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--quick", action="store_true", help=quick_help)

@@ -15,7 +15,7 @@ with 64-element rows and chunks so both paths run on small shapes.
 
 from __future__ import annotations
 
-import logging
+import functools
 
 import torch
 from torch import nn
@@ -25,8 +25,6 @@ try:
     import triton.language as tl
 except ImportError:
     triton = tl = None
-
-log = logging.getLogger(__name__)
 
 NORM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -123,10 +121,14 @@ def interpreting() -> bool:
     return isinstance(_rms_norm_kernel, InterpretedFunction)
 
 
+_INTERPRETING = interpreting()
+
+
+@functools.lru_cache(maxsize=None)
 def norm_config(hidden: int, interpret: bool) -> dict:
     """``BLOCK``, ``ONE_BLOCK`` and ``num_warps`` for rows of ``hidden`` elements: the whole row in
     one power-of-two block up to 8192 elements (64 under the interpreter), else 4096-element chunks
-    (64); one warp per 256 elements of the block, 1 to 16."""
+    (64); one warp per 256 elements of the block, 1 to 16. Cached: a call looks it up."""
     largest, chunk = (64, 64) if interpret else (8192, 4096)
     whole = 1 << max(hidden - 1, 0).bit_length()
     block = whole if whole <= largest else chunk
@@ -146,39 +148,47 @@ def _check(name: str, x: torch.Tensor, **params: torch.Tensor | None) -> None:
                              f"got {value.dtype} {list(value.shape)}")
         if value is not None and value.device != x.device:
             raise ValueError(f"{name}: {key} is on {value.device} but x is on {x.device}")
-    if x.device.type != "cuda" and not interpreting():
+        if value is not None and not value.is_contiguous():
+            raise ValueError(f"{name}: {key} must be contiguous")
+    if x.device.type not in ("cuda", "meta") and not _INTERPRETING:
         raise ValueError(f"{name}: the Triton kernel needs CUDA tensors, got {x.device} "
                          "(or set TRITON_INTERPRET=1 before triton is imported to run it on CPU)")
 
 
-def _launch(kernel, x: torch.Tensor, params: list[torch.Tensor | None], flags: dict, eps: float) -> torch.Tensor:
-    if triton is None:
-        raise RuntimeError("the Triton norm kernels need triton, which is not installed")
+def _launch(kernel, x: torch.Tensor, params: list[torch.Tensor | None], flags: dict, eps: float,
+            wrapper=lambda kernel: kernel) -> torch.Tensor:
+    """Allocate ``y`` and launch one program per row; nothing is checked here (see :func:`_check`)."""
     hidden = x.shape[-1]
     x2 = x.reshape(-1, hidden)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     y = torch.empty((x2.shape[0], hidden), dtype=x.dtype, device=x.device)
-    if x2.shape[0] == 0:
-        return y.reshape(x.shape)
-    config = norm_config(hidden, interpreting())
-    args = [p.contiguous() if p is not None else x2 for p in params]
-    kernel[(x2.shape[0],)](x2, *args, y, hidden, x2.stride(0), y.stride(0), float(eps), **flags, **config)
+    config = norm_config(hidden, _INTERPRETING)
+    args = [x2 if p is None else p for p in params]
+    wrapper(kernel)[(x2.shape[0],)](x2, *args, y, hidden, x2.stride(0), y.stride(0), eps, **flags, **config)
     return y.reshape(x.shape)
 
 
 def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """The RMSNorm launcher: checks, allocates ``y`` like ``x`` and launches one program per row."""
+    """The RMSNorm launcher, with the arguments checked first."""
+    if triton is None:
+        raise RuntimeError("the Triton norm kernels need triton, which is not installed")
     _check("rms_norm", x, weight=weight)
-    return _launch(_rms_norm_kernel, x, [weight], dict(HAS_WEIGHT=weight is not None), eps)
+    if x.numel() == 0:
+        return torch.empty_like(x)
+    return _launch(_rms_norm_kernel, x, [weight], dict(HAS_WEIGHT=weight is not None), float(eps))
 
 
 def layer_norm_triton(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                       eps: float) -> torch.Tensor:
-    """The LayerNorm launcher: checks, allocates ``y`` like ``x`` and launches one program per row."""
+    """The LayerNorm launcher, with the arguments checked first."""
+    if triton is None:
+        raise RuntimeError("the Triton norm kernels need triton, which is not installed")
     _check("layer_norm", x, weight=weight, bias=bias)
+    if x.numel() == 0:
+        return torch.empty_like(x)
     flags = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None)
-    return _launch(_layer_norm_kernel, x, [weight, bias], flags, eps)
+    return _launch(_layer_norm_kernel, x, [weight, bias], flags, float(eps))
 
 
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
@@ -198,61 +208,67 @@ def layer_norm_torch(x: torch.Tensor, weight: torch.Tensor | None = None, bias: 
     return y.to(x.dtype)
 
 
-def _triton_unusable(x: torch.Tensor) -> str | None:
-    if triton is None:
-        return "triton is not installed"
-    if x.dtype not in NORM_DTYPES:
-        return f"x is {x.dtype}; the kernels take float16, bfloat16 or float32"
-    return None
+def _launches_directly(x: torch.Tensor) -> bool:
+    """An eager call on real CUDA tensors, outside any tracing, with no gradient to record."""
+    return (x.is_cuda and type(x) is torch.Tensor and x.dtype in NORM_DTYPES and not x.requires_grad
+            and triton is not None and not torch.compiler.is_compiling())
 
 
-@torch.library.custom_op("infopt::rms_norm", mutates_args=())
-def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dimension; the Triton kernel on CUDA, the reference elsewhere."""
-    return rms_norm_torch(x.contiguous(), weight, eps)
+def _on_kernel(x: torch.Tensor) -> bool:
+    """Whether the op's body (run eagerly, or traced with fake tensors by a compiler) uses the kernel."""
+    return triton is not None and x.device.type == "cuda" and x.dtype in NORM_DTYPES and x.numel() > 0
 
 
-@_rms_norm_op.register_kernel("cuda")
-def _(x, weight, eps):
-    reason = _triton_unusable(x)
-    if reason is None:
-        return rms_norm_triton(x, weight, eps)
-    log.debug("rms_norm runs the torch reference: %s", reason)
-    return rms_norm_torch(x.contiguous(), weight, eps)
+def _rms_norm_body(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension: the Triton kernel on CUDA, the reference elsewhere."""
+    if not _on_kernel(x):
+        return rms_norm_torch(x.contiguous(), weight, eps)
+    return _launch(_rms_norm_kernel, x, [weight], dict(HAS_WEIGHT=weight is not None), eps,
+                   torch.library.wrap_triton)
+
+
+def _layer_norm_body(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                     eps: float) -> torch.Tensor:
+    """LayerNorm over the last dimension: the Triton kernel on CUDA, the reference elsewhere."""
+    if not _on_kernel(x):
+        return layer_norm_torch(x.contiguous(), weight, bias, eps)
+    flags = dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None)
+    return _launch(_layer_norm_kernel, x, [weight, bias], flags, eps, torch.library.wrap_triton)
+
+
+# triton_op: torch.compile and AOTInductor see the Triton kernel itself and compile it in.
+_define = torch.library.triton_op if triton is not None else torch.library.custom_op
+_rms_norm_op = _define("infopt::rms_norm", _rms_norm_body, mutates_args=())
+_layer_norm_op = _define("infopt::layer_norm", _layer_norm_body, mutates_args=())
+_rms_norm_op.register_kernel("cpu")(lambda x, weight, eps: rms_norm_torch(x.contiguous(), weight, eps))
+_layer_norm_op.register_kernel("cpu")(lambda x, weight, bias, eps: layer_norm_torch(x.contiguous(), weight, bias, eps))
 
 
 @_rms_norm_op.register_fake
 def _(x, weight, eps):
+    _check("rms_norm", x, weight=weight)
     return x.new_empty(x.shape)
-
-
-@torch.library.custom_op("infopt::layer_norm", mutates_args=())
-def _layer_norm_op(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
-                   eps: float) -> torch.Tensor:
-    """LayerNorm over the last dimension; the Triton kernel on CUDA, the reference elsewhere."""
-    return layer_norm_torch(x.contiguous(), weight, bias, eps)
-
-
-@_layer_norm_op.register_kernel("cuda")
-def _(x, weight, bias, eps):
-    reason = _triton_unusable(x)
-    if reason is None:
-        return layer_norm_triton(x, weight, bias, eps)
-    log.debug("layer_norm runs the torch reference: %s", reason)
-    return layer_norm_torch(x.contiguous(), weight, bias, eps)
 
 
 @_layer_norm_op.register_fake
 def _(x, weight, bias, eps):
+    _check("layer_norm", x, weight=weight, bias=bias)
     return x.new_empty(x.shape)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
-    """RMSNorm of ``x`` over its last dimension through ``torch.ops.infopt.rms_norm``."""
+    """RMSNorm of ``x`` over its last dimension: launched directly on eager CUDA tensors, else
+    through ``torch.ops.infopt.rms_norm`` (traced, compiled, or the reference off CUDA)."""
+    if _launches_directly(x) and x.numel():
+        return _launch(_rms_norm_kernel, x, [weight], dict(HAS_WEIGHT=weight is not None), eps)
     return torch.ops.infopt.rms_norm(x, weight, eps)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None,
                eps: float = 1e-5) -> torch.Tensor:
-    """LayerNorm of ``x`` over its last dimension through ``torch.ops.infopt.layer_norm``."""
+    """LayerNorm of ``x`` over its last dimension: launched directly on eager CUDA tensors, else
+    through ``torch.ops.infopt.layer_norm``."""
+    if _launches_directly(x) and x.numel():
+        return _launch(_layer_norm_kernel, x, [weight, bias],
+                       dict(HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None), eps)
     return torch.ops.infopt.layer_norm(x, weight, bias, eps)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 import tempfile
 from dataclasses import dataclass, field
@@ -67,8 +68,8 @@ class BuildResult:
     def latency(self) -> list[dict[str, Any]]:
         return self.manifest["validation"]["latency"]
 
-    def load(self, *, threads: int = 0):
-        return load(self.output_dir, allow_failed=True, threads=threads)
+    def load(self, *, threads: int = 0, cuda_graphs: bool | None = None):
+        return load(self.output_dir, allow_failed=True, threads=threads, cuda_graphs=cuda_graphs)
 
 
 def _console(progress: bool | Any):
@@ -108,6 +109,17 @@ def reference_runner(loaded, spec):
     if loaded.format == "onnx":
         return OrtRunner(loaded.source, optimize=False)
     return TorchRunner(loaded.module, spec.names)
+
+
+def gpu_eager_runner(loaded, spec, target) -> TorchRunner | None:
+    """For a CUDA target on a machine with a GPU: the source module, in its own precision, on the
+    GPU, so that candidates built for the GPU are timed against eager on the same device."""
+    import torch  # heavy: the API module loads without it until a build runs
+
+    module = loaded.module
+    if target.device != "cuda" or not isinstance(module, torch.nn.Module) or not torch.cuda.is_available():
+        return None
+    return TorchRunner(copy.deepcopy(module).cuda().eval(), spec.names, device="cuda")
 
 
 def check_forward(reference, spec: InputSpec, module) -> list:
@@ -309,9 +321,10 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
         if status:
             status.update("validating: latency" + (f" of {len(built)} candidates" if len(built) > 1 else ""))
         lat_cfg = built[0].recipe.validation.latency
-        timings = latency_mod.measure({"eager": reference.run, **{c.label: c.runner.run for c in built}},
+        eager = gpu_eager_runner(loaded, spec, target) or reference
+        timings = latency_mod.measure({"eager": eager.run, **{c.label: c.runner.run for c in built}},
                                       _latency_feeds(spec, built[0].recipe, loaded.module), lat_cfg.warmup,
-                                      lat_cfg.iterations, devices={c.label: c.runner.device for c in built})
+                                      lat_cfg.iterations, devices={"eager": eager.device, **{c.label: c.runner.device for c in built}})
     finally:
         if status:
             status.stop()
@@ -328,6 +341,10 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
                      + ") with the output shapes eager gives")
     if cap := thread_cap():
         notes.append(f"{THREADS_ENV}={cap}: every run here used at most that many threads; latency is for them")
+    if eager.device == "cuda":
+        notes.append("eager: the source model in its own precision on the GPU; every GPU time is from CUDA events")
+    if getattr(chosen.runner, "graphs", None) is not None:
+        notes.append(f"{chosen.label}: {chosen.runner.graphs.describe()}")
     if target.device != "cpu" and chosen.runner.device == "cpu":
         notes.append(f"target {target.name} is a {target.device} device; drift and latency were measured here on "
                      f"{cand.runner_description(chosen.runner)}, not on the target")
@@ -512,10 +529,12 @@ def _int8_notes(lineage) -> list[str]:
     return notes
 
 
-def load(dist_dir: str | Path, *, allow_failed: bool = False, threads: int = 0, key: str | Path | None = None):
+def load(dist_dir: str | Path, *, allow_failed: bool = False, threads: int = 0, key: str | Path | None = None,
+         cuda_graphs: bool | None = None):
     """A callable runner for an output folder's model; refuses one whose validation failed, and one
     whose files differ from its manifest (or, with ``key``, whose manifest's signature does not verify).
-    ``threads`` sets ONNX Runtime's intra-op threads (0: its default, one per core)."""
+    ``threads`` sets ONNX Runtime's intra-op threads (0: its default, one per core). ``cuda_graphs``:
+    a CUDA AOTInductor package replays CUDA graphs per batch bucket unless False (None: on for CUDA)."""
 
     root = Path(dist_dir)
     manifest = read_manifest(root)
@@ -523,7 +542,7 @@ def load(dist_dir: str | Path, *, allow_failed: bool = False, threads: int = 0, 
     if not manifest["validation"]["verdict"]["passed"] and not allow_failed:
         raise ValidationFailed(f"{root} failed validation: {'; '.join(manifest['validation']['verdict']['reasons'])}",
                                fix="rebuild it, or pass allow_failed=True to load it anyway")
-    return manifest_runner(root, manifest, threads)
+    return manifest_runner(root, manifest, threads, cuda_graphs=cuda_graphs)
 
 
 def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None,

@@ -32,11 +32,15 @@ class Backend:
     runner_kind: str
     """``Runner.kind`` of its runner"""
     open_runner: Callable[..., Runner]
-    """``open_runner(path, input_names, output_names, threads=0, device=...)``"""
+    """``open_runner(path, input_names, output_names, threads=0, device=...)``, and ``cuda_graphs=``
+    when ``graphs``"""
     unavailable: Callable[[str, str], str | None] = _always
     """``unavailable(precision, device)``: why this machine cannot build it, or None"""
     describe: Callable[[Runner], str] = lambda runner: f"{runner.device} ({runner.kind})"
     """where a runner of it ran, for the candidates table"""
+    graphs: bool = False
+    """its runner replays CUDA graphs per batch bucket on a GPU (``runtime/cuda_graphs.py``);
+    ``cuda_graphs=None`` lets it choose, True or False says"""
 
 
 BACKENDS: Registry[Backend] = Registry("backend", lambda b: b.name)
@@ -59,6 +63,9 @@ def for_runner(runner: Runner) -> Backend | None:
 
 
 def runner_for_file(path: str | Path, input_names: Sequence[str] = (), output_names: Sequence[str] = (),
-                    threads: int = 0, device: str = "cpu") -> Runner:
-    """The runner for a model file, by the backend whose suffix it has."""
-    return for_file(path).open_runner(Path(path), input_names, output_names, threads=threads, device=device)
+                    threads: int = 0, device: str = "cpu", cuda_graphs: bool | None = None) -> Runner:
+    """The runner for a model file, by the backend whose suffix it has; ``cuda_graphs`` reaches the
+    backends whose runners replay graphs (None: their own choice, which is on for a CUDA model)."""
+    backend = for_file(path)
+    options = {"cuda_graphs": cuda_graphs} if backend.graphs else {}
+    return backend.open_runner(Path(path), input_names, output_names, threads=threads, device=device, **options)

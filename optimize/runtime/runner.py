@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from infopt.core.errors import UsageError
+from infopt.runtime.cuda_graphs import GraphedCallable
 
 
 class Runner:
@@ -41,20 +42,25 @@ def _to_numpy(value: Any) -> np.ndarray:
 
 
 class TorchRunner(Runner):
-    """Eager PyTorch: an ``nn.Module`` or ``ScriptModule`` called with tensors in input order."""
+    """Eager PyTorch: an ``nn.Module`` or ``ScriptModule`` called with tensors in input order, on
+    ``device`` (the module must already be there); on CUDA, with ``cuda_graphs``, calls replay CUDA
+    graphs per batch bucket (``runtime/cuda_graphs.py``)."""
 
     kind = "torch-eager"
 
-    def __init__(self, module, input_names: Sequence[str], output_names: Sequence[str] = ()):
+    def __init__(self, module, input_names: Sequence[str], output_names: Sequence[str] = (), device: str = "cpu",
+                 cuda_graphs: bool = False):
         self.module = module
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
+        self.device = device
+        self.graphs = GraphedCallable(module) if cuda_graphs and device == "cuda" else None
 
     def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         import torch
         from torch.utils._pytree import tree_leaves
 
-        args = [torch.from_numpy(np.ascontiguousarray(feed[n])) for n in self.input_names]
+        args = [torch.from_numpy(np.ascontiguousarray(feed[n])).to(self.device) for n in self.input_names]
         with torch.inference_mode():
-            result = self.module(*args)
+            result = (self.graphs or self.module)(*args)
         return [t.detach().cpu().numpy() for t in tree_leaves(result) if isinstance(t, torch.Tensor)]

@@ -28,6 +28,19 @@ def set_state_tensor(program, node, value) -> None:
     program.state_dict[target] = torch.nn.Parameter(value, requires_grad=False) if isinstance(old, torch.nn.Parameter) else value
 
 
+def lifted_store(program, node) -> tuple[dict, str] | None:
+    """The dict and key holding the tensor behind a placeholder: a parameter or buffer in
+    ``state_dict``, or a lifted tensor constant in ``constants``; None for a user input."""
+    target = state_target(program, node)
+    if target is not None:
+        return program.state_dict, target
+    if getattr(node, "op", None) == "placeholder":
+        constant = program.graph_signature.inputs_to_lifted_tensor_constants.get(node.name)
+        if constant is not None:
+            return program.constants, constant
+    return None
+
+
 def drop_unused_state(program) -> int:
     """Remove parameter and buffer placeholders that no node uses any more; returns how many."""
     sig = program.graph_signature

@@ -54,6 +54,16 @@ def test_package_matches_eager_across_the_batch_range(compiled, digits):
     assert outcome.details["inductor_configs"] == {"freezing": True, "max_autotune": False}
 
 
+def test_cuda_graphs_reach_the_package_runner_and_stay_off_for_a_cpu_package(compiled):
+    from infopt.runtime import backends
+
+    outcome, _, _ = compiled
+    assert backends.named("inductor").graphs and not backends.named("onnxruntime").graphs
+    runner = runner_for_file(outcome.artifact.path, ["x"], ["logits"], cuda_graphs=True)
+    assert runner.device == "cpu" and runner.graphs is None
+    assert backends.named("inductor").describe(runner) == "cpu (AOTInductor package)"
+
+
 def test_inductor_cache_is_kept_in_infopts_cache_folder(compiled):
     outcome, work, seen_env = compiled
     cache = work / "cache" / "inductor"

@@ -67,7 +67,7 @@ def test_swaps_every_int4_linear(tmp_path, dtype):
     program = outcome.artifact.obj
     assert outcome.changed and outcome.details["swapped"] == 3 and outcome.details["kept"] == 0
     assert ops(program)[INT4] == 0 and ops(program)[W4A16] == 3
-    assert outcome.notes[0] == "swapped 3 infopt.int4_linear -> infopt.w4a16_linear"
+    assert outcome.notes[0] == "swapped 3 infopt.int4_linear -> infopt.w4a16_linear (weights in the kernel layout)"
     got = program.module()(x)
     assert got.dtype == dtype
     torch.testing.assert_close(got.float(), expected.float(), **TOLERANCE[dtype])
@@ -75,6 +75,47 @@ def test_swaps_every_int4_linear(tmp_path, dtype):
     loaded = torch.export.load(tmp_path / "swapped.pt2")
     assert ops(loaded)[W4A16] == 3
     assert torch.equal(loaded.module()(x), got)
+
+
+def test_weights_are_rewritten_into_the_kernel_layout(tmp_path):
+    """Each swapped node's qweight is reordered (same shape and dtype), act-order's g_idx becomes the
+    permutation; both round-trip to the module's own packed weight."""
+    from infopt.kernels.w4a16_layout import from_kernel_layout
+    from infopt.passes.fx.graph_utils import lifted_store
+
+    model = quantized_mlp()
+    art = capture(model, "x:float32[batch,96]")
+    outcome = run(art, "h100", tmp_path)
+    program = outcome.artifact.obj
+    nodes = [n for n in program.graph.nodes if n.op == "call_function" and n.target == torch.ops.infopt.w4a16_linear.default]
+    for node, layer in zip(nodes, (model[1], model[3], model[5])):
+        store, key = lifted_store(program, node.args[1])
+        qweight = store[key]
+        assert qweight.shape == layer.qweight.shape and qweight.dtype == torch.uint8
+        assert not torch.equal(qweight, layer.qweight)
+        perm = None
+        if layer.g_idx is not None:
+            perm_store, perm_key = lifted_store(program, node.args[4])
+            perm = perm_store[perm_key]
+        packed, g_idx = from_kernel_layout(qweight, perm, layer.group_size)
+        assert torch.equal(packed, layer.qweight)
+        assert (g_idx is None and layer.g_idx is None) or torch.equal(g_idx, layer.g_idx)
+
+
+def test_a_weight_the_kernel_layout_cannot_hold_keeps_the_portable_op(tmp_path):
+    torch.manual_seed(1)
+    model = nn.Sequential(Cast(torch.float16), nn.Linear(96, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    replace_module(model, "1", Int4Linear(int4_weight(model[1], 32, True, False), model[1].bias))
+    replace_module(model, "3", Int4Linear(int4_weight(model[3], 16, False, False), model[3].bias))
+    art = capture(model, "x:float32[batch,96]")
+    x = torch.randn(4, 96)
+    expected = art.obj.module()(x)
+    outcome = run(art, "h100", tmp_path)
+    program = outcome.artifact.obj
+    assert ops(program)[W4A16] == 1 and ops(program)[INT4] == 1
+    assert outcome.details["kept"] == 1
+    assert any("group size 16: the W4A16 kernel takes a power of two of at least 32" in n for n in outcome.notes)
+    torch.testing.assert_close(program.module()(x).float(), expected.float(), **TOLERANCE[torch.float16])
 
 
 def test_cuda_target_swaps_by_default(tmp_path):

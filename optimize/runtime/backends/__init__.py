@@ -19,7 +19,8 @@ for _info in pkgutil.iter_modules(__path__):
 __all__ = ["Backend", "for_file", "for_runner", "named", "registered", "runner_for_file", "manifest_runner"]
 
 
-def manifest_runner(root: Path, manifest: dict[str, Any], threads: int = 0):
+def manifest_runner(root: Path, manifest: dict[str, Any], threads: int = 0, cuda_graphs: bool | None = None):
     """The runner of an output folder's model, its files already checked against ``manifest``."""
     names = [i["name"] for i in manifest["inputs"]["inputs"]]
-    return runner_for_file(root / manifest["artifacts"]["model"], names, [o["name"] for o in manifest["outputs"]], threads)
+    return runner_for_file(root / manifest["artifacts"]["model"], names, [o["name"] for o in manifest["outputs"]], threads,
+                           cuda_graphs=cuda_graphs)

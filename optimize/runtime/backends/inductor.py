@@ -10,15 +10,18 @@ import numpy as np
 from infopt.core.doctor import cpp_compiler
 from infopt.core.errors import EnvironmentProblem
 from infopt.runtime.backend import Backend, register
+from infopt.runtime.cuda_graphs import GraphedCallable
 from infopt.runtime.runner import Runner
 
 
 class AotiRunner(Runner):
-    """An AOTInductor ``.pt2`` package; it runs on the device it was compiled for (CPU or CUDA)."""
+    """An AOTInductor ``.pt2`` package; it runs on the device it was compiled for (CPU or CUDA). On
+    CUDA its calls replay CUDA graphs per batch bucket unless ``cuda_graphs=False``."""
 
     kind = "aoti"
 
-    def __init__(self, path: str | Path, input_names: Sequence[str], output_names: Sequence[str] = ()):
+    def __init__(self, path: str | Path, input_names: Sequence[str], output_names: Sequence[str] = (),
+                 cuda_graphs: bool | None = None):
         import torch
 
         self.path = Path(path)
@@ -29,6 +32,7 @@ class AotiRunner(Runner):
                                      fix="run it on a GPU machine, or build for --target cpu")
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
+        self.graphs = GraphedCallable(self.package) if self.device == "cuda" and cuda_graphs is not False else None
 
     def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         import torch
@@ -36,7 +40,7 @@ class AotiRunner(Runner):
 
         args = [_canonical(torch.from_numpy(feed[n])).to(self.device) for n in self.input_names]
         with torch.inference_mode():
-            result = self.package(*args)
+            result = (self.graphs or self.package)(*args)
         return [t.detach().cpu().numpy() for t in tree_leaves(result) if isinstance(t, torch.Tensor)]
 
 
@@ -56,9 +60,14 @@ def _canonical(tensor):
 
 
 def open_runner(path: Path, input_names: Sequence[str], output_names: Sequence[str], threads: int = 0,
-                device: str = "cpu") -> Runner:
+                device: str = "cpu", cuda_graphs: bool | None = None) -> Runner:
     """The package runs on the device it was compiled for; ``threads`` and ``device`` do not apply."""
-    return AotiRunner(path, input_names, output_names)
+    return AotiRunner(path, input_names, output_names, cuda_graphs=cuda_graphs)
+
+
+def describe(runner: AotiRunner) -> str:
+    graphs = f"; {runner.graphs.describe()}" if runner.graphs is not None else ""
+    return f"{runner.device} (AOTInductor package{graphs})"
 
 
 def unavailable(precision: str, device: str) -> str | None:
@@ -74,5 +83,5 @@ def unavailable(precision: str, device: str) -> str | None:
 
 BACKEND = register(Backend(
     name="inductor", representation="aoti", suffix=".pt2", runner_kind=AotiRunner.kind,
-    open_runner=open_runner, unavailable=unavailable, describe=lambda runner: f"{runner.device} (AOTInductor package)",
+    open_runner=open_runner, unavailable=unavailable, describe=describe, graphs=True,
 ))
