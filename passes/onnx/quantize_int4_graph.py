@@ -58,6 +58,17 @@ def module_record(artifact: Artifact):
     return next((r for r in artifact.lineage if r.name == MODULE_PASS), None)
 
 
+def _asked(record) -> tuple[str, int, bool]:
+    """The method, group size and symmetry the module pass was asked for: its options when the
+    pipeline skipped it (the source is already past torch), its typed details when it stepped aside
+    (a TorchScript module has no Python layers)."""
+    if record is not None and record.skipped:
+        given = record.details.get("options") or {}
+        return given.get("method", "auto"), given.get("group_size", 128), given.get("symmetric", False)
+    asked = Int4Details.of(record.details) if record is not None else None
+    return (asked.method, asked.group_size, asked.symmetric) if asked else ("auto", 128, False)
+
+
 def run(artifact: Artifact, options: GraphInt4Options, context: PassContext) -> PassOutcome:
     import numpy as np
     import onnx
@@ -67,8 +78,7 @@ def run(artifact: Artifact, options: GraphInt4Options, context: PassContext) -> 
     record = module_record(artifact)
     if record is not None and record.changed:
         return PassOutcome(artifact, False, [f"nothing to do: {MODULE_PASS} quantized the module"], {})
-    asked = Int4Details.of(record.details) if record is not None else None
-    method, wanted, symmetric = (asked.method, asked.group_size, asked.symmetric) if asked else ("auto", 128, False)
+    method, wanted, symmetric = _asked(record)
     if method not in ("auto", "rtn"):
         raise UsageError(f"INT4 {method.upper()} calibrates layer by layer on the model's Python module, which this "
                          "source (TorchScript, .pt2 or ONNX) does not have",
