@@ -1,21 +1,28 @@
-"""Question: is infopt's INT8 faster than what a user gets from ONNX Runtime by hand, and at what accuracy?
+"""Question: is infopt's INT8 faster than what a user gets from ONNX Runtime or Optimum, and at what accuracy?
 
-For the real all-MiniLM-L6-v2 sentence encoder (seq 64) and the example DigitsCNN, times in one run,
-each runner in its own warm-up and timed block at batch 1 and 32:
+For the real all-MiniLM-L6-v2 sentence encoder (seq 64 and 128) and the example DigitsCNN, times in one
+run, each runner in its own warm-up and timed block at batch 1 and 32:
 
 1. eager FP32 PyTorch (the baseline);
-2. ONNX Runtime FP32: the model of ``infopt.build(recipe="fp32-onnxruntime")`` (that one recipe:
-   ``backend="onnxruntime"`` would also build the fused variant and ship the faster);
-3. ORT dynamic defaults: ``onnxruntime.quantization.quantize_dynamic(plain, out)`` with every option
-   at its default, on the plain FP32 ONNX this script exports with ``torch.onnx.export(dynamo=True)``
-   (no infopt passes, no ORT pre-processing), which is what a user reaches for first;
-4. infopt INT8 static (calibrated) and 5. infopt INT8 dynamic (no calibration data).
+2. ONNX Runtime FP32: the model of ``infopt.build(recipe="fp32-onnxruntime")``;
+3. peers, each on the plain FP32 ONNX this script exports with ``torch.onnx.export(dynamo=True)``
+   (no infopt passes, no ORT pre-processing), which is what a user starts from:
+   ``quantize_dynamic(plain, out)`` and ``quantize_static(plain, out, reader)`` with every option at
+   its default (the reader gives the same calibration samples infopt gets), and, for MiniLM, the
+   quantization Optimum's ``optimum-cli onnxruntime quantize --avx512_vnni`` configures
+   (``AutoQuantizationConfig.avx512_vnni(is_static=False, per_channel=False)``: dynamic, QOperator,
+   u8 activations, symmetric s8 weights per tensor, every op ONNX Runtime's integer registry knows),
+   written out here with ONNX Runtime's own quantizer because ``optimum-onnx`` does not install beside
+   this project's pinned versions;
+4. infopt INT8 static (calibrated) and 5. infopt INT8 dynamic (no calibration data), each as the build
+   shipped it (the INT8 variant it measured fastest, or FP32 when no INT8 graph was faster here).
 
 Accuracy: MiniLM, mean (and min) cosine similarity of the embeddings to eager FP32 over the held-out
-evaluation sentences, which no build sees (calibration and validation use the calibration sentences);
-DigitsCNN, top-1 accuracy on the held-out digits (builds see training images only). Every ONNX Runtime
-session has the same options (all graph optimizations, ``intra_op_num_threads`` = cores), so the infopt
-models are run from their ``model/model.onnx`` rather than through ``result.load()`` (default threads).
+evaluation sentences at seq 64, which no build sees (calibration and validation use the calibration
+sentences); DigitsCNN, top-1 accuracy on the held-out digits (builds see training images only). Every
+ONNX Runtime session has the same options (all graph optimizations, ``intra_op_num_threads`` = cores),
+so the infopt models are run from their ``model/model.onnx`` rather than through ``result.load()``.
+"vs fastest peer" is the fastest peer's p50 over this row's (above 1: this row is faster).
 
     python benchmarks/bench_int8.py [--iterations 200] [--markdown benchmarks/results/int8.md]
     python benchmarks/bench_int8.py --quick [--models cnn]     # a fast check; writes no results file
@@ -39,8 +46,10 @@ from benchmarks.common import arguments, environment, minilm_eval, publish, time
 from infopt.runtime.backends.onnxruntime import OrtRunner  # noqa: E402
 from infopt.runtime.runner import TorchRunner  # noqa: E402
 
-EAGER, ORT32, ORTQ, STATIC, DYNAMIC = ("eager fp32", "onnxruntime fp32 (infopt build)", "ORT quantize_dynamic defaults",
-                                       "infopt int8 static", "infopt int8 dynamic")
+EAGER, ORT32, ORTQ, ORTS, OPTIMUM, STATIC, DYNAMIC = (
+    "eager fp32", "onnxruntime fp32 (infopt build)", "ORT quantize_dynamic defaults", "ORT quantize_static defaults",
+    "Optimum avx512_vnni config", "infopt int8 static", "infopt int8 dynamic")
+PEERS = (ORTQ, ORTS, OPTIMUM)
 
 
 def plain_export(module, example: tuple, names: list[str], dynamic: dict, path: Path) -> Path:
@@ -72,8 +81,35 @@ def ort_defaults(plain: Path, out: Path, tag: str, notes: list[str]) -> Path:
     return out
 
 
+def ort_static_defaults(plain: Path, out: Path, calib: dict[str, np.ndarray]) -> Path:
+    """quantize_static with every default, fed the calibration samples one at a time."""
+    from onnxruntime.quantization import CalibrationDataReader, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            count = len(next(iter(calib.values())))
+            self.items = iter([{k: v[i:i + 1] for k, v in calib.items()} for i in range(count)])
+
+        def get_next(self):
+            return next(self.items, None)
+
+    quantize_static(str(plain), str(out), Reader())
+    return out
+
+
+def optimum_avx512_vnni(plain: Path, out: Path) -> Path:
+    """What ``AutoQuantizationConfig.avx512_vnni(is_static=False, per_channel=False)`` asks ONNX Runtime for."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.registry import IntegerOpsRegistry
+
+    quantize_dynamic(str(plain), str(out), per_channel=False, reduce_range=False, weight_type=QuantType.QInt8,
+                     op_types_to_quantize=list(IntegerOpsRegistry),
+                     extra_options={"WeightSymmetric": True, "ActivationSymmetric": False})
+    return out
+
+
 def int8_note(result) -> str:
-    """What the build says about its INT8 pass, read off the manifest (layers, fallback, budget)."""
+    """What the build says about its INT8 pass, read off the manifest (layers, fallback, budget, variant)."""
     text = "no quantize_int8 pass in the manifest"
     for p in result.manifest.get("passes", []):
         if isinstance(p, dict) and p.get("name") == "quantize_int8":
@@ -97,7 +133,7 @@ def builds(module, work: Path, tag: str, common: dict, calib: Path, budget: str,
 
 
 def minilm_case(work: Path, quick: bool, notes: list[str]):
-    from examples.minilm import INPUTS
+    from examples.minilm import INPUTS, tokenize
 
     ev = minilm_eval(quick)
     calib = ev.calib
@@ -109,6 +145,13 @@ def minilm_case(work: Path, quick: bool, notes: list[str]):
     dyn = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
     plain = plain_export(ev.model, example, list(ev.names), dyn, work / "minilm_plain.onnx")
     paths[ORTQ] = ort_defaults(plain, work / "minilm_ort_dynamic.onnx", "MiniLM", notes)
+    paths[ORTS] = ort_static_defaults(plain, work / "minilm_ort_static.onnx", {k: v[:32 if quick else 128] for k, v in calib.items()})
+    paths[OPTIMUM] = optimum_avx512_vnni(plain, work / "minilm_optimum.onnx")
+    at_128 = tokenize(ev.eval_text[:32], 128)
+
+    def feeds(seq: int, batch: int):
+        source = ev.evaluation if seq == 64 else at_128
+        return {k: np.ascontiguousarray(v[:batch]) for k, v in source.items()}
 
     def accuracy(run):
         cos = ev.cosine(run)
@@ -116,7 +159,7 @@ def minilm_case(work: Path, quick: bool, notes: list[str]):
 
     notes.append(f"MiniLM accuracy: over {len(ev.eval_text)} held-out evaluation sentences (seq 64), "
                  f"none used by any build ({len(ev.calib_text)} calibration sentences calibrate and validate)")
-    return "all-MiniLM-L6-v2 (seq 64)", ev.model, ev.names, paths, ev.feed, accuracy
+    return "all-MiniLM-L6-v2", ev.model, ev.names, paths, {64: feeds, 128: feeds}, accuracy
 
 
 def cnn_case(work: Path, quick: bool, notes: list[str]):
@@ -129,8 +172,9 @@ def cnn_case(work: Path, quick: bool, notes: list[str]):
     paths = builds(model, work, "DigitsCNN", common, work / "digits_calib.npz", "top1=0.995", notes)
     plain = plain_export(model, (torch.from_numpy(xtr[:2]),), ["x"], {"x": {0: "batch"}}, work / "cnn_plain.onnx")
     paths[ORTQ] = ort_defaults(plain, work / "cnn_ort_dynamic.onnx", "DigitsCNN", notes)
+    paths[ORTS] = ort_static_defaults(plain, work / "cnn_ort_static.onnx", {"x": xtr[:32 if quick else 128]})
 
-    def feed(b):
+    def feed(_seq, b):
         return {"x": np.ascontiguousarray(xte[:b])}
 
     def accuracy(run):
@@ -139,40 +183,45 @@ def cnn_case(work: Path, quick: bool, notes: list[str]):
 
     notes.append(f"DigitsCNN accuracy: top-1 on {len(xte)} held-out digits; builds calibrate and validate "
                  f"on 512 training images")
-    return "DigitsCNN", model, ("x",), paths, feed, accuracy
+    return "DigitsCNN", model, ("x",), paths, {None: feed}, accuracy
 
 
 def main() -> None:
     args = arguments(__doc__, "int8.md", "minilm,cnn", "a fast check: 20 iterations, 64 evaluation sentences, 32 calibration samples")
     threads = os.cpu_count() or 1
     started = time.perf_counter()
-    lines = ["| model | batch | runner | p50 ms | p90 ms | p99 ms | samples/s | vs eager (p50) | vs ORT defaults (p50) "
-             "| accuracy |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| model | seq | batch | runner | p50 ms | p90 ms | p99 ms | samples/s (p50) | vs eager (p50) "
+             "| vs fastest peer (p50) | accuracy |", "| --- " * 11 + "|"]
     notes: list[str] = []
     makers = {"minilm": minilm_case, "cnn": cnn_case}
     with tempfile.TemporaryDirectory(prefix="bench-int8-") as tmp:
         work = args.workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         for key in args.models.split(","):
-            label, module, names, paths, feed, accuracy = makers[key](work, args.quick, notes)
+            label, module, names, paths, feeds, accuracy = makers[key](work, args.quick, notes)
             runners = {EAGER: TorchRunner(module.eval(), names).run}
-            for name in (ORT32, ORTQ, STATIC, DYNAMIC):
-                runners[name] = OrtRunner(paths[name], threads=threads).run
+            for name in (ORT32, *PEERS, STATIC, DYNAMIC):
+                if name in paths:
+                    runners[name] = OrtRunner(paths[name], threads=threads).run
             acc = {name: accuracy(run) for name, run in runners.items()}
-            stats, note = timed(label, runners, {b: feed(b) for b in (1, 32)}, args.warmup, args.iterations, threads)
-            notes.append(note)
-            for b in (1, 32):
-                rows = {s.runner: s for s in stats if s.batch == b}
-                for s in rows.values():
-                    lines.append(f"| {label} | {b} | {s.runner} | {s.p50_ms:.3f} | {s.p90_ms:.3f} | {s.p99_ms:.3f} | "
-                                 f"{s.throughput:.0f} | {rows[EAGER].p50_ms / s.p50_ms:.2f}x | "
-                                 f"{rows[ORTQ].p50_ms / s.p50_ms:.2f}x | {acc[s.runner]} |")
+            for seq, feed in feeds.items():
+                for b in (1, 32):
+                    iterations = args.iterations if b == 1 else max(args.iterations // 10, 10)
+                    stats, note = timed(f"{label}{f' seq {seq}' if seq else ''} batch {b}", runners, {b: feed(seq, b)},
+                                        max(args.warmup // (1 if b == 1 else 10), 2), iterations, threads)
+                    notes.append(note)
+                    rows = {s.runner: s for s in stats}
+                    fastest_peer = min(rows[p].p50_ms for p in PEERS if p in rows)
+                    for s in rows.values():
+                        lines.append(f"| {label} | {seq or '-'} | {b} | {s.runner} | {s.p50_ms:.3f} | {s.p90_ms:.3f} | "
+                                     f"{s.p99_ms:.3f} | {b / (s.p50_ms / 1e3):.0f} | {rows[EAGER].p50_ms / s.p50_ms:.2f}x | "
+                                     f"{fastest_peer / s.p50_ms:.2f}x | {acc[s.runner]} |")
     elapsed = time.perf_counter() - started
     text = "\n".join(lines + [""] + [f"- {e}" for e in environment()] + [
         f"- every ONNX Runtime session: CPUExecutionProvider, all graph optimizations, intra_op_num_threads={threads}",
-        f"- {ORTQ}: `quantize_dynamic(plain, out)` on this script's own `torch.onnx.export(dynamo=True)` FP32 export",
-        f"- {args.iterations} timed runs per row after {args.warmup} warm-up runs, each runner in its own block; "
-        f"whole run {elapsed:.0f} s (builds included)"] + [f"- {n}" for n in notes])
+        "- peers run on this script's own `torch.onnx.export(dynamo=True)` FP32 export",
+        f"- {args.iterations} timed runs per row at batch 1 and {max(args.iterations // 10, 10)} at batch 32, after "
+        f"warm-up runs, each runner in its own block; whole run {elapsed:.0f} s (builds included)"] + [f"- {n}" for n in notes])
     publish(text, args.markdown)
 
 

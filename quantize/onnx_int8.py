@@ -16,6 +16,7 @@ run time; it needs no calibration data and runs on ONNX Runtime's CPU provider.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,9 +87,23 @@ def ensure_node_names(model) -> None:
         seen.add(node.name)
 
 
+@contextlib.contextmanager
+def _quiet_quantizer():
+    """ONNX Runtime's quantizers warn through the root logger ("Please consider to run pre-processing
+    before quantization"): infopt has already inferred shapes, so the advice does not apply here."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+
+
 def quantize_static(src: Path, dst: Path, ranges: dict[str, tuple[float, float]], nodes: list[str], *,
-                    placement: str = "onnxruntime") -> Path:
-    """A QDQ model of ``src`` with ``nodes`` quantized using calibrated activation ``ranges``."""
+                    placement: str = "onnxruntime", activation: str = "uint8", per_channel: bool = True) -> Path:
+    """A QDQ model of ``src`` with ``nodes`` quantized using calibrated activation ``ranges``;
+    ``activation`` (``uint8``/``int8``) and ``per_channel`` apply to ONNX Runtime's placement."""
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization.calibrate import CalibrationMethod, TensorsData
     from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
@@ -102,20 +117,24 @@ def quantize_static(src: Path, dst: Path, ranges: dict[str, tuple[float, float]]
              "OpTypesToExcludeOutputQuantization": ["MatMul", "Gemm"]}
     if trt:
         extra["QDQOpTypePerChannelSupportToAxis"] = {"MatMul": 1}
-    quantizer = QDQQuantizer(model, True, False, QuantType.QInt8, QuantType.QInt8 if trt else QuantType.QUInt8,
-                             tensors, list(nodes) or ["(none)"], [], list(STATIC_OPS), extra)
-    quantizer.quantize_model()
+    signed = trt or activation == "int8"
+    with _quiet_quantizer():
+        quantizer = QDQQuantizer(model, per_channel or trt, False, QuantType.QInt8,
+                                 QuantType.QInt8 if signed else QuantType.QUInt8, tensors, list(nodes) or ["(none)"], [],
+                                 list(STATIC_OPS), extra)
+        quantizer.quantize_model()
     return save_model(quantizer.model.model, dst)
 
 
-def quantize_dynamic(src: Path, dst: Path, nodes: list[str]) -> Path:
-    """Dynamic INT8: per-channel int8 MatMul weights, activations quantized per batch at run time."""
+def quantize_dynamic(src: Path, dst: Path, nodes: list[str], *, per_channel: bool = True) -> Path:
+    """Dynamic INT8: int8 MatMul weights (per channel or per tensor), activations quantized per batch at run time."""
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization import quantize_dynamic as ort_dynamic
 
-    ort_dynamic(str(src), str(dst), op_types_to_quantize=list(DYNAMIC_OPS), per_channel=True,
-                weight_type=QuantType.QInt8, nodes_to_quantize=list(nodes) or ["(none)"],
-                use_external_data_format=False)
+    with _quiet_quantizer():
+        ort_dynamic(str(src), str(dst), op_types_to_quantize=list(DYNAMIC_OPS), per_channel=per_channel,
+                    weight_type=QuantType.QInt8, nodes_to_quantize=list(nodes) or ["(none)"],
+                    use_external_data_format=False)
     return dst
 
 

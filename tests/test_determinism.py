@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from infopt.api.emit import VOLATILE_FILES, without_volatile
 from tests.conftest import run_cli
 from tests.payloads import Tiny
+
+RECIPES = Path(__file__).resolve().parent.parent / "recipes" / "pipelines"
 
 
 @pytest.mark.slow
@@ -24,7 +28,11 @@ def test_the_same_build_twice_gives_the_same_model_bytes_and_manifest(tmp_path):
         folder = tmp_path / side
         folder.mkdir()
         shutil.copy(tmp_path / "tiny.pt", folder / "tiny.pt")
-        proc = run_cli("build", "tiny.pt", "--input", "x:float32[batch,4]", "--backend", "onnxruntime", "--int8", "-q",
+        recipe = yaml.safe_load((RECIPES / "int8-onnxruntime.yaml").read_text())
+        next(p for p in recipe["passes"] if p["name"] == "quantize_int8")["options"]["choose"] = "first"
+        (folder / "int8-first.yaml").write_text(yaml.safe_dump(recipe))
+        # choose: first: INT8's choice among its variants by timing is volatile (emit.VOLATILE_KEYS)
+        proc = run_cli("build", "tiny.pt", "--input", "x:float32[batch,4]", "--recipe", "int8-first.yaml", "-q",
                        cwd=folder)
         assert proc.returncode == 0, proc.stderr[-2000:]
         dist = folder / "dist" / "tiny"

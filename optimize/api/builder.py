@@ -151,7 +151,7 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
           allow_pickle: bool = False, max_val_samples: int = DEFAULT_MAX_VAL_SAMPLES,
           calibration: Any = None, calib_samples: int | None = 128, calib_seed: int = 0, tokenizer: str | None = None,
           max_drift: str | None = None, pass_options: dict[str, dict[str, Any]] | None = None,
-          allow_partial: bool = False, progress: bool | Any = True,
+          allow_partial: bool = False, require_precision: bool = False, progress: bool | Any = True,
           command: Sequence[str] | None = None) -> BuildResult:
     """Build, validate and emit a deployable artifact.
 
@@ -163,7 +163,8 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     static; ``max_drift`` (``"cosine_mean=0.995"``) is the budget the INT8 fallback holds and the
     verdict checks; ``pass_options`` overrides recipe options by pass name. When one of several
     candidates fails to build, the build stops (``BuildError``, naming each failure) unless
-    ``allow_partial``: then the others are judged and the failures are listed. ``command`` is the
+    ``allow_partial``: then the others are judged and the failures are listed. INT8 on a CPU target
+    ships FP32 when no INT8 graph is faster here, unless ``require_precision``. ``command`` is the
     command line that asked for the build (the CLI passes it); the manifest records it, or else the
     Python call.
     """
@@ -184,6 +185,9 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
         budget = Budget.parse(max_drift)
         thresholds = {**(thresholds or {}), budget.threshold_name: budget.threshold}
     recipes = [_with_overrides(r, thresholds, batch_sizes, pass_options) for r in recipes]
+    if require_precision:
+        recipes = [_with_overrides(r, None, None, {"quantize_int8": {"require_int8": True}})
+                   if any(step.name == "quantize_int8" for step in r.passes) else r for r in recipes]
     for each in recipes:
         _check_int8_inputs(each, target_obj, calibration)
 
@@ -359,6 +363,8 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
     manifest = base_manifest(name, origin, target, recipe, spec, chosen.outputs, final.lineage, validation)
     manifest["candidates"] = cand.table(candidates, timings)
     manifest["selection"] = why
+    if _shipped_fp32(final.lineage):
+        manifest["precision_asked"], manifest["precision"] = manifest["precision"], "fp32"
     manifest["provenance"] = provenance.record(ctx.command, ctx.call, recipe.name, ctx.calib,
                                     {"source": source,
                                      "samples": sum(int(next(iter(b.values())).shape[0]) if spec.batch_symbol else 1 for b in batches),
@@ -508,6 +514,12 @@ def _engine_notes(server: TensorRTDetails | None) -> list[str]:
             "here is the ONNX model it is built from"]
 
 
+def _shipped_fp32(lineage) -> bool:
+    """Whether the INT8 pass found FP32 faster here and shipped it."""
+    return any(r.name == "quantize_int8" and not r.skipped and (d := Int8Details.of(r.details)) is not None
+               and d.shipped == "fp32" for r in lineage)
+
+
 def _int8_notes(lineage) -> list[str]:
     """What the report and CLI say about INT8: dynamic without calibration and why; a missed budget."""
     notes = []
@@ -520,9 +532,14 @@ def _int8_notes(lineage) -> list[str]:
                          "computes in FP32" + ("; pass --calib PATH for static INT8, which covers Conv and Gemm"
                                                if d.mode == "dynamic" else ""))
             continue
+        if d.shipped == "fp32":
+            notes.append(f"{d.selection}: this artifact computes in FP32")
+            continue
         if d.mode == "dynamic":
             notes.append("INT8 is dynamic: no calibration data was given, so activations are quantized per batch "
                          "at run time and only MatMul layers are INT8; pass --calib PATH for static INT8")
+        if d.selection:
+            notes.append(f"INT8 graph chosen by measurement: {d.selection}")
         if d.budget_met is False:
             notes.append(f"the drift budget {d.budget} was not met on {d.measured_on} "
                          f"({len(d.excluded)}/{len(d.layers)} layers in FP32)")

@@ -111,10 +111,13 @@ def write_reports(stage: Path, manifest: dict[str, Any]) -> None:
 
 
 VOLATILE_KEYS = frozenset({"created", "seconds", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "throughput", "speedup",
-                           "latency", "curve", "triton_tuning", "selection"})
+                           "latency", "curve", "triton_tuning", "selection", "variants", "shipped_variant"})
 """Manifest fields that differ between two builds of the same model with the same options: the time of
 the build and every timing (and what is chosen from timings: the Triton batching tuned to the
-measured curve, the words of the selection). Everything else, ``model/`` included, is byte-identical."""
+measured curve, the words of the selection, the INT8 variants timed). Everything else, ``model/``
+included, is byte-identical, as long as the choices made from timings come out the same: ``--backend
+auto`` and INT8's ``choose: fastest`` can ship another model when two are close (pin ``--backend`` and
+``choose: first`` in a recipe for reproducible builds)."""
 
 VOLATILE_FILES = ("report.md", "report.html", "servers/torchserve/", "servers/triton/", "servers/kserve/")
 """Files that carry timings or a build time: the reports, the Triton config tuned to the measured

@@ -51,6 +51,7 @@ def build(
     act_order: Annotated[bool, typer.Option("--act-order", help="INT4 GPTQ: quantize columns in order of activation size (checkpoint gets g_idx).")] = False,
     int4_checkpoint: Annotated[Optional[str], typer.Option("--int4-checkpoint", help="INT4: auto, gptq, awq or none: the 4-bit checkpoint written to servers/vllm/ for a Hugging Face model (auto: GPTQ layout; none after AWQ).")] = None,
     max_drift: Annotated[Optional[str], typer.Option("--max-drift", help="INT8 drift budget METRIC=VALUE, e.g. cosine_mean=0.995 or top1=0.99; sensitive layers fall back to FP32 until it holds.")] = None,
+    require_precision: Annotated[bool, typer.Option("--require-precision", help="Ship the precision asked for even when a faster one was measured (INT8 on a CPU where FP32 is faster).")] = False,
     allow_partial: Annotated[bool, typer.Option("--allow-partial", help="With several candidates, ship the best of those that built when others failed (default: exit 3 naming the failures).")] = False,
     as_json: o.Json = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display.")] = False,
@@ -63,6 +64,7 @@ def build(
         drift_section,
         int4_section,
         int8_section,
+        int8_variants_section,
         latency_section,
         passes_section,
         print_sections,
@@ -79,13 +81,14 @@ def build(
         allow_pickle=allow_pickle, progress=False if quiet else stderr(), calibration=calib, calib_samples=calib_samples, tokenizer=tokenizer,
         max_drift=max_drift, pass_options={**api_flags.calibration_options(calib_method, calib_percentile, calib_bins, smoothquant_alpha),
                                            **api_flags.int4_options(int4_method, group_size, act_order, int4_checkpoint)},
-        allow_partial=allow_partial, command=["infopt", *sys.argv[1:]],
+        allow_partial=allow_partial, require_precision=require_precision, command=["infopt", *sys.argv[1:]],
     )
     if as_json:
         print_json({"output_dir": str(result.output_dir), **result.manifest})
     else:
         m = result.manifest
-        chosen_sections = [summary(m), candidates_section(m), passes_section(m), int8_section(m), int4_section(m), drift_section(m), latency_section(m)]
+        chosen_sections = [summary(m), candidates_section(m), passes_section(m), int8_section(m), int8_variants_section(m),
+                           int4_section(m), drift_section(m), latency_section(m)]
         print_sections(stdout(), [s for s in chosen_sections if s is not None])
         stdout().print(f"wrote {shown_path(result.output_dir)}/ (report.md, report.html, manifest.json)", markup=False)
     if not result.passed:

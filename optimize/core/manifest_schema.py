@@ -121,6 +121,9 @@ class Manifest(_Open):
     source: Source
     target: TargetInfo
     precision: str
+    """what the model computes in"""
+    precision_asked: str | None = None
+    """set when it differs from ``precision``: INT8 asked, FP32 shipped because it was faster here"""
     backend: str
     inputs: Inputs
     outputs: list[TensorInfo]

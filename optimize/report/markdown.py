@@ -37,7 +37,9 @@ def summary(manifest: dict[str, Any]) -> Section:
     verdict = "PASS" if v["verdict"]["passed"] else "FAIL"
     target = manifest["target"]
     rows = [["verdict", verdict], ["target", f"{target['name']} ({target.get('description', '')})"],
-            ["precision", manifest["precision"]], ["backend", manifest["backend"]],
+            ["precision", manifest["precision"] + (f" ({manifest['precision_asked']} asked; see the notes)"
+                                                   if manifest.get("precision_asked") else "")],
+            ["backend", manifest["backend"]],
             ["recipe", manifest["recipe"]["name"]], ["source", f"{manifest['source']['path']} ({manifest['source']['format']})"],
             ["validated on", v["device"]]]
     notes = [f"failed: {r}" for r in v["verdict"]["reasons"]]
@@ -124,6 +126,24 @@ def int8_section(manifest: dict[str, Any]) -> Section | None:
     return Section("INT8 layers", ["rank", "layer", "op", "module", f"{metric} alone", "SQNR dB", "precision"], rows, notes)
 
 
+def int8_variants_section(manifest: dict[str, Any]) -> Section | None:
+    """The INT8 graphs tried and timed against FP32, and which one shipped."""
+    d = _details(manifest, Int8Details, "quantize_int8")
+    if d is None or not d.variants:
+        return None
+    rows = []
+    for v in d.variants:
+        times = "; ".join(f"b{r['batch']} {r['ratio']:.2f} ({r['lower']:.2f}-{r['upper']:.2f})" for r in v["ratios"]) or "-"
+        metric = v["drift"].get(d.budget_metric) if v["drift"] else None
+        held = "error: " + v["error"] if v["error"] else ("yes" if v["holds_budget"] else "no")
+        rows.append([v["name"], str(v["int8_layers"]), _num(metric, ".6g"), held, times])
+    chosen = "FP32" if d.shipped == "fp32" else d.shipped_variant
+    notes = ["time is the variant's / FP32's, median of ABBA trials with the confidence bounds, per batch size",
+             f"shipped: {chosen}; {d.selection}"]
+    return Section("INT8 variants", ["variant", "INT8 layers", d.budget_metric or "drift", "holds budget",
+                                     "time vs FP32 per batch (bounds)"], rows, notes)
+
+
 def int4_section(manifest: dict[str, Any]) -> Section | None:
     """The per-layer INT4 table: each Linear's group size and error, and why any stayed in float."""
     d = (_details(manifest, Int4Details, "quantize_int4", "quantize_int4_graph", with_layers=True)
@@ -191,7 +211,7 @@ def provenance_section(manifest: dict[str, Any]) -> Section | None:
 
 def sections(manifest: dict[str, Any]) -> list[Section]:
     found = [summary(manifest), candidates_section(manifest), io_section(manifest), passes_section(manifest), int8_section(manifest),
-             int4_section(manifest), drift_section(manifest), latency_section(manifest),
+             int8_variants_section(manifest), int4_section(manifest), drift_section(manifest), latency_section(manifest),
              curve_section(manifest), roofline_section(manifest),
              cost_section(manifest), tuning_section(manifest), provenance_section(manifest), files_section(manifest),
              versions_section(manifest)]

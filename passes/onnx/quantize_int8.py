@@ -17,7 +17,7 @@ from pydantic import Field
 from infopt.core.artifact import Artifact
 from infopt.core.errors import UsageError
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
-from infopt.quantize import onnx_int8, sensitivity
+from infopt.quantize import int8_variants, onnx_int8, sensitivity
 from infopt.quantize.calibrate import calibrate
 from infopt.quantize.observers import Observer
 from infopt.quantize.sensitivity import Budget, output_drift
@@ -38,6 +38,14 @@ class QuantizeInt8Options(PassOptions):
     budget: str = Field("cosine_mean=0.99", description="drift budget METRIC=VALUE the fallback holds (overridden by --max-drift)")
     fallback: bool = Field(True, description="keep the most sensitive layers in FP32 until the budget holds")
     sensitivity_samples: int = Field(64, ge=1, description="samples used to rank layer sensitivity")
+    choose: Literal["fastest", "first"] = Field(
+        "fastest", description="fastest: build the INT8 variants worth trying (activation type, weight scales, layers "
+                               "after pooling in float), time each against FP32 and ship the fastest that holds the "
+                               "budget, or FP32 when none is faster (ONNX Runtime on a CPU target); first: ship the first")
+    require_int8: bool = Field(False, description="ship INT8 even when FP32 is faster here (--require-precision)")
+    speed_trials: int = Field(5, ge=3, description="ABBA trials per batch size when timing the variants")
+    speed_batch_sizes: list[int] = Field(default_factory=list,
+                                         description="batch sizes the variants are timed at (default: 1 and up to 8)")
 
 
 def resolve_placement(placement: str, target) -> str:
@@ -114,8 +122,17 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
         dst, drift, excluded = _build_confirmed(build, layers, excluded, order, batches, reference, budget, context)
     finally:
         probe.close()
-    quantized = [layer for layer in layers if layer.node not in excluded]
-    met = budget.holds(drift)
+    int8_nodes = [layer.node for layer in layers if layer.node not in excluded]
+    shipped, selection, tried, variant = "int8", None, [], None
+    if options.choose == "fastest" and placement == "onnxruntime" and context.target.device == "cpu" and int8_nodes:
+        best, selection, tried = _fastest(mode, src, model, layers, int8_nodes, ranges, (dst, drift), batches,
+                                          reference, budget, options, artifact.spec, context)
+        if best is None:
+            shipped, dst, drift, int8_nodes, attachments = "fp32", artifact.path, {}, [], {}
+        else:
+            dst, drift, int8_nodes, variant = best.path, best.drift, best.nodes, best.name
+    quantized = [layer for layer in layers if layer.node in int8_nodes]
+    met = budget.holds(drift) if shipped == "int8" else True
     if met:
         verdict = ""
     elif len(excluded) == len(layers):
@@ -126,14 +143,42 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
                           budget_threshold=budget.threshold, budget_met=met, measured=drift,
                           measured_on="calibration data" if mode == "static" else "validation data",
                           calibration=calib_info, excluded=excluded, fallback_steps=steps, ranked=ranked is not None,
-                          layers=_layer_rows(ranked, layers, excluded, budget),
-                          quantized_ops=onnx_int8.quantized_nodes(dst))
+                          layers=_layer_rows(ranked, layers, excluded, budget, int8_nodes),
+                          quantized_ops=onnx_int8.quantized_nodes(dst), shipped=shipped, selection=selection,
+                          shipped_variant=variant, variants=[t.to_json() for t in tried])
+    if shipped == "fp32":
+        notes = [f"{mode} INT8 ({_why(mode, context)}): {selection}"]
+        return PassOutcome(artifact, False, notes, details)
     notes = [f"{mode} INT8 ({_why(mode, context)}): {len(quantized)}/{len(layers)} layers in INT8"
              + (f", {len(excluded)} kept in FP32 by the fallback" if excluded else ""),
              f"budget {budget}: measured {drift.get(budget.metric):.6g} on {details.measured_on}{verdict}"]
+    if selection:
+        notes.append(f"variant: {selection}")
     result = artifact.derive("onnx", path=dst)
     result.attachments.update(attachments)
     return PassOutcome(result, True, notes, details)
+
+
+def _fastest(mode, src, model, layers, int8_nodes, ranges, confirmed, batches, reference, budget, options, spec, context):
+    """The INT8 variants tried against FP32 (``quantize/int8_variants.py``): (the one to ship or None
+    for FP32, why, what was tried). The first variant is the model the fallback just confirmed."""
+    variants = int8_variants.candidates(mode, src, model, layers, int8_nodes, ranges)
+    first = int8_variants.Tried(variants[0].name, variants[0].why, int8_nodes, confirmed[0], confirmed[1],
+                                budget.holds(confirmed[1]))
+    tried = [first] + int8_variants.try_variants(variants[1:], context.workdir, batches, reference, budget, context.say)
+    sizes = options.speed_batch_sizes or _speed_sizes(spec)
+    feeds = int8_variants.timing_feeds(batches, sizes)
+    int8_variants.time_against_fp32(tried, src, feeds, options.speed_trials, context.say)
+    best, why = int8_variants.choose(tried, options.require_int8)
+    return best, why, tried
+
+
+def _speed_sizes(spec) -> list[int]:
+    """Batch 1 and the largest of the batch dim's range up to 8 (the variants' order rarely changes above it)."""
+    if spec.batch_symbol is None:
+        return [1]
+    largest = min(spec.dims[spec.batch_symbol].max, 8)
+    return sorted({1, largest})
 
 
 class Int8Details(PassDetails):
@@ -156,6 +201,14 @@ class Int8Details(PassDetails):
     fallback_steps: list[dict[str, Any]] = Field(default_factory=list)
     ranked: bool = False
     quantized_ops: dict[str, int] = Field(default_factory=dict)
+    shipped: Literal["int8", "fp32"] = "int8"
+    """fp32 when no INT8 variant was faster than FP32 here and INT8 was not required"""
+    selection: str | None = None
+    """why the shipped graph, with the timing figures"""
+    shipped_variant: str | None = None
+    """the name of the INT8 variant shipped, when variants were tried and one was"""
+    variants: list[dict[str, Any]] = Field(default_factory=list)
+    """every INT8 variant tried: its drift, whether it held the budget, its time against FP32 per batch size"""
 
 
 def _why(mode: str, context: PassContext) -> str:
@@ -217,12 +270,16 @@ def _build_confirmed(build, layers, excluded, order, batches, reference, budget,
         excluded.append(remaining[0])
 
 
-def _layer_rows(ranked, layers, excluded, budget) -> list[dict]:
+def _layer_rows(ranked, layers, excluded, budget, int8_nodes) -> list[dict]:
     """One row per layer: most sensitive first when the layers were ranked, else in graph order with no drift figure."""
     rows = ranked if ranked is not None else [{"layer": x.node, "op": x.op, "module": x.module, "drift": {}} for x in layers]
+
+    def precision(layer: str) -> str:
+        return "int8" if layer in int8_nodes else "fp32 (fallback)" if layer in excluded else "fp32 (faster)"
+
     return [{"layer": r["layer"], "op": r["op"], "module": r["module"],
              budget.metric: r["drift"].get(budget.metric), "sqnr_db": r["drift"].get("sqnr_db"),
-             "precision": "fp32 (fallback)" if r["layer"] in excluded else "int8"} for r in rows]
+             "precision": precision(r["layer"])} for r in rows]
 
 
 PASS = Pass(
