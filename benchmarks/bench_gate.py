@@ -51,7 +51,8 @@ def _builds(work: Path) -> dict[str, Path]:
     return {"val": val,
             "baseline": infopt.build(model, output=work / "baseline", **common).output_dir,
             "identical": infopt.build(model, output=work / "identical", **common).output_dir,
-            "broken int8": infopt.build(model, output=work / "int8", precision="int8", calibration=bad_calib, **common).output_dir,
+            "broken int8": infopt.build(model, output=work / "int8", precision="int8", calibration=bad_calib,
+                                        require_precision=True, **common).output_dir,
             "extra work": infopt.build(WithExtraWork(model).eval(), output=work / "extra", **common).output_dir}
 
 

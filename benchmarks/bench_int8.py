@@ -24,6 +24,12 @@ ONNX Runtime session has the same options (all graph optimizations, ``intra_op_n
 so the infopt models are run from their ``model/model.onnx`` rather than through ``result.load()``.
 "vs fastest peer" is the fastest peer's p50 over this row's (above 1: this row is faster).
 
+The blocks above run one after the other, so a machine whose speed drifts over the run skews them. The
+second table settles the question the blocks only suggest: each infopt INT8 build against the fastest
+peer of its row, timed with the release gate's method (``validators/side_by_side.py``: ABBA trials
+of interleaved blocks, the median of the per-trial ratios and its 95% confidence bounds), given as
+the peer's time over infopt's (above 1: infopt is faster).
+
     python benchmarks/bench_int8.py [--iterations 200] [--markdown benchmarks/results/int8.md]
     python benchmarks/bench_int8.py --quick [--models cnn]     # a fast check; writes no results file
 """
@@ -45,6 +51,7 @@ import infopt  # noqa: E402
 from benchmarks.common import arguments, environment, minilm_eval, publish, timed  # noqa: E402
 from infopt.runtime.backends.onnxruntime import OrtRunner  # noqa: E402
 from infopt.runtime.runner import TorchRunner  # noqa: E402
+from infopt.validators.side_by_side import compare  # noqa: E402
 
 EAGER, ORT32, ORTQ, ORTS, OPTIMUM, STATIC, DYNAMIC = (
     "eager fp32", "onnxruntime fp32 (infopt build)", "ORT quantize_dynamic defaults", "ORT quantize_static defaults",
@@ -187,12 +194,16 @@ def cnn_case(work: Path, quick: bool, notes: list[str]):
 
 
 def main() -> None:
-    args = arguments(__doc__, "int8.md", "minilm,cnn", "a fast check: 20 iterations, 64 evaluation sentences, 32 calibration samples")
+    args = arguments(__doc__, "int8.md", "minilm,cnn", "a fast check: 20 iterations, 64 evaluation sentences, 32 calibration samples",
+                     extra=lambda parser: parser.add_argument("--trials", type=int, default=9,
+                                                              help="ABBA trials per head-to-head row"))
     threads = os.cpu_count() or 1
     started = time.perf_counter()
     lines = ["| model | seq | batch | runner | p50 ms | p90 ms | p99 ms | samples/s (p50) | vs eager (p50) "
              "| vs fastest peer (p50) | accuracy |", "| --- " * 11 + "|"]
     notes: list[str] = []
+    duels = ["| model | seq | batch | infopt | fastest peer | infopt ms | peer ms | peer / infopt (95% bounds) |",
+             "| --- " * 8 + "|"]
     makers = {"minilm": minilm_case, "cnn": cnn_case}
     with tempfile.TemporaryDirectory(prefix="bench-int8-") as tmp:
         work = args.workdir or Path(tmp)
@@ -216,8 +227,16 @@ def main() -> None:
                         lines.append(f"| {label} | {seq or '-'} | {b} | {s.runner} | {s.p50_ms:.3f} | {s.p90_ms:.3f} | "
                                      f"{s.p99_ms:.3f} | {b / (s.p50_ms / 1e3):.0f} | {rows[EAGER].p50_ms / s.p50_ms:.2f}x | "
                                      f"{fastest_peer / s.p50_ms:.2f}x | {acc[s.runner]} |")
+                    peer = min((p for p in PEERS if p in rows), key=lambda p: rows[p].p50_ms)
+                    for mine in (STATIC, DYNAMIC):
+                        if mine not in runners:
+                            continue
+                        r = compare(runners[mine], runners[peer], {b: feed(seq, b)}, trials=args.trials,
+                                    iterations=3 if b == 1 else 1, warmup=2)[0]
+                        duels.append(f"| {label} | {seq or '-'} | {b} | {mine} | {peer} | {r.candidate_p50_ms:.3f} | "
+                                     f"{r.baseline_p50_ms:.3f} | {1 / r.ratio:.2f}x ({1 / r.upper:.2f}-{1 / r.lower:.2f}) |")
     elapsed = time.perf_counter() - started
-    text = "\n".join(lines + [""] + [f"- {e}" for e in environment()] + [
+    text = "\n".join(lines + [""] + duels + [""] + [f"- {e}" for e in environment()] + [
         f"- every ONNX Runtime session: CPUExecutionProvider, all graph optimizations, intra_op_num_threads={threads}",
         "- peers run on this script's own `torch.onnx.export(dynamo=True)` FP32 export",
         f"- {args.iterations} timed runs per row at batch 1 and {max(args.iterations // 10, 10)} at batch 32, after "

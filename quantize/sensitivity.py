@@ -50,6 +50,19 @@ class Budget:
         main = value if self.metric in LOWER_IS_BETTER else -value
         return main * 1e6 - (drift.get("sqnr_db") or 0.0)
 
+    def loss(self, drift: dict) -> float:
+        """How far the budget's metric is from an exact output (0: exact), on a scale where the
+        losses of different layers can be divided by the milliseconds they save: the error itself,
+        1 - similarity, or the noise power 10^(-SQNR/10)."""
+        value = drift.get(self.metric)
+        if value is None:
+            return 0.0
+        if self.metric in LOWER_IS_BETTER:
+            return max(float(value), 0.0)
+        if self.metric == "sqnr_db":
+            return 10 ** (-float(value) / 10)
+        return max(1.0 - float(value), 0.0)
+
     def __str__(self) -> str:
         return f"{self.metric} {'<=' if self.metric in LOWER_IS_BETTER else '>='} {self.threshold:g}"
 
@@ -123,6 +136,25 @@ def rank(probe: Probe, batches, budget: Budget, progress: Callable[[str], None] 
                      "badness": budget.badness(drift)})
     rows.sort(key=lambda r: -r["badness"])
     return rows
+
+
+def order_by_cost(ranked: list[dict], saved_ms: dict[str, float], budget: Budget) -> list[dict]:
+    """``ranked`` reordered for the fallback by drift per millisecond saved, worst first: layers whose
+    INT8 form saves no time (or costs time) go first, most drift first; then the rest by the budget's
+    loss over the milliseconds they save, ties (a coarse metric like top-1) broken by SQNR noise
+    power per millisecond. Each row gains ``ms_saved`` and ``drift_per_ms``."""
+    def noise(row: dict) -> float:
+        return 10 ** (-(row["drift"].get("sqnr_db") or 0.0) / 10)
+
+    rows = []
+    for row in ranked:
+        ms = float(saved_ms.get(row["layer"], 0.0))
+        per_ms = budget.loss(row["drift"]) / ms if ms > 0 else None
+        rows.append({**row, "ms_saved": ms, "drift_per_ms": per_ms})
+    free = sorted((r for r in rows if r["ms_saved"] <= 0), key=lambda r: -r["badness"])
+    paid = sorted((r for r in rows if r["ms_saved"] > 0),
+                  key=lambda r: (-r["drift_per_ms"], -noise(r) / r["ms_saved"]))
+    return free + paid
 
 
 def choose_fallback(probe: Probe, batches, budget: Budget, ranked: list[dict] | Callable[[], list[dict]],

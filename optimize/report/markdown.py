@@ -108,12 +108,19 @@ def int8_section(manifest: dict[str, Any]) -> Section | None:
     if d is None:
         return None
     metric = d.budget_metric
+    by_cost = d.fallback_order == "drift_per_ms"
     rows = [[str(i + 1), r["layer"], r["op"], r["module"] or "-", _num(r[metric], ".6g"), _num(r["sqnr_db"], ".1f"),
-             r["precision"]] for i, r in enumerate(d.layers)]
+             *([_num(r.get("ms_saved"), ".3f")] if by_cost else []), r["precision"]] for i, r in enumerate(d.layers)]
     quantized = sum(r["precision"] == "int8" for r in d.layers)
-    order = (f"rows are ranked by the drift each layer adds when it alone is INT8 (on {d.measured_on})"
-             if d.ranked else "rows in graph order; each layer's drift alone was not measured, "
-             "since the model with every layer in INT8 met the budget")
+    if by_cost:
+        order = (f"rows in the order the fallback moves layers to FP32: layers whose INT8 form saves no time first, "
+                 f"then the most drift per millisecond saved (drift alone on {d.measured_on}; ms saved per run from "
+                 f"ONNX Runtime's profiler, FP32 against every layer in INT8)")
+    elif d.ranked:
+        order = f"rows are ranked by the drift each layer adds when it alone is INT8 (on {d.measured_on})"
+    else:
+        order = ("rows in graph order; each layer's drift alone was not measured, "
+                 "since the model with every layer in INT8 met the budget")
     notes = [f"{d.mode} INT8, {d.placement} placement: {quantized}/{len(d.layers)} layers INT8; {order}",
              f"budget {d.budget}: {'met' if d.budget_met else 'NOT met'}, measured {_num(d.measured.get(metric), '.6g')}"
              f" with the layers above in their final precision"]
@@ -123,7 +130,8 @@ def int8_section(manifest: dict[str, Any]) -> Section | None:
     if calib:
         notes.append(f"calibration: {calib['method']} on {calib['samples']} samples from {calib['source']}"
                      + (" (read from the calibration cache)" if calib["cached"] else ""))
-    return Section("INT8 layers", ["rank", "layer", "op", "module", f"{metric} alone", "SQNR dB", "precision"], rows, notes)
+    columns = ["rank", "layer", "op", "module", f"{metric} alone", "SQNR dB", *(["ms saved"] if by_cost else []), "precision"]
+    return Section("INT8 layers", columns, rows, notes)
 
 
 def int8_variants_section(manifest: dict[str, Any]) -> Section | None:

@@ -103,6 +103,10 @@ def test_unreachable_budget_is_a_failed_verdict_that_says_so(files, calib, tmp_p
     details = next(p for p in manifest["passes"] if p["name"] == "quantize_int8")["details"]
     assert details["ranked"] and all(r["max_abs"] is not None for r in details["layers"])  # ranked to choose the fallback
     assert [r["precision"] for r in details["layers"]] == ["fp32 (fallback)"] * 3
+    # on a CPU target the fallback takes layers in order of drift per millisecond saved, and the rows follow it
+    assert details["fallback_order"] == "drift_per_ms" and all(isinstance(r["ms_saved"], float) for r in details["layers"])
+    assert details["excluded"] == [r["layer"] for r in details["layers"]]
+    assert "ms saved" in (out / "report.md").read_text()
     assert any(r.startswith("max_abs") for r in manifest["validation"]["verdict"]["reasons"])
 
 

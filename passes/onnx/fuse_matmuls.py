@@ -1,0 +1,140 @@
+"""Sibling MatMul fusion: MatMuls that read the same activation through constant weights (a
+transformer's query, key and value projections) become one MatMul over the concatenated weights,
+one bias Add, and a Split back into the original outputs.
+
+The result is exact in FP32, and INT8 sees the same numbers: per-channel weight scales are per
+output column, which the concatenation keeps, and the shared activation was already quantized
+once with one scale. What changes is the work ONNX Runtime does: one integer GEMM of three times
+the width instead of three, one quantization of the activation inside a fused dynamic-INT8 kernel
+instead of one per projection. On all-MiniLM-L6-v2 with dynamic INT8 this saves about a tenth of
+the run time at batch 1 and 32 (benchmarks/README.md). The fused layer is one layer for the
+INT8 fallback, named after the first of its members, its module the members' modules joined.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from infopt.core.artifact import Artifact
+from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.quantize import onnx_int8
+
+SCOPES = "pkg.torch.onnx.name_scopes"
+
+
+def siblings(model) -> list[tuple[list, list]]:
+    """Groups of two or more MatMuls on one activation, each with a constant 2-D float weight used by
+    no other node and a single consumer that adds a constant 1-D bias (or every member without a bias
+    Add): (matmuls, adds or Nones)."""
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    consumers: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+
+    def bias_add(mm):
+        users = consumers.get(mm.output[0], [])
+        if len(users) != 1 or users[0].op_type != "Add" or mm.output[0] in outputs:
+            return None
+        other = [i for i in users[0].input if i != mm.output[0]]
+        return users[0] if len(other) == 1 and other[0] in inits and len(inits[other[0]].dims) == 1 else None
+
+    by_input: dict[str, list] = {}
+    for node in graph.node:
+        weight = inits.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if (weight is not None and weight.data_type == 1 and len(weight.dims) == 2
+                and len(consumers[node.input[1]]) == 1):
+            by_input.setdefault(node.input[0], []).append(node)
+    groups = []
+    for mms in by_input.values():
+        adds = [bias_add(mm) for mm in mms]
+        if len(mms) >= 2 and (all(a is not None for a in adds) or all(a is None for a in adds)):
+            groups.append((mms, adds))
+    return groups
+
+
+def _joined_scope(mms) -> str:
+    names = [onnx_int8.module_path(mm) for mm in mms]
+    if not all(names):
+        return ""
+    prefix = names[0].rsplit(".", 1)[0] + "." if "." in names[0] else ""
+    if all(n.startswith(prefix) for n in names):
+        return prefix + "+".join(n[len(prefix):] for n in names)
+    return "+".join(names)
+
+
+def fuse(model) -> int:
+    """Fuse every sibling group of ``model`` (an ``onnx.ModelProto``) in place; returns how many groups."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
+    replaced: dict[int, list] = {}
+    dropped: set[int] = set()
+    groups = siblings(model)
+    for mms, adds in groups:
+        head = mms[0].name
+        weights = [numpy_helper.to_array(inits[mm.input[1]]) for mm in mms]
+        widths = [w.shape[1] for w in weights]
+        new_inits = [numpy_helper.from_array(np.concatenate(weights, axis=1), f"{head}_fused_weight")]
+        nodes = [helper.make_node("MatMul", [mms[0].input[0], new_inits[0].name], [f"{head}_fused_out"], name=f"{head}_fused")]
+        scope = _joined_scope(mms)
+        if scope:
+            nodes[0].metadata_props.add(key=SCOPES, value=str([scope, "matmul"]))
+        split_input, outs = nodes[0].output[0], [mm.output[0] for mm in mms]
+        if adds[0] is not None:
+            biases = [numpy_helper.to_array(inits[next(i for i in a.input if i in inits)]) for a in adds]
+            new_inits.append(numpy_helper.from_array(np.concatenate(biases), f"{head}_fused_bias"))
+            nodes.append(helper.make_node("Add", [split_input, new_inits[-1].name], [f"{head}_fused_biased"],
+                                          name=f"{head}_fused_add"))
+            split_input, outs = nodes[-1].output[0], [a.output[0] for a in adds]
+        sizes = np.asarray(widths, np.int64)
+        if opset >= 13:
+            new_inits.append(numpy_helper.from_array(sizes, f"{head}_fused_sizes"))
+            nodes.append(helper.make_node("Split", [split_input, new_inits[-1].name], outs, name=f"{head}_fused_split", axis=-1))
+        else:
+            nodes.append(helper.make_node("Split", [split_input], outs, name=f"{head}_fused_split", axis=-1, split=widths))
+        graph.initializer.extend(new_inits)
+        replaced[id(mms[0])] = nodes
+        dropped |= {id(n) for n in (*mms, *adds) if n is not None}
+        for mm in mms:
+            graph.initializer.remove(inits[mm.input[1]])
+        for add in adds if adds[0] is not None else []:
+            bias = next(i for i in add.input if i in inits)
+            graph.initializer.remove(inits[bias])
+    if groups:
+        kept = []
+        for node in graph.node:
+            kept.extend(replaced.get(id(node), [] if id(node) in dropped else [node]))
+        del graph.node[:]
+        graph.node.extend(kept)
+        del graph.value_info[:]
+    return len(groups)
+
+
+def run(artifact: Artifact, options: PassOptions, context: PassContext) -> PassOutcome:
+    import onnx
+
+    model = onnx.load(str(artifact.path))
+    onnx_int8.ensure_node_names(model)
+    groups = fuse(model)
+    if not groups:
+        return PassOutcome(artifact, False, ["no MatMuls share an activation; nothing to fuse"])
+    onnx.checker.check_model(model)
+    path = onnx_int8.save_model(model, context.workdir / "fused-matmuls.onnx")
+    return PassOutcome(artifact.derive("onnx", path=path), True,
+                       [f"fused {groups} groups of MatMuls that share an activation (e.g. query/key/value)"],
+                       {"groups": groups})
+
+
+PASS = Pass(
+    name="fuse_matmuls",
+    consumes="onnx",
+    produces="onnx",
+    run=run,
+    options=PassOptions,
+    description="fuse MatMuls that share an activation (query/key/value) into one MatMul and a Split; exact",
+)
