@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import onnx
@@ -23,7 +24,7 @@ def cnn_dist(files, tmp_path_factory):
                    "--val", str(files / "digits_val.npz"), "--batch-sizes", "1,16", "--name", "digits", "--output", str(out),
                    "--backend", "onnxruntime", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return out, json.loads(proc.stdout)
+    return out, json.loads(proc.stdout), proc.stderr
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def encoder_dist(files, tmp_path_factory):
 
 
 def test_cnn_layout_and_manifest(cnn_dist):
-    out, printed = cnn_dist
+    out, printed, _ = cnn_dist
     for rel in ("manifest.json", "report.md", "model/model.onnx", "servers/triton/digits/config.pbtxt",
                 "servers/triton/digits/1/model.onnx", "validation/samples.npz"):
         assert (out / rel).is_file(), rel
@@ -62,8 +63,36 @@ def test_cnn_layout_and_manifest(cnn_dist):
     assert manifest["validation"]["verdict"]["passed"] is True
 
 
+def test_json_says_the_verdict_output_and_choice_first_and_stderr_has_step_lines(cnn_dist):
+    """A script reads passed/output/chosen at the top; a CI log (stderr is not a terminal here) gets
+    one timestamped line as each step starts and ends, and no blank lines."""
+    out, printed, stderr = cnn_dist
+    assert list(printed)[:3] == ["passed", "output", "chosen"]
+    assert printed["passed"] is True and printed["output"] == str(out)
+    assert printed["chosen"]["recipe"] == "fp32-onnxruntime" and printed["chosen"]["backend"] == "onnxruntime"
+    assert printed["chosen"]["speedup"] > 0 and set(printed["chosen"]["p50_ms"]) == {"1", "16"}
+    lines = stderr.splitlines()
+    assert lines and all(re.match(r"\[ *\d+ s\] \S", line) for line in lines), stderr[-2000:]
+    assert any(line.endswith("pass capture (1/5)") for line in lines)
+    assert any(line.endswith("pass ort_optimize done") for line in lines)
+    assert any("validating: drift against the eager reference: done" in line for line in lines)
+
+
+@pytest.mark.parametrize(("args", "kind", "fix"), [
+    (["build", "missing.pt"], "cannot load model", "relative to the current folder"),
+    (["build", "missing.pt", "--no-such-flag"], "bad input", "build --help"),
+])
+def test_json_errors_are_a_json_object_on_stdout(args, kind, fix, tmp_path):
+    proc = run_cli(*args, "--json", cwd=tmp_path)
+    assert proc.returncode == 2
+    error = json.loads(proc.stdout)
+    assert error["passed"] is False and error["kind"] == kind and error["exit_code"] == 2 and fix in error["fix"]
+    assert set(error) == {"passed", "error", "kind", "where", "fix", "exit_code"}
+    assert "error (" in proc.stderr  # the person reading the log still gets the text
+
+
 def test_cnn_report_and_triton_config(cnn_dist):
-    out, _ = cnn_dist
+    out, _, _ = cnn_dist
     report = (out / "report.md").read_text()
     for heading in ("## Passes", "## Drift against the eager reference", "## Latency (ms)", "| fold_batchnorm |"):
         assert heading in report
@@ -74,7 +103,7 @@ def test_cnn_report_and_triton_config(cnn_dist):
 
 
 def test_provenance_records_the_command_line_and_data(cnn_dist, files):
-    out, _ = cnn_dist
+    out, _, _ = cnn_dist
     prov = json.loads((out / "manifest.json").read_text())["provenance"]
     assert prov["command"].startswith("infopt build ") and f"--val {files / 'digits_val.npz'}" in prov["command"]
     assert prov["python_call"] is None and prov["recipe"] == "fp32-onnxruntime" and prov["calibration"] is None
@@ -91,7 +120,7 @@ def test_provenance_records_the_command_line_and_data(cnn_dist, files):
 def test_verify_passes_then_names_every_changed_missing_or_added_file(cnn_dist, tmp_path):
     import shutil
 
-    out, _ = cnn_dist
+    out, _, _ = cnn_dist
     proc = run_cli("verify", str(out), "--json")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
@@ -113,7 +142,7 @@ def test_verify_passes_then_names_every_changed_missing_or_added_file(cnn_dist, 
 
 def test_built_cnn_keeps_its_accuracy(cnn_dist, digits):
     """The deployable ONNX model classifies held-out digits as well as the trained model."""
-    out, _ = cnn_dist
+    out, _, _ = cnn_dist
     runner = infopt.load(out)
     x, y = digits[1]["val"]
     logits = np.concatenate([runner(x[i:i + 64]) for i in range(0, len(x), 64)])

@@ -14,6 +14,7 @@ from infopt.api import provenance
 from infopt.api.emit import SAMPLES_FILE, base_manifest, read_samples, source_info, store_samples, write_output
 from infopt.api.provenance import call_text, check_files, check_sealed
 from infopt.api.signing import check_signature
+from infopt.core import progress as progress_display
 from infopt.core.errors import BuildError, EnvironmentProblem, InputSpecError, UsageError, ValidationFailed
 from infopt.core.inputspec import InputSpec, parse_dim
 from infopt.core.manifest import data_sha256, model_bytes, read_manifest
@@ -310,7 +311,7 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
     built = [c for c in candidates if c.status == "built"]
     max_batch = spec.dims[spec.batch_symbol].max if spec.batch_symbol else 1
     batches = list(split_batches(batches, spec, max_batch))
-    status = console.status("validating: drift against the eager reference") if console else None
+    status = progress_display.status(console, "validating: drift against the eager reference")
     if status:
         status.start()
     try:
@@ -401,7 +402,7 @@ def _measure_curve(chosen, spec, module, console) -> list[dict[str, Any]]:
         return []
     vocab = embedding_vocab(module) or 2
     feeds = {b: random_feed(spec, int_high=vocab, **{spec.batch_symbol: b}) for b in sizes}
-    status = console.status(f"measuring the latency-versus-batch curve ({', '.join(map(str, sizes))})") if console else None
+    status = progress_display.status(console, f"measuring the latency-versus-batch curve ({', '.join(map(str, sizes))})")
     if status:
         status.start()
     try:

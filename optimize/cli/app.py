@@ -75,15 +75,28 @@ def main() -> None:
         code = app(standalone_mode=False)
     except InfoptError as exc:
         _print_error(exc.title, exc.render())
+        _json_error(exc, exc.exit_code)
         sys.exit(exc.exit_code)
     except _usage_errors() as exc:
-        _print_usage_error(exc)
+        _json_error(_print_usage_error(exc), 2)
         sys.exit(2)
     except (KeyboardInterrupt, typer.Abort):
         code = 130
     if code == 130:
         _print_error("interrupted", STOPPED)
+        _json_error(InfoptError(STOPPED), 130, kind="interrupted")
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _json_error(exc, code: int, kind: str | None = None) -> None:
+    """With ``--json``, an error is also one JSON object on stdout, so a script reads it like a result:
+    ``passed`` (false), ``error``, ``kind``, ``where``, ``fix``, ``exit_code``."""
+    if "--json" not in sys.argv[1:]:
+        return
+    import json
+
+    print(json.dumps({"passed": False, "error": exc.what, "kind": kind or exc.title, "where": exc.where,
+                      "fix": exc.fix, "exit_code": code}, indent=2))
 
 
 STOPPED = "stopped; an output folder is only ever replaced whole, so it is as it was before this build (or as the build left it if it had finished)"
@@ -114,13 +127,16 @@ def _usage_errors() -> tuple[type[Exception], ...]:
     return tuple(found)
 
 
-def _print_usage_error(exc) -> None:
-    """click's usage errors in infopt's form: what was wrong, where (the command), what to do."""
+def _print_usage_error(exc):
+    """click's usage errors in infopt's form: what was wrong, where (the command), what to do; returns it
+    as an ``InfoptError``."""
     from infopt.core.errors import UsageError
 
     command = exc.ctx.command_path if exc.ctx is not None else "infopt"
     what = exc.format_message().strip().rstrip(".")
-    _print_error("usage", UsageError(what, where=command, fix=f"run `{command} --help` for its arguments and options").render())
+    error = UsageError(what, where=command, fix=f"run `{command} --help` for its arguments and options")
+    _print_error("usage", error.render())
+    return error
 
 
 def _print_error(title: str, message: str) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from pydantic import ValidationError
 from rich.markup import escape
 
+from infopt.core import progress as progress_display
 from infopt.core.artifact import STAGE, Artifact
 from infopt.core.errors import BuildError, InfoptError, RecipeError, UsageError
 from infopt.core.lineage import PassRecord
@@ -196,10 +197,4 @@ def _first_line(exc: Exception) -> str:
 
 
 def _progress(console):
-    if console is None:
-        return None
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                    TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                    console=console, transient=True)
+    return progress_display.bar(console)

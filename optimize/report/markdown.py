@@ -121,9 +121,10 @@ def int8_section(manifest: dict[str, Any]) -> Section | None:
     else:
         order = ("rows in graph order; each layer's drift alone was not measured, "
                  "since the model with every layer in INT8 met the budget")
+    measured = (" by the FP32 model shipped (no INT8 layer: see INT8 variants)" if d.shipped == "fp32" else
+                f", measured {_num(d.measured.get(metric), '.6g')} with the layers above in their final precision")
     notes = [f"{d.mode} INT8, {d.placement} placement: {quantized}/{len(d.layers)} layers INT8; {order}",
-             f"budget {d.budget}: {'met' if d.budget_met else 'NOT met'}, measured {_num(d.measured.get(metric), '.6g')}"
-             f" with the layers above in their final precision"]
+             f"budget {d.budget}: {'met' if d.budget_met else 'NOT met'}{measured}"]
     if d.excluded:
         notes.append("kept in FP32 by the fallback, in order: " + ", ".join(d.excluded))
     calib = d.calibration

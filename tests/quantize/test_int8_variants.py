@@ -118,6 +118,7 @@ def test_a_default_build_ships_what_it_measured_as_fastest(cli_builds):
         assert details["shipped"] == "fp32" and manifest["precision"] == "fp32" and manifest["precision_asked"] == "int8"
         assert not ops & INTEGER_OPS
         assert "INT8 is slower than FP32" in proc.stdout and "--require-precision" in proc.stdout
+        assert "met by the FP32 model shipped" in report
     else:
         assert details["shipped"] == "int8" and details["shipped_variant"] == fastest["name"]
         assert manifest["precision"] == "int8" and ops & INTEGER_OPS
