@@ -203,7 +203,9 @@ def test_inspect_targets_recipes_doctor_version(files):
     assert info["inputs"]["dims"]["batch"] == {"min": 1, "opt": 8, "max": 64}
     assert info["outputs"][0]["shape_at_opt"][1] == 10
     proc = run_cli("targets", "--json")
-    assert set(json.loads(proc.stdout)) >= {"cpu", "h100", "h200", "a100", "l4", "t4"}
+    found = json.loads(proc.stdout)
+    assert set(found) >= {"cpu", "gpu", "h100", "h200", "a100", "l4", "t4"}
+    assert found["gpu"]["device"] == "cuda" and found["gpu"]["memory_bandwidth_gbs"] is None  # any GPU: no roofline
     proc = run_cli("recipes", "--passes", "--json")
     assert "fold_batchnorm" in json.loads(proc.stdout)["passes"]
     proc = run_cli("doctor", "--json")
@@ -211,3 +213,24 @@ def test_inspect_targets_recipes_doctor_version(files):
     assert checks["onnxruntime"]["ok"] and checks["torch"]["ok"]
     proc = run_cli("--version")
     assert proc.returncode == 0 and proc.stdout.startswith("infopt ")
+
+
+def test_help_shows_no_type_on_flags_and_a_guessed_option_gets_a_pointer(tmp_path):
+    for args in (["--help"], ["build", "--help"], ["gate", "--help"]):
+        proc = run_cli(*args)
+        assert proc.returncode == 0
+        flags = [line for line in proc.stdout.splitlines() if "<bool>" in line]
+        assert all("--help" in line for line in flags), flags  # typer's own --help keeps its tag
+    proc = run_cli("gate", "--markdown", "x.md", "dist/a", "dist/b", cwd=tmp_path)
+    assert proc.returncode == 2 and "--summary FILE" in proc.stderr
+
+
+def test_any_gpu_target_builds_without_figures(files, tmp_path):
+    """--target gpu: a CUDA target with no published figures; built here without a GPU, its report says
+    why there is no cost line rather than inventing one."""
+    proc = run_cli("build", str(files / "cnn_ts.pt"), "--input", "x:float32[batch,1,8,8]", "--target", "gpu",
+                   "--backend", "onnxruntime", "--batch-sizes", "1", "-o", "dist/gpu", "-q", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    manifest = json.loads((tmp_path / "dist/gpu/manifest.json").read_text())
+    assert manifest["target"]["name"] == "gpu" and manifest["target"]["device"] == "cuda"
+    assert "declares no price_per_hour" in (tmp_path / "dist/gpu/report.md").read_text()

@@ -40,8 +40,8 @@ def _version(value: bool) -> None:
 @app.callback()
 def root(
     version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
-                                                    help="Print the version and exit.")] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log each step, and show tracebacks of unexpected errors.")] = False,
+                                                    metavar="", help="Print the version and exit.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", metavar="", help="Log each step, and show tracebacks of unexpected errors.")] = False,
 ) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not verbose:
@@ -127,6 +127,14 @@ def _usage_errors() -> tuple[type[Exception], ...]:
     return tuple(found)
 
 
+NEAR_MISSES = {
+    ("gate", "--markdown"): "the gate writes its Markdown with --summary FILE (--junit FILE for CI test reports); ",
+    ("gate", "--md"): "the gate writes its Markdown with --summary FILE; ",
+    ("build", "--markdown"): "a build always writes report.md (and report.html) into its output folder; ",
+}
+"""(command, option a user guesses) -> what to use instead, put before the usual fix."""
+
+
 def _print_usage_error(exc):
     """click's usage errors in infopt's form: what was wrong, where (the command), what to do; returns it
     as an ``InfoptError``."""
@@ -134,7 +142,8 @@ def _print_usage_error(exc):
 
     command = exc.ctx.command_path if exc.ctx is not None else "infopt"
     what = exc.format_message().strip().rstrip(".")
-    error = UsageError(what, where=command, fix=f"run `{command} --help` for its arguments and options")
+    hint = next((h for (cmd, option), h in NEAR_MISSES.items() if command.endswith(cmd) and f"option: {option}" in what), "")
+    error = UsageError(what, where=command, fix=hint + f"run `{command} --help` for its arguments and options")
     _print_error("usage", error.render())
     return error
 

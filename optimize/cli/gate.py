@@ -29,7 +29,7 @@ def gate(
     batch_sizes: o.BatchSizes = None,
     max_size_ratio: Annotated[Optional[float], typer.Option("--max-size-ratio", help="Fail if the candidate's model files are this many times the baseline's.")] = None,
     max_memory_ratio: Annotated[Optional[float], typer.Option("--max-memory-ratio", help="Fail if the candidate's peak memory is this many times the baseline's.")] = None,
-    no_memory: Annotated[bool, typer.Option("--no-memory", help="Skip the peak-memory measurement (two child processes).")] = False,
+    no_memory: Annotated[bool, typer.Option("--no-memory", metavar="", help="Skip the peak-memory measurement (two child processes).")] = False,
     junit: Annotated[Optional[Path], typer.Option("--junit", help="Write the checks as JUnit XML here.")] = None,
     summary: Annotated[Optional[Path], typer.Option("--summary", help="Write a Markdown summary here (also appended to $GITHUB_STEP_SUMMARY when set).")] = None,
     key: o.Key = None,

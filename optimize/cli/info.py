@@ -13,7 +13,7 @@ from infopt.cli.output import print_json, shown_path, stdout, table
 
 def targets(
     as_json: o.Json = False,
-    markdown: Annotated[bool, typer.Option("--markdown", help="Print what each target builds (precision x backend) as the README's Markdown table.")] = False,
+    markdown: Annotated[bool, typer.Option("--markdown", metavar="", help="Print what each target builds (precision x backend) as the README's Markdown table.")] = False,
 ) -> None:
     """List the targets and what they run."""
     import infopt.passes  # noqa: F401 - registers every bundled pass
@@ -35,7 +35,7 @@ def targets(
 
 
 def recipes(
-    show_passes: Annotated[bool, typer.Option("--passes", help="Also list every pass with its options.")] = False,
+    show_passes: Annotated[bool, typer.Option("--passes", metavar="", help="Also list every pass with its options.")] = False,
     as_json: o.Json = False,
 ) -> None:
     """List the bundled recipes (and passes)."""

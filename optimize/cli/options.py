@@ -7,12 +7,12 @@ from typing import Annotated, Optional
 
 import typer
 
-Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (progress stays on stderr).")]
+Json = Annotated[bool, typer.Option("--json", metavar="", help="Print the result as JSON on stdout (progress stays on stderr).")]
 Inputs = Annotated[Optional[list[str]], typer.Option("--input", "-i", help='Input spec, e.g. "x:float32[batch,3,224,224]"; repeat per input.')]
 Dims = Annotated[Optional[list[str]], typer.Option("--dim", help="Range of a symbolic dim as name=min:opt:max, e.g. batch=1:8:64.")]
 ModelClass = Annotated[Optional[str], typer.Option("--model-class", help="pkg.module:Class to load a state_dict into.")]
 ModelArgs = Annotated[Optional[str], typer.Option("--model-args", help="JSON object of keyword arguments for --model-class.")]
-AllowPickle = Annotated[bool, typer.Option("--allow-pickle", help="Allow unpickling a fully pickled nn.Module (runs code from the file).")]
+AllowPickle = Annotated[bool, typer.Option("--allow-pickle", metavar="", help="Allow unpickling a fully pickled nn.Module (runs code from the file).")]
 Val = Annotated[Optional[Path], typer.Option("--val", help="Validation samples: a folder or file of .npy/.npz/.pt.")]
 Key = Annotated[Optional[Path], typer.Option("--key", help="Ed25519 public key (PEM): refuse an output folder whose manifest.json.sig does not verify with it.")]
 BatchSizes = Annotated[Optional[str], typer.Option("--batch-sizes", help="Comma-separated batch sizes to time, e.g. 1,8,32.")]
