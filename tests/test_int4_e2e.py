@@ -57,6 +57,9 @@ def gptq_build(llama):
     out = llama / "dist-gptq"
     proc = build(llama, out, "--calib", "calib.txt", "--backend", "onnxruntime")
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # quiet by default: loading a Hugging Face folder and GPTQ print nothing of their own (torchao's CUDA
+    # kernel warnings, torch's pytree deprecations, transformers' weight-loading bar); -v shows them
+    assert proc.stderr.strip() == "", proc.stderr[-2000:]
     return out, json.loads(proc.stdout)
 
 

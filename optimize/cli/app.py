@@ -45,9 +45,20 @@ def root(
 ) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not verbose:
+        import os
         import warnings
 
         warnings.filterwarnings("ignore")
+        for name in NOISY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' "Loading weights" bar
+
+
+NOISY_LOGGERS = (
+    "torchao",  # "Failed to load ..._C_mxfp8.so / _C_cutlass_90a.so": CUDA kernels a CPU build cannot load
+    "torch.utils._pytree",  # torchao registering Enum constants: "register_constant() ... is deprecated"
+)
+"""Loggers whose warnings a user cannot act on; shown with -v."""
 
 
 app.command()(build)
