@@ -21,6 +21,7 @@ from typing import Callable
 
 import numpy as np
 
+from infopt.core.pipeline import _first_line
 from infopt.quantize import onnx_int8
 from infopt.quantize.onnx_int8 import Layer
 from infopt.quantize.sensitivity import Budget, output_drift
@@ -52,6 +53,8 @@ class Tried:
     holds: bool = False
     ratios: list[RatioEstimate] = field(default_factory=list)
     error: str | None = None
+    runner: OrtRunner | None = field(default=None, repr=False)
+    """the session its drift was measured with, reused to time it"""
 
     @property
     def speed(self) -> float | None:
@@ -116,12 +119,12 @@ def try_variants(variants: list[Variant], workdir: Path, batches: list[dict], re
         say(f"INT8 variant {index + 1}/{len(variants)}: {variant.name}")
         try:
             entry.path = variant.write(workdir / f"variant-{index}.onnx")
-            runner = OrtRunner(entry.path)
-            outs = [runner.run(b) for b in batches]
+            entry.runner = OrtRunner(entry.path)
+            outs = [entry.runner.run(b) for b in batches]
             entry.drift = output_drift(reference, [np.concatenate([o[i] for o in outs]) for i in range(len(reference))])
             entry.holds = budget.holds(entry.drift)
         except Exception as exc:  # noqa: BLE001 - a variant ONNX Runtime cannot quantize or run is skipped
-            entry.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ''}"
+            entry.error = f"{type(exc).__name__}: {_first_line(exc)}"
         tried.append(entry)
     return tried
 
@@ -145,7 +148,8 @@ def time_against_fp32(tried: list[Tried], fp32: Path, feeds: dict[int, dict], tr
         if not entry.holds or entry.path is None:
             continue
         say(f"timing INT8 variant {entry.name} against FP32")
-        entry.ratios = compare(OrtRunner(entry.path).run, baseline.run, feeds, trials=trials, iterations=3, warmup=3)
+        runner = entry.runner or OrtRunner(entry.path)
+        entry.ratios = compare(runner.run, baseline.run, feeds, trials=trials, iterations=3, warmup=3)
 
 
 def choose(tried: list[Tried], keep_int8: bool) -> tuple[Tried | None, str]:

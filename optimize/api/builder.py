@@ -515,19 +515,21 @@ def _engine_notes(server: TensorRTDetails | None) -> list[str]:
             "here is the ONNX model it is built from"]
 
 
+def _int8_details(lineage) -> list[Int8Details]:
+    """What each INT8 pass that ran recorded."""
+    found = (Int8Details.of(r.details) for r in lineage if r.name == "quantize_int8" and not r.skipped)
+    return [d for d in found if d is not None]
+
+
 def _shipped_fp32(lineage) -> bool:
     """Whether the INT8 pass found FP32 faster here and shipped it."""
-    return any(r.name == "quantize_int8" and not r.skipped and (d := Int8Details.of(r.details)) is not None
-               and d.shipped == "fp32" for r in lineage)
+    return any(d.shipped == "fp32" for d in _int8_details(lineage))
 
 
 def _int8_notes(lineage) -> list[str]:
     """What the report and CLI say about INT8: dynamic without calibration and why; a missed budget."""
     notes = []
-    for record in lineage:
-        d = Int8Details.of(record.details) if record.name == "quantize_int8" and not record.skipped else None
-        if d is None:
-            continue
+    for d in _int8_details(lineage):
         if not d.layers:
             notes.append(f"no layer was quantized ({d.mode} INT8 found no layer it covers): this artifact "
                          "computes in FP32" + ("; pass --calib PATH for static INT8, which covers Conv and Gemm"

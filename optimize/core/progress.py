@@ -73,7 +73,7 @@ class StatusLine:
     """``console.status`` as two plain lines: when the work starts and when it is done."""
 
     def __init__(self, console, text: str):
-        self.console, self.text, self.lines = console, _text(text), StepLines(console)
+        self.text, self.lines = _text(text), StepLines(console)
 
     def start(self) -> None:
         self.lines.line(self.text)
