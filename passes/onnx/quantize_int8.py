@@ -104,8 +104,8 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
     sample_batches = _limit(batches, options.sensitivity_samples)
     probe = sensitivity.Probe(src, layers, ranges, symmetric=placement == "tensorrt")
     ranked: list[dict] | None = None
-    by_cost = (options.fallback_order == "drift_per_ms" and placement == "onnxruntime"
-               and context.target.device == "cpu" and bool(batches))
+    measured_here = placement == "onnxruntime" and context.target.device == "cpu"  # timings on this CPU mean something
+    by_cost = options.fallback_order == "drift_per_ms" and measured_here and bool(batches)
 
     def build(nodes: list[str], dst: Path) -> Path:
         if mode == "static":
@@ -134,11 +134,11 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
         probe.close()
     int8_nodes = [layer.node for layer in layers if layer.node not in excluded]
     shipped, selection, tried, variant = "int8", None, [], None
-    if options.choose == "fastest" and placement == "onnxruntime" and context.target.device == "cpu" and int8_nodes:
+    if options.choose == "fastest" and measured_here and int8_nodes:
         best, selection, tried = _fastest(mode, src, model, layers, int8_nodes, ranges, (dst, drift), batches,
                                           reference, budget, options, artifact.spec, context)
         if best is None:
-            shipped, dst, drift, int8_nodes, attachments = "fp32", artifact.path, {}, [], {}
+            shipped, dst, drift, int8_nodes = "fp32", artifact.path, {}, []
         else:
             dst, drift, int8_nodes, variant = best.path, best.drift, best.nodes, best.name
     quantized = [layer for layer in layers if layer.node in int8_nodes]
