@@ -46,7 +46,8 @@ BATCHES = (1, 32)
 
 
 def pass_record(result, name: str) -> dict | None:
-    return next((p for p in result.manifest.get("passes", []) if isinstance(p, dict) and p.get("name") == name), None)
+    record = result.manifest.pass_record(name)
+    return None if record is None else record.to_json()
 
 
 def builds(module, work: Path, tag: str, common: dict, notes: list[str]) -> dict[str, Path]:
@@ -58,9 +59,8 @@ def builds(module, work: Path, tag: str, common: dict, notes: list[str]) -> dict
         result = infopt.build(module, recipe=recipes[stem], output=work / f"{tag}-{stem}", force=True, progress=False,
                               **common)
         seconds = time.perf_counter() - start
-        paths[runner] = result.output_dir / result.manifest["artifacts"]["model"]
-        passes = ", ".join(f"{p['name']} {p['seconds']:.1f} s" for p in result.manifest.get("passes", [])
-                           if isinstance(p, dict) and p.get("seconds", 0) >= 0.5)
+        paths[runner] = result.output_dir / result.manifest.artifacts.model
+        passes = ", ".join(f"{p.name} {p.seconds:.1f} s" for p in result.manifest.passes if p.seconds >= 0.5)
         notes.append(f"{tag} build `{stem}`: {seconds:.1f} s in all (validation included; slowest passes: "
                      f"{passes or 'none over 0.5 s'}); verdict {'passed' if result.passed else 'FAILED'}")
         fusion = pass_record(result, "transformer_fusion")

@@ -79,8 +79,8 @@ def build_rows(args, name, entry, workdir: Path, notes: list[str]) -> list[str]:
         except Exception as exc:  # noqa: BLE001 - one build failing must not lose the run
             notes.append(f"{name} {precision}: build failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
             continue
-        verdict = result.manifest["validation"]["verdict"]
-        worst = result.manifest["validation"]["drift"].get("worst", {})
+        verdict = result.manifest.validation.verdict.model_dump()
+        worst = result.manifest.validation.drift.get("worst", {})
         drift[precision] = (verdict["passed"], worst.get("cosine_min"), worst.get("max_abs"))
         for graphs in (False, True):
             try:

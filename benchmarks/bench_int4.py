@@ -178,14 +178,14 @@ def layer_section(args, work: Path, threads: int, notes: list[str]) -> str:
 
 def int4_note(result) -> str:
     parts = []
-    for p in result.manifest.get("passes", []):
-        if isinstance(p, dict) and p.get("name") in ("quantize_int4", "onnx_export"):
-            parts += p.get("notes", [])
+    for p in result.manifest.passes:
+        if p.name in ("quantize_int4", "onnx_export"):
+            parts += p.notes
     return "; ".join(parts)
 
 
 def verdict(result) -> str:
-    checks = result.manifest["validation"]["verdict"].get("checks", [])
+    checks = result.manifest.validation.verdict.checks
     return "; ".join(f"{c['name']} {c['measured']:.4f}" for c in checks) or "no checks"
 
 
@@ -208,10 +208,10 @@ def minilm_section(args, work: Path, threads: int, notes: list[str]) -> str:
         result = infopt.build(model, precision=precision, backend="onnxruntime", output=work / f"minilm-{folder}",
                               **common, **extra)
         seconds = time.perf_counter() - start
-        path = result.output_dir / result.manifest["artifacts"]["model"]
+        path = result.output_dir / result.manifest.artifacts.model
         sizes[name] = file_bytes(path)
         runners[name] = result.load(threads=threads).run
-        notes.append(f"MiniLM {folder} build: {seconds:.0f} s, recipe `{result.manifest['recipe'].get('name', '?')}`, "
+        notes.append(f"MiniLM {folder} build: {seconds:.0f} s, recipe `{result.manifest.recipe.get('name', '?')}`, "
                      f"verdict {'passed' if result.passed else 'FAILED'} ({verdict(result)})"
                      + (f"; {int4_note(result)}" if precision == "int4" else "") + f"; matrix ops: {op_types(path)}")
 

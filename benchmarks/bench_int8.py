@@ -118,9 +118,9 @@ def optimum_avx512_vnni(plain: Path, out: Path) -> Path:
 def int8_note(result) -> str:
     """What the build says about its INT8 pass, read off the manifest (layers, fallback, budget, variant)."""
     text = "no quantize_int8 pass in the manifest"
-    for p in result.manifest.get("passes", []):
-        if isinstance(p, dict) and p.get("name") == "quantize_int8":
-            text = "; ".join(p.get("notes", [])) or str(p.get("details", ""))[:200]
+    p = result.manifest.pass_record("quantize_int8")
+    if p is not None:
+        text = "; ".join(p.notes) or str(p.details)[:200]
     return f"{text} (verdict {'passed' if result.passed else 'FAILED'})"
 
 

@@ -50,7 +50,7 @@ def main() -> None:
     dist = work / "dist" / "tiny"
     counts = {"old": 0, "new": 0, "broken": 0, "stale_after_next": 0, "traceback": 0}
     for i in range(args.kills):
-        before = read_manifest(dist)["created"]
+        before = read_manifest(dist).created
         proc = subprocess.Popen(BUILD, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         time.sleep(rng.uniform(0, took * 1.05))
         proc.send_signal(signal.SIGTERM if i % 2 == 0 else signal.SIGKILL)
@@ -58,8 +58,8 @@ def main() -> None:
         counts["traceback"] += "Traceback" in err
         try:
             manifest = read_manifest(dist)
-            whole = verify_files(dist, manifest) == []
-            counts["broken" if not whole else "old" if manifest["created"] == before else "new"] += 1
+            whole = verify_files(dist, manifest.files) == []
+            counts["broken" if not whole else "old" if manifest.created == before else "new"] += 1
         except Exception:  # noqa: BLE001 - no readable output at all
             counts["broken"] += 1
         nxt = BUILD if i % 5 == 4 else [*INFOPT, "doctor"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -18,6 +20,9 @@ def test_build_from_module_and_load(digits, tmp_path):
     assert isinstance(result, infopt.BuildResult)
     assert result.passed and result.output_dir == tmp_path / "cnn"
     assert result.drift["random_inputs"] is True  # no val data given: flagged
+    assert {r.batch for r in result.latency if r.runner == "infopt"} == {1, 4}
+    assert result.manifest.precision == "fp32" and result.manifest.artifacts.model == "model/model.onnx"
+    assert result.manifest.to_json() == json.loads((tmp_path / "cnn" / "manifest.json").read_text())
     assert "random inputs" in (tmp_path / "cnn" / "report.md").read_text()
     runner = infopt.load(result.output_dir)
     expected = model(x).detach().numpy()
@@ -39,11 +44,11 @@ def test_build_from_onnx_file(digits, tmp_path):
     x = torch.from_numpy(data["val"][0][:8])
     first = infopt.build(model, example_inputs=(x,), backend="onnxruntime", output=tmp_path / "a", progress=False)
     second = infopt.build(first.output_dir / "model" / "model.onnx", output=tmp_path / "b", progress=False)
-    passes = second.manifest["passes"]
+    passes = second.manifest.to_json()["passes"]
     assert [p["skipped"] for p in passes] == [True, True, True, True, False]
-    assert second.manifest["source"]["format"] == "onnx" and second.passed
+    assert second.manifest.source.format == "onnx" and second.passed
     assert second.drift["worst"]["max_abs"] <= 1e-4
-    rows = {c["recipe"]: c for c in second.manifest["candidates"]}  # auto: what an ONNX source can and cannot become
+    rows = {c["recipe"]: c for c in second.manifest.candidates}  # auto: what an ONNX source can and cannot become
     assert rows["fp32-onnxruntime"]["chosen"]
     assert rows["fp32-inductor"]["status"] == "skipped" and "source is already onnx" in rows["fp32-inductor"]["reason"]
 
@@ -54,7 +59,7 @@ def test_thread_cap_reaches_every_session_and_the_manifest_says_so(digits, tmp_p
     monkeypatch.setenv("INFOPT_THREADS", "2")
     result = infopt.build(model, example_inputs=(x,), backend="onnxruntime", output=tmp_path / "cnn", progress=False,
                           batch_sizes=[1])
-    assert any(n.startswith("INFOPT_THREADS=2:") for n in result.manifest["validation"]["notes"])
+    assert any(n.startswith("INFOPT_THREADS=2:") for n in result.manifest.validation.notes)
     assert infopt.load(result.output_dir).session.get_session_options().intra_op_num_threads == 2
     monkeypatch.delenv("INFOPT_THREADS")
     assert infopt.load(result.output_dir).session.get_session_options().intra_op_num_threads == 0

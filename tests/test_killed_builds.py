@@ -23,8 +23,8 @@ BUILD = ["build", "tiny.pt", "--input", "x:float32[batch,4]", "--backend", "onnx
 
 def _whole(dist) -> str:
     manifest = read_manifest(dist)
-    assert verify_files(dist, manifest) == []
-    return manifest["created"]
+    assert verify_files(dist, manifest.files) == []
+    return manifest.created
 
 
 @pytest.mark.slow

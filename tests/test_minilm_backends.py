@@ -42,13 +42,13 @@ def test_auto_compares_three_backends_and_ships_the_fastest(minilm):
     encoder, folder, held_out, reference = minilm
     result = infopt.build(encoder, inputs=INPUTS, dims=DIMS, val=folder / "val.npz", batch_sizes=[1],
                           output=folder / "auto", progress=False)
-    rows = {c["recipe"]: c for c in result.manifest["candidates"]}
+    rows = {c["recipe"]: c for c in result.manifest.candidates}
     assert list(rows) == ["fp32-onnxruntime", "fp32-onnxruntime-fused", "fp32-inductor"]
     assert all(c["status"] == "built" and c["passed"] and c["cosine_min"] >= 0.9999 for c in rows.values())
     chosen = [c for c in rows.values() if c["chosen"]]
     assert len(chosen) == 1 and chosen[0]["speedup"] == max(c["speedup"] for c in rows.values())
-    assert result.manifest["recipe"]["name"] == chosen[0]["recipe"]
-    assert result.manifest["outputs"][0]["shape"] == ["batch", 384]
+    assert result.manifest.recipe["name"] == chosen[0]["recipe"]
+    assert result.manifest.outputs[0].shape == ["batch", 384]
     got = result.load()(held_out["input_ids"], held_out["attention_mask"])
     assert cosines(got, reference).min() >= 0.9999
     assert "## Candidates" in (result.output_dir / "report.md").read_text()

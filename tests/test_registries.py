@@ -91,7 +91,7 @@ def test_a_server_registered_from_one_module_is_written_into_a_real_build(tmp_pa
     def write(job: servers.EmitJob) -> Path:
         folder = job.stage / "servers" / "toy"
         folder.mkdir(parents=True)
-        names = ",".join(i["name"] for i in job.manifest["inputs"]["inputs"])
+        names = ",".join(i.name for i in job.manifest.inputs.inputs)
         (folder / "serve.txt").write_text(f"{job.name} {job.backend.name} {job.staged_model.name} {names}\n")
         return folder
 
@@ -103,8 +103,8 @@ def test_a_server_registered_from_one_module_is_written_into_a_real_build(tmp_pa
     result = infopt.build(model, example_inputs=(torch.randn(2, 6),), backend="onnxruntime", output=tmp_path / "mlp",
                           progress=False, batch_sizes=[1])
     manifest = read_manifest(result.output_dir)
-    assert manifest["artifacts"]["toy"] == "servers/toy"
+    assert manifest.artifacts.get("toy") == "servers/toy"
     assert (result.output_dir / "servers/toy/serve.txt").read_text() == "sequential onnxruntime model.onnx input\n"
-    assert "servers/toy/serve.txt" in manifest["files"]
-    assert {"triton", "kserve"} <= set(manifest["artifacts"])
-    assert "torchserve" not in manifest["artifacts"] and not (result.output_dir / "servers" / "torchserve").exists()
+    assert "servers/toy/serve.txt" in manifest.files
+    assert "triton" in manifest.artifacts and "kserve" in manifest.artifacts
+    assert "torchserve" not in manifest.artifacts and not (result.output_dir / "servers" / "torchserve").exists()

@@ -18,7 +18,6 @@ import tempfile
 from pathlib import Path
 
 from infopt.core.errors import ValidationFailed
-from infopt.core.inputspec import InputSpec
 from infopt.core.manifest import read_manifest
 from infopt.core.sample_inputs import random_feed
 from infopt.runtime.backends import manifest_runner
@@ -63,7 +62,7 @@ def measure_here(dist: Path, batch: int) -> dict:
     import onnxruntime  # noqa: F401 - the runtime's own import is not the model's memory
 
     manifest = read_manifest(dist)
-    spec = InputSpec.from_json(manifest["inputs"])
+    spec = manifest.input_spec()
     dims = {spec.batch_symbol: batch} if spec.batch_symbol else {}
     feed = random_feed(spec, **dims)
     reset = _reset_peak()

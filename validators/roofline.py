@@ -21,6 +21,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from infopt.core.manifest_schema import Manifest
+
 ROOF_DTYPE = {"fp32": "fp32", "fp16": "fp16", "bf16": "bf16", "int8": "int8", "int4": "fp16", "fp8": "fp8"}
 """The peak a precision computes at: INT4 is weight-only (W4A16), its matmuls run in fp16."""
 
@@ -78,31 +80,30 @@ def count_work(module: Any, feed: dict[str, np.ndarray], input_names: Sequence[s
             "io_bytes_per_sample": int(round((in_bytes + out_bytes) / n)), "method": method}
 
 
-def measured_curve(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    curve = (manifest.get("validation") or {}).get("curve") or []
-    return sorted((p for p in curve if p.get("batch", 0) > 0), key=lambda p: p["batch"])
+def measured_curve(manifest: Manifest) -> list[dict[str, Any]]:
+    return sorted((p for p in manifest.validation.curve if p.get("batch", 0) > 0), key=lambda p: p["batch"])
 
 
-def _measured_kind(manifest: dict[str, Any]) -> str:
-    device = str(manifest["validation"].get("device") or "")
+def _measured_kind(manifest: Manifest) -> str:
+    device = manifest.validation.device
     return device.split(" ", 1)[0].lower() if device else "unknown"
 
 
-def measured_caveat(manifest: dict[str, Any], what: str) -> str | None:
+def measured_caveat(manifest: Manifest, what: str) -> str | None:
     """A note when the throughput was measured on another kind of device than the target's."""
-    target = manifest["target"]
-    device = manifest["validation"].get("device") or "an unrecorded device"
+    target = manifest.target
+    device = manifest.validation.device or "an unrecorded device"
     kind = _measured_kind(manifest)
-    if kind != target.get("device"):
-        return (f"throughput was measured on {device}, not on target {target['name']} ({target.get('device')}); "
+    if kind != target.device:
+        return (f"throughput was measured on {device}, not on target {target.name} ({target.device}); "
                 f"{what} is not a statement about the target")
     if kind == "cuda":
-        return (f"throughput was measured on {device}; {what} holds for target {target['name']} only if that GPU "
-                f"is a {target.get('description') or target['name']}")
+        return (f"throughput was measured on {device}; {what} holds for target {target.name} only if that GPU "
+                f"is a {target.description or target.name}")
     return None
 
 
-def roofline(manifest: dict[str, Any]) -> dict[str, Any] | None:
+def roofline(manifest: Manifest) -> dict[str, Any] | None:
     """Achieved TFLOP/s against the target's roof at each measured batch size; None without a curve.
 
     Per point, with F = FLOPs per sample, T = samples/s measured, b = batch, W = weight bytes and
@@ -116,17 +117,17 @@ def roofline(manifest: dict[str, Any]) -> dict[str, Any] | None:
     curve = measured_curve(manifest)
     if not curve:
         return None
-    target = manifest["target"]
-    work = manifest["validation"].get("work") or {}
-    precision = manifest.get("precision", "fp32")
+    target = manifest.target
+    work = manifest.validation.work or {}
+    precision = manifest.precision
     dtype = ROOF_DTYPE.get(precision, precision)
-    peak = (target.get("peak_tflops") or {}).get(dtype)
-    bandwidth = target.get("memory_bandwidth_gbs")
+    peak = target.peak_tflops.get(dtype)
+    bandwidth = target.memory_bandwidth_gbs
     flops = work.get("flops_per_sample")
     weight = work.get("weight_bytes")
     io = work.get("io_bytes_per_sample")
-    notes = [f"throughput measured on {manifest['validation'].get('device') or 'an unrecorded device'}; "
-             f"the roof is target {target['name']}'s declared peak and bandwidth", TRAFFIC_MODEL]
+    notes = [f"throughput measured on {manifest.validation.device or 'an unrecorded device'}; "
+             f"the roof is target {target.name}'s declared peak and bandwidth", TRAFFIC_MODEL]
     if work.get("method"):
         notes.append(work["method"])
     caveat = measured_caveat(manifest, "the fraction of roof")
@@ -138,7 +139,7 @@ def roofline(manifest: dict[str, Any]) -> dict[str, Any] | None:
         notes.append("FLOPs per sample are unknown: no achieved TFLOP/s, intensity or roof")
     if bandwidth is None or peak is None:
         missing = [w for w, v in (("memory bandwidth", bandwidth), (f"{dtype} peak", peak)) if v is None]
-        notes.append(f"target {target['name']} declares no {' or '.join(missing)} (recipes/targets.yaml): "
+        notes.append(f"target {target.name} declares no {' or '.join(missing)} (recipes/targets.yaml): "
                      "there is no roof to compare against")
     if precision != dtype:
         notes.append(f"{precision} is weight-only: its matmuls compute in {dtype}, so the roof is the {dtype} peak")
@@ -157,17 +158,17 @@ def roofline(manifest: dict[str, Any]) -> dict[str, Any] | None:
         bound = None if intensity is None or ridge is None else ("memory" if intensity < ridge else "compute")
         points.append({"batch": batch, "throughput": throughput, "bytes_per_batch": moved, "intensity": intensity,
                        "achieved_tflops": achieved, "roof_tflops": roof, "fraction_of_roof": fraction, "bound": bound})
-    return {"target": target["name"], "measured_on": manifest["validation"].get("device"), "precision": precision,
+    return {"target": target.name, "measured_on": manifest.validation.device, "precision": precision,
             "roof_dtype": dtype, "peak_tflops": peak, "memory_bandwidth_gbs": bandwidth, "ridge_intensity": ridge,
             "flops_per_sample": flops, "weight_bytes": weight, "io_bytes_per_sample": io,
             "has_roof": ridge is not None and flops is not None, "points": points, "notes": notes}
 
 
-def cost_per_million(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+def cost_per_million(manifest: Manifest) -> list[dict[str, Any]]:
     """USD per million predictions at each measured batch size: price_per_hour / 3600 / T x 1e6,
     T the measured samples/s (batch / p50 latency, one batch at a time, the device kept busy).
     Empty when the target declares no price (``cost_notes`` says so)."""
-    price = manifest["target"].get("price_per_hour")
+    price = manifest.target.price_per_hour
     if price is None:
         return []
     return [{"batch": int(p["batch"]), "throughput": float(p["throughput"]),
@@ -175,13 +176,13 @@ def cost_per_million(manifest: dict[str, Any]) -> list[dict[str, Any]]:
             for p in measured_curve(manifest)]
 
 
-def cost_notes(manifest: dict[str, Any]) -> list[str]:
+def cost_notes(manifest: Manifest) -> list[str]:
     """What the cost figures assume, and why there are none when there are none."""
-    target = manifest["target"]
-    price = target.get("price_per_hour")
+    target = manifest.target
+    price = target.price_per_hour
     if price is None:
-        return [f"target {target['name']} declares no price_per_hour (recipes/targets.yaml): no cost figures"]
-    notes = [f"price {price:g} USD/hour is target {target['name']}'s indicative figure; throughput is the measured "
+        return [f"target {target.name} declares no price_per_hour (recipes/targets.yaml): no cost figures"]
+    notes = [f"price {price:g} USD/hour is target {target.name}'s indicative figure; throughput is the measured "
              "samples/s = batch / p50 latency, one batch at a time with the device kept busy"]
     caveat = measured_caveat(manifest, "the cost")
     return notes + ([caveat] if caveat else [])

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from infopt.core.inputspec import InputSpec
+from infopt.core.manifest_schema import Manifest
 from infopt.core.plugins import Registry
 from infopt.runtime.backend import Backend
 
@@ -28,8 +29,8 @@ class EmitJob:
     staged_model: Path
     """the model as staged: ``stage/model/model<suffix>``"""
     spec: InputSpec
-    manifest: dict[str, Any]
-    """the manifest so far; ``artifacts`` lists what earlier emitters wrote"""
+    manifest: Manifest
+    """the manifest so far (all but ``files``); ``artifacts`` lists what earlier emitters wrote"""
     device: str
     backend: Backend
     server_engine: dict[str, Any] | None = None

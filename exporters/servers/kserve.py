@@ -63,6 +63,7 @@ from typing import Any
 import yaml
 
 from infopt.core.errors import UsageError
+from infopt.core.manifest_schema import Manifest
 from infopt.exporters.servers.emitter import EmitJob, ServerEmitter, register
 
 API_VERSION = "serving.kserve.io/v1beta1"
@@ -107,47 +108,46 @@ def _memory(model_bytes: int | None, suffix: str) -> str:
     return f"{math.ceil((2 * GIB + 2 * (model_bytes or 0) + extra) / GIB)}Gi"
 
 
-def resources(manifest: dict[str, Any]) -> dict[str, dict[str, str]]:
+def resources(manifest: Manifest) -> dict[str, dict[str, str]]:
     """``requests``/``limits`` for the predictor container (see the module docstring for the rule)."""
-    model = manifest["artifacts"]["model"]
+    model = manifest.artifacts.model
     suffix = PurePosixPath(model).suffix
-    size = (manifest.get("files") or {}).get(model, {}).get("bytes")
-    memory = _memory(size, suffix)
+    entry = manifest.files.get(model)
+    memory = _memory(entry.bytes if entry else None, suffix)
     limits = {"cpu": "2", "memory": memory}
-    if manifest["target"]["device"] == "cuda" or suffix == ".plan":
+    if manifest.target.device == "cuda" or suffix == ".plan":
         limits["nvidia.com/gpu"] = "1"
     return {"requests": {"cpu": "1", "memory": memory}, "limits": limits}
 
 
-def default_storage_uri(manifest: dict[str, Any]) -> str:
+def default_storage_uri(manifest: Manifest) -> str:
     """The placeholder ``s3://YOUR-BUCKET/<name>/servers/triton`` that the user replaces."""
-    return f"{PLACEHOLDER_BUCKET}/{manifest['name']}/{_repository_root(manifest)}"
+    return f"{PLACEHOLDER_BUCKET}/{manifest.name}/{_repository_root(manifest)}"
 
 
-def _repository_root(manifest: dict[str, Any]) -> str:
-    triton = manifest["artifacts"].get("triton")
+def _repository_root(manifest: Manifest) -> str:
+    triton = manifest.artifacts.get("triton")
     if not triton:
-        raise UsageError(f"build {manifest['name']!r} has no Triton model repository for KServe to serve",
+        raise UsageError(f"build {manifest.name!r} has no Triton model repository for KServe to serve",
                          where="manifest.json: artifacts.triton",
                          fix="emit triton as well as kserve (KServe's Triton runtime serves servers/triton/)")
     return PurePosixPath(triton).parent.as_posix()
 
 
-def _metadata(name: str, manifest: dict[str, Any], predictor: str) -> dict[str, Any]:
-    recipe = manifest.get("recipe") or {}
-    labels = {"app.kubernetes.io/name": label_value(manifest["name"]), f"{LABEL_PREFIX}/predictor": predictor}
-    if recipe.get("name"):
-        labels[f"{LABEL_PREFIX}/recipe"] = label_value(recipe["name"])
-    annotations = {f"{LABEL_PREFIX}/manifest-name": manifest["name"],
-                   f"{LABEL_PREFIX}/recipe": str(recipe.get("name", "")),
-                   f"{LABEL_PREFIX}/target": str(manifest["target"].get("name", manifest["target"]["device"])),
-                   f"{LABEL_PREFIX}/model-file": manifest["artifacts"]["model"]}
-    if manifest.get("precision"):
-        annotations[f"{LABEL_PREFIX}/precision"] = str(manifest["precision"])
+def _metadata(name: str, manifest: Manifest, predictor: str) -> dict[str, Any]:
+    recipe = str(manifest.recipe.get("name", ""))
+    labels = {"app.kubernetes.io/name": label_value(manifest.name), f"{LABEL_PREFIX}/predictor": predictor}
+    if recipe:
+        labels[f"{LABEL_PREFIX}/recipe"] = label_value(recipe)
+    annotations = {f"{LABEL_PREFIX}/manifest-name": manifest.name,
+                   f"{LABEL_PREFIX}/recipe": recipe,
+                   f"{LABEL_PREFIX}/target": manifest.target.name,
+                   f"{LABEL_PREFIX}/model-file": manifest.artifacts.model,
+                   f"{LABEL_PREFIX}/precision": manifest.precision}
     return {"name": name, "labels": {k: v for k, v in labels.items() if v}, "annotations": annotations}
 
 
-def _service(name: str, manifest: dict[str, Any], model_format: str, storage_uri: str) -> dict[str, Any]:
+def _service(name: str, manifest: Manifest, model_format: str, storage_uri: str) -> dict[str, Any]:
     model = {"modelFormat": {"name": model_format},
              "runtime": TRITON_RUNTIME,
              "protocolVersion": PROTOCOL,
@@ -157,15 +157,15 @@ def _service(name: str, manifest: dict[str, Any], model_format: str, storage_uri
             "spec": {"predictor": {"model": model}}}
 
 
-def inference_services(name: str, manifest: dict[str, Any], storage_uri: str | None = None) -> list[dict[str, Any]]:
+def inference_services(name: str, manifest: Manifest, storage_uri: str | None = None) -> list[dict[str, Any]]:
     """The InferenceService objects for a build: the Triton one, then the ONNX one for an ONNX model.
 
     ``name`` is the model's name (``My_Model`` is fine; it is made a valid service name);
     ``manifest`` is the build's manifest; ``storage_uri`` is where ``servers/triton/`` is uploaded,
     the placeholder from ``default_storage_uri`` when not given."""
-    suffix = PurePosixPath(manifest["artifacts"]["model"]).suffix
+    suffix = PurePosixPath(manifest.artifacts.model).suffix
     if suffix not in (".onnx", ".plan", ".pt2"):
-        raise UsageError(f"KServe manifests cover ONNX, TensorRT and AOTInductor models, not {manifest['artifacts']['model']}",
+        raise UsageError(f"KServe manifests cover ONNX, TensorRT and AOTInductor models, not {manifest.artifacts.model}",
                          where="manifest.json: artifacts.model", fix="build an .onnx, .plan or .pt2 model")
     _repository_root(manifest)
     uri = storage_uri if storage_uri is not None else default_storage_uri(manifest)
@@ -178,8 +178,8 @@ def inference_services(name: str, manifest: dict[str, Any], storage_uri: str | N
     return services
 
 
-def _header(manifest: dict[str, Any], services: list[dict[str, Any]]) -> str:
-    name = manifest["name"]
+def _header(manifest: Manifest, services: list[dict[str, Any]]) -> str:
+    name = manifest.name
     root = _repository_root(manifest)
     uri = services[0]["spec"]["predictor"]["model"]["storageUri"]
     lines = [f"KServe InferenceServices for {name} (written by infopt): "
@@ -193,11 +193,11 @@ def _header(manifest: dict[str, Any], services: list[dict[str, Any]]) -> str:
         lines.append(f"  copy dist/{name}/{root}/ to {uri}")
     if PLACEHOLDER_BUCKET in uri:
         lines.append(f"Replace {PLACEHOLDER_BUCKET} with your bucket before applying.")
-    lines.append(f"Requests: POST <service URL>/v2/models/{PurePosixPath(manifest['artifacts']['triton']).name}/infer"
+    lines.append(f"Requests: POST <service URL>/v2/models/{PurePosixPath(str(manifest.artifacts.get('triton'))).name}/infer"
                  " (Open Inference Protocol).")
     if len(services) > 1:
         lines.append("Both run in kserve-tritonserver, the ONNX one through Triton's ONNX Runtime backend; apply one.")
-    suffix = PurePosixPath(manifest["artifacts"]["model"]).suffix
+    suffix = PurePosixPath(manifest.artifacts.model).suffix
     if suffix == ".plan":
         lines.append("The TensorRT plan needs a Triton image with the TensorRT that built it (set runtimeVersion).")
     if suffix == ".pt2":
@@ -205,7 +205,7 @@ def _header(manifest: dict[str, Any], services: list[dict[str, Any]]) -> str:
     return "".join(f"# {line}\n" for line in lines)
 
 
-def write_kserve(folder: Path, name: str, manifest: dict[str, Any], storage_uri: str | None = None) -> Path:
+def write_kserve(folder: Path, name: str, manifest: Manifest, storage_uri: str | None = None) -> Path:
     """Write ``folder/inferenceservice.yaml`` (``folder`` is ``<dist>/servers/kserve``); returns its path."""
     services = inference_services(name, manifest, storage_uri)
     folder.mkdir(parents=True, exist_ok=True)
@@ -217,7 +217,7 @@ def write_kserve(folder: Path, name: str, manifest: dict[str, Any], storage_uri:
 
 def emit(job: EmitJob) -> Path | None:
     """InferenceServices over the Triton repository written before it; nothing without one."""
-    if "triton" not in job.manifest["artifacts"]:
+    if "triton" not in job.manifest.artifacts:
         return None
     return write_kserve(job.stage / "servers" / "kserve", job.name, job.manifest)
 

@@ -52,6 +52,7 @@ from typing import Any
 
 from infopt.core.errors import BuildError, EnvironmentProblem, UsageError
 from infopt.core.inputspec import InputSpec
+from infopt.core.manifest_schema import Manifest
 from infopt.exporters.servers.emitter import EmitJob, ServerEmitter, register
 
 HANDLER_FILE = "infopt_handler.py"
@@ -71,17 +72,17 @@ HANDLER = (files("infopt.exporters.servers") / "programs" / "torchserve_handler.
 """The program shipped beside the model, kept as a real file (``programs/torchserve_handler.py``) so it is linted and tested."""
 
 
-def io_description(name: str, model_file: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+def io_description(name: str, model_file: Path, manifest: Manifest) -> dict[str, Any]:
     """What the handler reads from ``infopt_io.json``: names, dtypes, shapes, dims and the batch dim.
 
     ``batch`` is the symbol leading every input and output (null when there is none, and then
     requests are never joined); ``max_batch`` is its max, the most rows run in one call."""
-    spec = InputSpec.from_json(manifest["inputs"])
-    outputs = [{"name": o["name"], "dtype": o["dtype"], "shape": list(o["shape"])} for o in manifest["outputs"]]
+    spec = InputSpec.from_json(manifest.inputs.model_dump())
+    outputs = [{"name": o.name, "dtype": o.dtype, "shape": list(o.shape)} for o in manifest.outputs]
     batch = spec.batch_symbol
     if batch is not None and not all(o["shape"] and o["shape"][0] == batch for o in outputs):
         batch = None
-    device = (manifest.get("target") or {}).get("device", "cpu")
+    device = manifest.target.device
     return {
         "name": name,
         "model_file": model_file.name,
@@ -160,12 +161,11 @@ def _archive(work: Path, name: str, model_file: Path, extra: list[Path], store: 
     return mar
 
 
-def write_torchserve(folder: Path, name: str, model_file: Path, manifest: dict[str, Any]) -> Path:
+def write_torchserve(folder: Path, name: str, model_file: Path, manifest: Manifest) -> Path:
     """Write ``folder/model-store/<name>.mar`` and ``folder/config.properties``; returns the archive.
 
     ``model_file`` is the built ``.onnx`` (with its ``<file>.data`` sidecar beside it, if any) or
-    ``.pt2``; ``manifest`` supplies ``inputs`` (an InputSpec's JSON), ``outputs`` and, if present,
-    ``target.device``."""
+    ``.pt2``; ``manifest`` supplies ``inputs``, ``outputs`` and ``target.device``."""
     folder, model_file = Path(folder), Path(model_file)
     if model_file.suffix == ".plan":
         raise UsageError("TorchServe is not offered for TensorRT plans", where=str(model_file),

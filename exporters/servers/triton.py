@@ -177,11 +177,11 @@ def write_repository(root: Path, name: str, model_file: Path, spec: InputSpec,
 def emit(job: EmitJob) -> Path:
     """The repository under ``servers/triton/``, its batching tuned to the measured latency curve
     (recorded in the manifest as ``triton_tuning``)."""
-    outputs = [(o["name"], o["dtype"], tuple(o["shape"])) for o in job.manifest["outputs"]]
-    validation = job.manifest["validation"]
-    tuning = tune(validation.get("curve") or [], job.device, job.spec, max_batch_size(job.spec, outputs),
-                  measured_on_target=validation.get("runs_on", job.device) == job.device)
-    job.manifest["triton_tuning"] = tuning.to_json()
+    outputs = [(o.name, o.dtype, tuple(o.shape)) for o in job.manifest.outputs]
+    validation = job.manifest.validation
+    tuning = tune(validation.curve, job.device, job.spec, max_batch_size(job.spec, outputs),
+                  measured_on_target=(validation.runs_on or job.device) == job.device)
+    job.manifest.triton_tuning = tuning.to_json()
     return write_repository(job.stage / "servers" / "triton", job.name, job.model_file, job.spec, outputs, job.device,
                             server_engine=job.server_engine, tuning=tuning)
 

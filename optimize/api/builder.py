@@ -18,6 +18,7 @@ from infopt.core import progress as progress_display
 from infopt.core.errors import BuildError, EnvironmentProblem, InputSpecError, UsageError, ValidationFailed
 from infopt.core.inputspec import InputSpec, parse_dim
 from infopt.core.manifest import data_sha256, model_bytes, read_manifest
+from infopt.core.manifest_schema import LatencyRow, Manifest
 from infopt.core.pipeline import Pipeline, SharedPrefixes, _first_line
 from infopt.core.recipe import MIN_CURVE_RUNS, Recipe, load_recipe, recipes_for
 from infopt.core.registry import get_pass
@@ -53,21 +54,22 @@ class BuildResult:
 
     name: str
     output_dir: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
+    """``manifest.json``, typed (``manifest.to_json()`` is the file's content)"""
     artifact: Any
     candidates: list[Any] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
-        return bool(self.manifest["validation"]["verdict"]["passed"])
+        return self.manifest.validation.verdict.passed
 
     @property
     def drift(self) -> dict[str, Any]:
-        return self.manifest["validation"]["drift"]
+        return self.manifest.validation.drift
 
     @property
-    def latency(self) -> list[dict[str, Any]]:
-        return self.manifest["validation"]["latency"]
+    def latency(self) -> list[LatencyRow]:
+        return self.manifest.validation.latency
 
     def load(self, *, threads: int = 0, cuda_graphs: bool | None = None):
         return load(self.output_dir, allow_failed=True, threads=threads, cuda_graphs=cuda_graphs)
@@ -361,18 +363,16 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
                   "verdict": chosen.verdict.to_json()}
     names = tuple(o[0] for o in chosen.outputs)
     origin = source_info(loaded.source, loaded.format, loaded.module if loaded.source is None else None)
-    manifest = base_manifest(name, origin, target, recipe, spec, chosen.outputs, final.lineage, validation)
-    manifest["candidates"] = cand.table(candidates, timings)
-    manifest["selection"] = why
-    if _shipped_fp32(final.lineage):
-        manifest["precision_asked"], manifest["precision"] = manifest["precision"], "fp32"
-    manifest["provenance"] = provenance.record(ctx.command, ctx.call, recipe.name, ctx.calib,
-                                    {"source": source,
-                                     "samples": sum(int(next(iter(b.values())).shape[0]) if spec.batch_symbol else 1 for b in batches),
-                                     "sha256": data_sha256(batches)})
+    record = provenance.record(ctx.command, ctx.call, recipe.name, ctx.calib,
+                               {"source": source,
+                                "samples": sum(int(next(iter(b.values())).shape[0]) if spec.batch_symbol else 1 for b in batches),
+                                "sha256": data_sha256(batches)})
     with staged_output(out, force) as stage:
-        stored = store_samples(stage / "validation" / "samples.npz", batches, ref_out, names, spec.batch_symbol is not None)
-        manifest["validation"]["stored_samples"] = stored
+        validation["stored_samples"] = store_samples(stage / "validation" / "samples.npz", batches, ref_out, names,
+                                                     spec.batch_symbol is not None)
+        manifest = base_manifest(name, origin, target, recipe, spec, chosen.outputs, final.lineage, validation,
+                                 candidates=cand.table(candidates, timings), selection=why, provenance=record,
+                                 shipped_fp32=_shipped_fp32(final.lineage))
         manifest = write_output(stage, manifest, final.path, spec, target.device, recipe.emit, final.attachments,
                                 server_engine=_triton_engine(server), products=final.products)
     return BuildResult(name, out, manifest, final, candidates)
@@ -559,8 +559,8 @@ def load(dist_dir: str | Path, *, allow_failed: bool = False, threads: int = 0, 
     root = Path(dist_dir)
     manifest = read_manifest(root)
     check_sealed(root, manifest, "output", key)
-    if not manifest["validation"]["verdict"]["passed"] and not allow_failed:
-        raise ValidationFailed(f"{root} failed validation: {'; '.join(manifest['validation']['verdict']['reasons'])}",
+    if not manifest.validation.verdict.passed and not allow_failed:
+        raise ValidationFailed(f"{root} failed validation: {'; '.join(manifest.validation.verdict.reasons)}",
                                fix="rebuild it, or pass allow_failed=True to load it anyway")
     return manifest_runner(root, manifest, threads, cuda_graphs=cuda_graphs)
 
@@ -573,18 +573,18 @@ def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None
 
     root = Path(dist_dir)
     manifest = read_manifest(root)
-    recipe = _with_overrides(Recipe.from_json(manifest["recipe"]), thresholds, batch_sizes)
-    spec = InputSpec.from_json(manifest["inputs"])
+    recipe = _with_overrides(Recipe.from_json(manifest.recipe), thresholds, batch_sizes)
+    spec = manifest.input_spec()
     if key is not None:
         check_signature(root, key)
     _, problems = check_files(root, manifest)
-    result: dict[str, Any] = {"dist": str(root), "name": manifest["name"], "integrity": problems or "ok"}
+    result: dict[str, Any] = {"dist": str(root), "name": manifest.name, "integrity": problems or "ok"}
     if problems:
         result["verdict"] = {"passed": False, "reasons": [f"file check: {p}" for p in problems], "checks": []}
         return result
     runner = manifest_runner(root, manifest)
     inputs, reference = read_samples(root, manifest)
-    drift = drift_mod.compare([reference], [runner.run(inputs)], tuple(o["name"] for o in manifest["outputs"]),
+    drift = drift_mod.compare([reference], [runner.run(inputs)], manifest.output_names,
                               f"{SAMPLES_FILE} (stored at build)")
     feeds = _latency_feeds(spec, recipe, None)
     lat = recipe.validation.latency

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from infopt.api.provenance import tool_versions
-from infopt.core.manifest import file_table, jsonable, sha256, write_manifest
-from infopt.core.manifest_schema import SCHEMA_VERSION, check_written
+from infopt.core.manifest import file_table, sha256, write_manifest
+from infopt.core.manifest_schema import SCHEMA_VERSION, FileEntry, Manifest, check_written
 from infopt.core.safe_load import arrays_file
 from infopt.exporters import servers
 from infopt.exporters.servers import EmitJob
@@ -54,21 +54,23 @@ def store_samples(path: Path, batches: list[dict[str, np.ndarray]], reference: l
     return int(next(iter(inputs.values())).shape[0]) if batched else 1
 
 
-def read_samples(root: Path, manifest: dict[str, Any]) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+def read_samples(root: Path, manifest: Manifest) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
     """The inputs stored at build, by name, and the eager reference's outputs for them, in output order."""
     data = arrays_file(Path(root) / SAMPLES_FILE)
     inputs = {k.split(".", 1)[1]: v for k, v in data.items() if k.startswith("input.")}
-    reference = [data[f"reference.{o['name']}"] for o in manifest["outputs"]]
+    reference = [data[f"reference.{name}"] for name in manifest.output_names]
     return inputs, reference
 
 
 def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, device: str,
                  emit: list[str] | None, attachments: dict[str, Path] | None = None,
-                 server_engine: dict[str, Any] | None = None, products: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Fill ``stage`` and return the completed manifest (files and their sha256 included).
+                 server_engine: dict[str, Any] | None = None, products: dict[str, Any] | None = None) -> Manifest:
+    """Fill ``stage`` and return the completed manifest (files and their sha256 included), typed.
 
-    The model is ``model/model.onnx``, ``model/model.pt2`` (AOTInductor) or ``model/model.plan``
-    (TensorRT); ``server_engine`` asks the Triton config for a TensorRT engine built at load time."""
+    ``manifest`` is everything the build knows but the files; it is checked against the manifest's
+    types here, before any emitter reads it. The model is ``model/model.onnx``, ``model/model.pt2``
+    (AOTInductor) or ``model/model.plan`` (TensorRT); ``server_engine`` asks the Triton config for a
+    TensorRT engine built at load time."""
     name = manifest["name"]
     (stage / "model").mkdir(parents=True, exist_ok=True)
     rel_model = f"model/model{model_file.suffix}"
@@ -82,32 +84,31 @@ def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, 
             artifacts[server] = f"servers/{server}"
         else:
             artifacts[Path(rel).stem] = rel
-    manifest["artifacts"] = artifacts
+    typed = check_written({**manifest, "artifacts": artifacts, "files": {}})
     backend = backends.for_file(model_file)
-    job = EmitJob(stage, name, model_file, stage / rel_model, spec, manifest, device, backend, server_engine,
+    job = EmitJob(stage, name, model_file, stage / rel_model, spec, typed, device, backend, server_engine,
                   products or {})
     for emitter in servers.registered():
         wanted = emit is None or emitter.name in emit
         if wanted and emitter.serves_backend(backend) and (written := emitter.write(job)) is not None:
-            artifacts[emitter.name] = written.relative_to(stage).as_posix()
-    manifest["files"] = file_table(stage)
-    write_reports(stage, manifest)
-    check_written(jsonable(manifest))
-    write_manifest(stage, manifest)
-    return manifest
+            setattr(typed.artifacts, emitter.name, written.relative_to(stage).as_posix())
+    typed.files = file_table(stage)
+    write_reports(stage, typed)
+    write_manifest(stage, typed)
+    return typed
 
 
 REPORTS = ("report.md", "report.html")
 
 
-def write_reports(stage: Path, manifest: dict[str, Any]) -> None:
+def write_reports(stage: Path, manifest: Manifest) -> None:
     """``report.md`` and the self-contained ``report.html``, made from the manifest (whose file
     table they show), then hashed into it, so ``infopt verify`` covers them too."""
 
     (stage / "report.md").write_text(to_markdown(manifest))
     (stage / "report.html").write_text(to_html(manifest))
     for rel in REPORTS:
-        manifest["files"][rel] = {"bytes": (stage / rel).stat().st_size, "sha256": sha256(stage / rel)}
+        manifest.files[rel] = FileEntry(bytes=(stage / rel).stat().st_size, sha256=sha256(stage / rel))
 
 
 VOLATILE_KEYS = frozenset({"created", "seconds", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "throughput", "speedup",
@@ -134,14 +135,20 @@ def without_volatile(value: Any) -> Any:
     return value
 
 
-def base_manifest(name: str, source: dict[str, Any], target, recipe, spec, outputs, passes, validation) -> dict[str, Any]:
+def base_manifest(name: str, source: dict[str, Any], target, recipe, spec, outputs, passes, validation, *,
+                  candidates: list[dict[str, Any]], selection: str, provenance: dict[str, Any],
+                  shipped_fp32: bool = False) -> dict[str, Any]:
+    """Everything a build's manifest holds but ``artifacts`` and ``files`` (``write_output`` adds them
+    and types the whole). ``shipped_fp32``: the INT8 pass shipped FP32 because it was faster here."""
+    asked = {"precision_asked": recipe.precision} if shipped_fp32 else {}
     return {
         "schema": SCHEMA_VERSION,
         "name": name,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "source": source,
         "target": target.model_dump(mode="json"),
-        "precision": recipe.precision,
+        "precision": "fp32" if shipped_fp32 else recipe.precision,
+        **asked,
         "backend": recipe.backend,
         "inputs": spec.to_json(),
         "outputs": [{"name": n, "dtype": d, "shape": list(s)} for n, d, s in outputs],
@@ -149,6 +156,9 @@ def base_manifest(name: str, source: dict[str, Any], target, recipe, spec, outpu
         "passes": [p.to_json() for p in passes],
         "validation": validation,
         "versions": tool_versions(),
+        "candidates": candidates,
+        "selection": selection,
+        "provenance": provenance,
     }
 
 

@@ -31,6 +31,7 @@ from infopt.api.provenance import check_sealed
 from infopt.core.errors import InfoptError, UsageError
 from infopt.core.inputspec import InputSpec
 from infopt.core.manifest import model_bytes, output_root, read_manifest
+from infopt.core.manifest_schema import Manifest
 from infopt.core.recipe import DriftThresholds, Validation
 from infopt.core.sample_inputs import random_feed
 from infopt.runtime.backends import manifest_runner
@@ -51,19 +52,19 @@ REPORTED_DRIFT = ("max_abs", "min_cosine", "min_sqnr_db", "min_top1")
 class Artifact:
     label: str
     root: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
 
     @property
     def spec(self) -> InputSpec:
-        return InputSpec.from_json(self.manifest["inputs"])
+        return self.manifest.input_spec()
 
     def model_bytes(self) -> int:
-        return model_bytes(self.root / self.manifest["artifacts"]["model"])
+        return model_bytes(self.root / self.manifest.artifacts.model)
 
     def describe(self) -> dict[str, Any]:
         m = self.manifest
-        return {"dist": str(self.root), "name": m.get("name"), "recipe": m["recipe"]["name"], "precision": m.get("precision"),
-                "created": m.get("created"), "build_passed": m["validation"]["verdict"]["passed"]}
+        return {"dist": str(self.root), "name": m.name, "recipe": m.recipe["name"], "precision": m.precision,
+                "created": m.created, "build_passed": m.validation.verdict.passed}
 
 
 def open_artifact(path: str | Path, label: str, key: str | Path | None = None) -> Artifact:
@@ -90,8 +91,7 @@ def check_same_model(candidate: Artifact, baseline: Artifact) -> None:
             fixed = [(x, y) for x, y in zip(c.shape, b.shape) if isinstance(x, int) or isinstance(y, int)]
             if c.dtype != b.dtype or len(c.shape) != len(b.shape) or any(x != y for x, y in fixed):
                 problems.append(f"input {c.name} is {c} vs {b}")
-    c_out = [o["name"] for o in candidate.manifest["outputs"]]
-    b_out = [o["name"] for o in baseline.manifest["outputs"]]
+    c_out, b_out = candidate.manifest.output_names, baseline.manifest.output_names
     if len(c_out) != len(b_out):
         problems.append(f"{len(c_out)} outputs ({', '.join(c_out)}) vs {len(b_out)} ({', '.join(b_out)})")
     if problems:
@@ -106,7 +106,7 @@ def _runner(artifact: Artifact):
     except InfoptError:
         raise
     except Exception as exc:  # noqa: BLE001 - a runtime that cannot read the model file
-        raise UsageError(f"the {artifact.label}'s model {artifact.manifest['artifacts']['model']} cannot be loaded: "
+        raise UsageError(f"the {artifact.label}'s model {artifact.manifest.artifacts.model} cannot be loaded: "
                          f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
                          where=str(artifact.root), fix=f"rebuild the {artifact.label}") from exc
 
@@ -136,16 +136,16 @@ def gate(candidate: str | Path, baseline: str | Path, *, config: GateConfig | No
     check_same_model(cand, base)
     result = GateResult(cand.describe(), base.describe())
     own = result.candidate["build_passed"]
-    why = "" if own else "; ".join(cand.manifest["validation"]["verdict"]["reasons"])
+    why = "" if own else "; ".join(cand.manifest.validation.verdict.reasons)
     result.checks.append(GateCheck("build", "candidate's own verdict", None, None, "passed", bool(own), why))
     say("loading both models")
     cand_runner, base_runner = _runner(cand), _runner(base)
-    names = tuple(o["name"] for o in cand.manifest["outputs"])
+    names = cand.manifest.output_names
 
     say("drift against the eager reference")
     stored_inputs, reference = read_samples(cand.root, cand.manifest)
     ref_report = drift_mod.compare([reference], [cand_runner.run(stored_inputs)], names, "candidate's validation/samples.npz")
-    recipe_limits = cand.manifest["recipe"]["validation"]["drift"]
+    recipe_limits = cand.manifest.recipe["validation"]["drift"]
     overrides = config.reference.model_dump(exclude_none=True) if config.reference else {}
     result.checks += _drift_checks("reference", ref_report, DriftThresholds(**{**recipe_limits, **overrides}))
 
@@ -189,10 +189,10 @@ DEFAULT_BASELINE_TOP1 = 0.99
 
 def same_source(cand: Artifact, base: Artifact) -> bool:
     """Both built from the same model: the same file sha256 (or the same files, or the same weights)."""
-    c, b = cand.manifest.get("source") or {}, base.manifest.get("source") or {}
-    if c.get("sha256") and c.get("sha256") == b.get("sha256"):
+    c, b = cand.manifest.source, base.manifest.source
+    if c.sha256 and c.sha256 == b.sha256:
         return True
-    return bool(c.get("files")) and c.get("files") == b.get("files")
+    return bool(c.files) and c.files == b.files
 
 
 def _baseline_limits(config: GateConfig, cand: Artifact, base: Artifact, report) -> tuple[Any, str]:
@@ -201,7 +201,7 @@ def _baseline_limits(config: GateConfig, cand: Artifact, base: Artifact, report)
 
     if config.baseline.model_dump(exclude_none=True) or not same_source(cand, base):
         return config.baseline, ""
-    limits = dict(cand.manifest["recipe"]["validation"]["drift"])
+    limits = dict(cand.manifest.recipe["validation"]["drift"])
     if limits.get("min_top1") is None and report.worst.get("top1") is not None:
         limits["min_top1"] = DEFAULT_BASELINE_TOP1
     return DriftThresholds(**limits), ("both builds come from the same source model (same sha256), so the candidate's outputs "

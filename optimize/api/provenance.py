@@ -18,6 +18,7 @@ from typing import Any, Sequence
 from infopt.api.signing import check_signature, write_signature
 from infopt.core.errors import IntegrityError
 from infopt.core.manifest import FILE_PROBLEMS, MANIFEST, UNLISTED, file_status, read_manifest, sha256
+from infopt.core.manifest_schema import Manifest
 
 TOOLCHAIN = ("infopt", "torch", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu", "numpy", "tensorrt", "triton",
              "torchao", "transformers", "gptqmodel", "torch-model-archiver")
@@ -69,17 +70,15 @@ def record(command: Sequence[str] | None, call: str, recipe_name: str, calibrati
     }
 
 
-def check_files(root: Path, manifest: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+def check_files(root: Path, manifest: Manifest) -> tuple[list[dict[str, Any]], list[str]]:
     """(a row per file with its status, the problems): every listed file re-hashed, and every file
     on disk that the manifest does not list."""
 
-    listed = manifest.get("files") or {}
+    listed = manifest.files
     rows, problems = [], []
     for rel, info in listed.items():
         status = file_status(root, rel, info)
-        recorded = isinstance(info, dict)
-        rows.append({"path": rel, "status": status, "bytes": info.get("bytes") if recorded else None,
-                     "sha256": info.get("sha256") if recorded else None})
+        rows.append({"path": rel, "status": status, "bytes": info.bytes, "sha256": info.sha256})
         if status != "ok":
             problems.append(f"{rel}: {FILE_PROBLEMS[status]}")
     for path in sorted(p for p in Path(root).rglob("*") if p.is_file()):
@@ -89,13 +88,13 @@ def check_files(root: Path, manifest: dict[str, Any]) -> tuple[list[dict[str, An
             problems.append(f"{rel}: not in the manifest (added after the build)")
     if not listed:
         problems.append("manifest.json lists no files")
-    model = (manifest.get("artifacts") or {}).get("model")
+    model = manifest.artifacts.model
     if listed and model not in listed:
         problems.append(f"{model}: the model file is not among the files the manifest lists")
     return rows, problems
 
 
-def check_sealed(root: Path, manifest: dict[str, Any], label: str, key: str | Path | None = None) -> None:
+def check_sealed(root: Path, manifest: Manifest, label: str, key: str | Path | None = None) -> None:
     """Refuse (exit 2) an output folder whose files differ from its manifest, or, with ``key``,
     whose manifest's signature does not verify: run before any file of it is used."""
 
@@ -124,9 +123,10 @@ def verify(root: Path, key: str | Path | None = None) -> dict[str, Any]:
         except IntegrityError as exc:
             signature = "INVALID"
             problems.append(exc.what)
-    return {"dist": str(root), "name": manifest.get("name"), "manifest_sha256": sha256(root / MANIFEST),
+    provenance = manifest.provenance.model_dump(exclude_unset=True) if manifest.provenance else None
+    return {"dist": str(root), "name": manifest.name, "manifest_sha256": sha256(root / MANIFEST),
             "files": rows, "problems": problems, "passed": not problems, "signature": signature,
-            "provenance": manifest.get("provenance"), "versions": manifest.get("versions")}
+            "provenance": provenance, "versions": manifest.versions}
 
 
 def sign(root: str | Path, key: str | Path) -> dict[str, Any]:

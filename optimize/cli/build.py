@@ -84,12 +84,12 @@ def build(
         allow_partial=allow_partial, require_precision=require_precision, command=["infopt", *sys.argv[1:]],
     )
     if as_json:
-        chosen = next((c for c in result.manifest.get("candidates", []) if c.get("chosen")), None)
+        m = result.manifest
+        chosen = next((c for c in m.candidates if c.get("chosen")), None)
         print_json({"passed": result.passed, "output": shown_path(result.output_dir),
-                    "chosen": {"recipe": result.manifest["recipe"]["name"], "precision": result.manifest["precision"],
-                               "backend": result.manifest["backend"],
+                    "chosen": {"recipe": m.recipe["name"], "precision": m.precision, "backend": m.backend,
                                **({"speedup": chosen.get("speedup"), "p50_ms": chosen.get("p50_ms")} if chosen else {})},
-                    "output_dir": str(result.output_dir), **result.manifest})
+                    "output_dir": str(result.output_dir), **m.to_json()})
     else:
         m = result.manifest
         chosen_sections = [summary(m), candidates_section(m), passes_section(m), int8_section(m), int8_variants_section(m),

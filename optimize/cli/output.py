@@ -22,7 +22,7 @@ def stderr():
 
 
 def print_json(data: Any) -> None:
-    from infopt.core.manifest import jsonable
+    from infopt.core.manifest_schema import jsonable
 
     print(json.dumps(jsonable(data), indent=2, default=str))
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
 from infopt.core.errors import UsageError
-from infopt.core.manifest_schema import check_read
+from infopt.core.manifest_schema import FileEntry, Manifest, check_read
 
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.json.sig"
@@ -78,22 +77,11 @@ def file_table(root: Path, skip: tuple[str, ...] = UNLISTED) -> dict[str, dict[s
     return table
 
 
-def jsonable(value: Any) -> Any:
-    """Non-finite floats as strings ("inf", "-inf", "nan"), so the manifest is strict JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {k: jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    return value
+def write_manifest(root: Path, manifest: Manifest) -> None:
+    (root / MANIFEST).write_text(json.dumps(manifest.to_json(), indent=2, allow_nan=False) + "\n")
 
 
-def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
-    (root / MANIFEST).write_text(json.dumps(jsonable(manifest), indent=2, allow_nan=False) + "\n")
-
-
-def read_manifest(root: Path) -> dict[str, Any]:
+def read_manifest(root: Path) -> Manifest:
     """The manifest of an output folder, checked against its schema (``manifest_schema.py``); every
     path it names must lie inside the folder."""
     path = Path(root) / MANIFEST
@@ -111,8 +99,7 @@ def read_manifest(root: Path) -> dict[str, Any]:
     if outside:
         raise UsageError(f"{path} names paths outside its output folder: {', '.join(map(repr, outside[:3]))}",
                          where=str(path), fix="rebuild the artifact; a manifest that points outside its folder was edited")
-    check_read(manifest, str(path))
-    return manifest
+    return check_read(manifest, str(path))
 
 
 def _strings(value: Any) -> list[str]:
@@ -143,23 +130,22 @@ FILE_PROBLEMS = {"missing": "missing", "changed": "sha256 differs from the manif
                  "unrecorded": "the manifest records no sha256 for it"}
 
 
-def file_status(root: Path, rel: str, info: Any) -> str:
+def file_status(root: Path, rel: str, info: FileEntry) -> str:
     """``ok``, ``missing``, ``changed`` (size or sha256 differs) or ``unrecorded`` (no sha256 in the manifest)."""
-    if not isinstance(info, dict) or not info.get("sha256"):
+    if not info.sha256:
         return "unrecorded"
     path = Path(root) / rel
     if not path.is_file():
         return "missing"
-    size = path.stat().st_size
-    if size != info.get("bytes", size) or sha256(path) != info["sha256"]:
+    if path.stat().st_size != info.bytes or sha256(path) != info.sha256:
         return "changed"
     return "ok"
 
 
-def verify_files(root: Path, manifest: dict[str, Any]) -> list[str]:
-    """Listed files that are missing or differ from the manifest."""
+def verify_files(root: Path, files: Mapping[str, FileEntry]) -> list[str]:
+    """Listed files (a manifest's ``files``) that are missing or differ from what it records."""
     problems = []
-    for rel, info in manifest.get("files", {}).items():
+    for rel, info in files.items():
         status = file_status(root, rel, info)
         if status != "ok":
             problems.append(f"{rel}: {FILE_PROBLEMS[status]}")

@@ -2,14 +2,17 @@
 ``load``, ``validate`` and ``gate`` read it. ``manifest.schema.json`` (shipped beside this module)
 is generated from these models; ``tests/optimize/test_manifest_schema.py`` keeps the two equal.
 
-Each section a consumer relies on is typed; sections whose contents are a pass's or a validator's
-own tables (``details``, ``drift``, ``candidates``) are typed as objects, and extra keys are kept,
-so a manifest written by a newer infopt of the same schema version still reads.
+``core/manifest.py`` reads and writes it; every reader uses these models' attributes. Each
+section a consumer relies on is typed; sections whose contents are a pass's or a validator's own
+tables (``details``, ``drift``, ``curve``, ``work``, ``candidates``, ``triton_tuning``) are typed as
+objects, and extra keys are kept, so a manifest written by a newer infopt of the same schema
+version still reads.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 from importlib.resources import files
 from typing import Any, Literal
@@ -17,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infopt.core.errors import BuildError, UsageError
+from infopt.core.inputspec import InputSpec
 from infopt.core.lineage import PassRecord
 
 SCHEMA_VERSION = "infopt.manifest/1"
@@ -24,7 +28,7 @@ SCHEMA_FILE = "manifest.schema.json"
 
 
 class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
 
 
 class Source(_Open):
@@ -37,6 +41,7 @@ class Source(_Open):
 
 class TargetInfo(_Open):
     name: str
+    description: str = ""
     device: Literal["cpu", "cuda"]
     arch: str = ""
     precisions: list[str] = Field(default_factory=list)
@@ -73,9 +78,12 @@ class LatencyRow(_Open):
     batch: int
     runner: str
     p50_ms: float
-    p90_ms: float | None = None
-    p99_ms: float | None = None
-    mean_ms: float | None = None
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    throughput: float
+    """samples per second"""
+    iterations: int
 
 
 class Validation(_Open):
@@ -85,6 +93,11 @@ class Validation(_Open):
     drift: dict[str, Any] = Field(default_factory=dict)
     latency: list[LatencyRow] = Field(default_factory=list)
     curve: list[dict[str, Any]] = Field(default_factory=list)
+    """the shipped model's latency at each batch size: batch, p50_ms, ..., throughput"""
+    work: dict[str, Any] | None = None
+    """FLOPs and bytes moved per prediction (``validators/roofline.count_work``)"""
+    stored_samples: int | None = None
+    """how many inputs ``validation/samples.npz`` holds"""
     verdict: Verdict
 
 
@@ -110,6 +123,13 @@ class FileEntry(_Open):
 class Artifacts(_Open):
     model: str
     """``model/model<suffix>``; every other key is a server's folder (``servers/<name>``) or a file"""
+
+    def get(self, name: str) -> str | None:
+        """What the build wrote for ``name`` (a server, or a file a pass attached); None if nothing."""
+        return self.model if name == "model" else (self.model_extra or {}).get(name)
+
+    def __contains__(self, name: str) -> bool:
+        return self.get(name) is not None
 
 
 class Manifest(_Open):
@@ -138,6 +158,32 @@ class Manifest(_Open):
     triton_tuning: dict[str, Any] | None = None
     files: dict[str, FileEntry]
 
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.outputs)
+
+    def pass_record(self, name: str) -> PassRecord | None:
+        """The lineage entry of pass ``name`` (the first, if it ran twice); None if it was not in the recipe."""
+        return next((p for p in self.passes if p.name == name), None)
+
+    def input_spec(self) -> InputSpec:
+        return InputSpec.from_json(self.inputs.model_dump())
+
+    def to_json(self) -> dict[str, Any]:
+        """The manifest as ``manifest.json`` holds it: the keys it was made with, non-finite floats as strings."""
+        return jsonable(self.model_dump(by_alias=True, exclude_unset=True))
+
+
+def jsonable(value: Any) -> Any:
+    """Non-finite floats as strings ("inf", "-inf", "nan"), so the manifest is strict JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    return value
+
 
 def json_schema() -> dict[str, Any]:
     return Manifest.model_json_schema(by_alias=True)
@@ -156,23 +202,24 @@ def _problems(exc: ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}" for e in exc.errors()[:3])
 
 
-def check_written(manifest: dict[str, Any]) -> None:
-    """A build's manifest before it is written; a mismatch is infopt's own bug, said as a build error."""
+def check_written(manifest: dict[str, Any]) -> Manifest:
+    """A build's manifest, typed, before anything reads or writes it; a mismatch is infopt's own bug,
+    said as a build error."""
     try:
-        Manifest.model_validate(manifest)
+        return Manifest.model_validate(jsonable(manifest))
     except ValidationError as exc:
         raise BuildError(f"the manifest this build made does not fit {SCHEMA_VERSION}: {_problems(exc)}",
                          fix="report this with the command you ran; nothing was written") from None
 
 
-def check_read(manifest: dict[str, Any], where: str) -> None:
+def check_read(manifest: dict[str, Any], where: str) -> Manifest:
     """A manifest read back for ``load``, ``validate`` or ``gate``."""
     schema = manifest.get("schema")
     if schema != SCHEMA_VERSION:
         raise UsageError(f"{where} is a manifest of schema {schema!r}; this infopt reads {SCHEMA_VERSION}", where=where,
                          fix="rebuild the artifact with this infopt, or use the infopt that built it")
     try:
-        Manifest.model_validate(manifest)
+        return Manifest.model_validate(manifest)
     except ValidationError as exc:
         raise UsageError(f"{where} is not a manifest infopt wrote: {_problems(exc)}", where=where,
                          fix="rebuild the artifact; a manifest is written by `infopt build` and not edited") from None

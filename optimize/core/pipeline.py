@@ -182,8 +182,12 @@ def _checked_details(definition, details) -> dict:
     """The pass's details as JSON, checked against the type it declares (a mismatch is a bug in the pass)."""
     if isinstance(details, PassDetails):
         details = details.model_dump(mode="json")
-    if definition.details is None or not details:
+    if not details:
         return details
+    if definition.details is None:
+        raise BuildError(f"pass {definition.name} recorded details but declares no type for them",
+                         where=f"pass {definition.name}",
+                         fix="give the pass a PassDetails subclass (Pass(..., details=...)) and return an instance of it")
     try:
         return definition.details.model_validate(details).model_dump(mode="json")
     except ValidationError as exc:

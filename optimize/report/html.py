@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
+from infopt.core.manifest_schema import Manifest
 from infopt.report.markdown import Section, sections
 from infopt.report.performance import curve_section, roofline_section
-from infopt.validators.roofline import roofline
+from infopt.validators.roofline import measured_curve, roofline
 
 WIDTH, HEIGHT = 640, 340
 LEFT, RIGHT, TOP, BOTTOM = 72, 24, 34, 52
@@ -294,7 +295,7 @@ def section_html(section: Section, heading: str = "h2", ident: str | None = None
     return "\n".join(out)
 
 
-def _figures(manifest: dict[str, Any], curve: list[dict[str, Any]], device: str) -> dict[str, str]:
+def _figures(manifest: Manifest, curve: list[dict[str, Any]], device: str) -> dict[str, str]:
     """The charts (or the note saying why there is none), by the title of the section they follow."""
     figures: dict[str, str] = {}
     if curve:
@@ -309,11 +310,10 @@ def _figures(manifest: dict[str, Any], curve: list[dict[str, Any]], device: str)
     return figures
 
 
-def to_html(manifest: dict[str, Any]) -> str:
+def to_html(manifest: Manifest) -> str:
     """The whole report as one HTML document (inline CSS and SVG, nothing fetched)."""
-    validation = manifest.get("validation") or {}
-    curve = sorted((p for p in validation.get("curve") or [] if p.get("batch", 0) > 0), key=lambda p: p["batch"])
-    figures = _figures(manifest, curve, str(validation.get("device") or "unrecorded device"))
+    curve = measured_curve(manifest)
+    figures = _figures(manifest, curve, manifest.validation.device or "unrecorded device")
     ordered = sections(manifest)
     body, curve_note = [], not curve
     for i, section in enumerate(ordered):
@@ -323,7 +323,7 @@ def to_html(manifest: dict[str, Any]) -> str:
             body.append('<p class="note" id="curve-note">No latency-by-batch curve in this manifest (a model without a '
                         "batch dimension is timed at one shape only): no latency, throughput or roofline plots.</p>")
             curve_note = False
-    title = ordered[0].title if ordered else f"infopt build: {manifest.get('name', '')}"
+    title = ordered[0].title if ordered else f"infopt build: {manifest.name}"
     return "\n".join(["<!DOCTYPE html>", '<html lang="en">', "<head>", '<meta charset="utf-8">',
                       '<meta name="viewport" content="width=device-width, initial-scale=1">',
                       f"<title>{escape(title)}</title>", f"<style>{CSS}</style>", "</head>", "<body>", "<main>",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from infopt.core.manifest_schema import Manifest
 from infopt.passes.fx.quantize_int4 import Int4Details
 from infopt.passes.onnx.quantize_int8 import Int8Details
 from infopt.report.performance import cost_section, curve_section, roofline_section, tuning_section
@@ -32,40 +33,38 @@ def _bytes(n: int | None) -> str:
     return str(n)
 
 
-def summary(manifest: dict[str, Any]) -> Section:
-    v = manifest["validation"]
-    verdict = "PASS" if v["verdict"]["passed"] else "FAIL"
-    target = manifest["target"]
-    rows = [["verdict", verdict], ["target", f"{target['name']} ({target.get('description', '')})"],
-            ["precision", manifest["precision"] + (f" ({manifest['precision_asked']} asked; see the notes)"
-                                                   if manifest.get("precision_asked") else "")],
-            ["backend", manifest["backend"]],
-            ["recipe", manifest["recipe"]["name"]], ["source", f"{manifest['source']['path']} ({manifest['source']['format']})"],
-            ["validated on", v["device"]]]
-    notes = [f"failed: {r}" for r in v["verdict"]["reasons"]]
-    notes += v.get("notes", [])
-    return Section(f"infopt build: {manifest['name']}", ["", ""], rows, notes)
+def summary(manifest: Manifest) -> Section:
+    v = manifest.validation
+    target = manifest.target
+    asked = f" ({manifest.precision_asked} asked; see the notes)" if manifest.precision_asked else ""
+    rows = [["verdict", "PASS" if v.verdict.passed else "FAIL"],
+            ["target", f"{target.name} ({target.description})"],
+            ["precision", manifest.precision + asked],
+            ["backend", manifest.backend],
+            ["recipe", manifest.recipe["name"]], ["source", f"{manifest.source.path} ({manifest.source.format})"],
+            ["validated on", v.device]]
+    notes = [f"failed: {r}" for r in v.verdict.reasons] + v.notes
+    return Section(f"infopt build: {manifest.name}", ["", ""], rows, notes)
 
 
-def io_section(manifest: dict[str, Any]) -> Section:
-    rows = [["input", i["name"], i["dtype"], str(i["shape"])] for i in manifest["inputs"]["inputs"]]
-    rows += [["output", o["name"], o["dtype"], str(o["shape"])] for o in manifest["outputs"]]
-    dims = manifest["inputs"].get("dims", {})
-    notes = [f"{k}: min {d['min']}, opt {d['opt']}, max {d['max']}" for k, d in dims.items()]
+def io_section(manifest: Manifest) -> Section:
+    rows = [["input", i.name, i.dtype, str(i.shape)] for i in manifest.inputs.inputs]
+    rows += [["output", o.name, o.dtype, str(o.shape)] for o in manifest.outputs]
+    notes = [f"{k}: min {d.min}, opt {d.opt}, max {d.max}" for k, d in manifest.inputs.dims.items()]
     return Section("Inputs and outputs", ["", "name", "dtype", "shape"], rows, notes)
 
 
-def passes_section(manifest: dict[str, Any]) -> Section:
+def passes_section(manifest: Manifest) -> Section:
     rows = []
-    for p in manifest["passes"]:
-        status = "skipped" if p["skipped"] else ("changed" if p["changed"] else "no change")
-        rows.append([p["name"], f"{p['consumes']} -> {p['produces']}", f"{p['seconds']:.2f}", _bytes(p["size_bytes"]),
-                     status, "; ".join(p["notes"])])
+    for p in manifest.passes:
+        status = "skipped" if p.skipped else ("changed" if p.changed else "no change")
+        rows.append([p.name, f"{p.consumes} -> {p.produces}", f"{p.seconds:.2f}", _bytes(p.size_bytes),
+                     status, "; ".join(p.notes)])
     return Section("Passes", ["pass", "representation", "seconds", "size", "result", "notes"], rows)
 
 
-def drift_section(manifest: dict[str, Any]) -> Section:
-    drift = manifest["validation"]["drift"]
+def drift_section(manifest: Manifest) -> Section:
+    drift = manifest.validation.drift
     rows = [[name, _num(o["max_abs"]), _num(o["mean_abs"]), _num(o["max_rel"]), _num(o["cosine_min"], ".6f"),
              _num(o["cosine_mean"], ".6f"), _num(o["sqnr_db"], ".1f"), _num(o["top1"])] for name, o in drift["outputs"].items()]
     notes = [f"{drift['samples']} samples from {drift['source']}"]
@@ -76,33 +75,33 @@ def drift_section(manifest: dict[str, Any]) -> Section:
                                                           "cosine (mean)", "SQNR dB", "top-1 agree"], rows, notes)
 
 
-def latency_section(manifest: dict[str, Any]) -> Section:
-    latency = manifest["validation"]["latency"]
-    base = {r["batch"]: r for r in latency if r["runner"] == "eager"}
+def latency_section(manifest: Manifest) -> Section:
+    latency = manifest.validation.latency
+    base = {r.batch: r for r in latency if r.runner == "eager"}
     rows = []
     for r in latency:
-        ref = base.get(r["batch"])
-        if r["runner"] == "eager":
+        ref = base.get(r.batch)
+        if r.runner == "eager":
             ratio = "1.00x"
         else:
-            ratio = f"{ref['p50_ms'] / r['p50_ms']:.2f}x" if ref and r["p50_ms"] > 0 else "-"
-        rows.append([str(r["batch"]), r["runner"], f"{r['p50_ms']:.3f}", f"{r['p90_ms']:.3f}", f"{r['p99_ms']:.3f}",
-                     f"{r['mean_ms']:.3f}", f"{r['throughput']:.1f}", ratio])
-    notes = [f"{latency[0]['iterations']} timed runs per row after warm-up, each runner in its own block; "
+            ratio = f"{ref.p50_ms / r.p50_ms:.2f}x" if ref and r.p50_ms > 0 else "-"
+        rows.append([str(r.batch), r.runner, f"{r.p50_ms:.3f}", f"{r.p90_ms:.3f}", f"{r.p99_ms:.3f}",
+                     f"{r.mean_ms:.3f}", f"{r.throughput:.1f}", ratio])
+    notes = [f"{latency[0].iterations} timed runs per row after warm-up, each runner in its own block; "
              "speedup is eager p50 / candidate p50"] if latency else []
     return Section("Latency (ms)", ["batch", "runner", "p50", "p90", "p99", "mean", "samples/s", "speedup"], rows, notes)
 
 
-def _details(manifest: dict[str, Any], kind, *names: str, with_layers: bool = False):
+def _details(manifest: Manifest, kind, *names: str, with_layers: bool = False):
     """The typed details of the first pass among ``names`` that recorded any (and layers, if asked), or None."""
-    for record in manifest["passes"]:
-        details = kind.of(record.get("details")) if record["name"] in names and not record.get("skipped") else None
+    for record in manifest.passes:
+        details = kind.of(record.details) if record.name in names and not record.skipped else None
         if details is not None and (details.layers or not with_layers):
             return details
     return None
 
 
-def int8_section(manifest: dict[str, Any]) -> Section | None:
+def int8_section(manifest: Manifest) -> Section | None:
     """The per-layer INT8 table: each layer's drift when it alone is INT8, and what stayed FP32."""
     d = _details(manifest, Int8Details, "quantize_int8", with_layers=True)
     if d is None:
@@ -135,7 +134,7 @@ def int8_section(manifest: dict[str, Any]) -> Section | None:
     return Section("INT8 layers", columns, rows, notes)
 
 
-def int8_variants_section(manifest: dict[str, Any]) -> Section | None:
+def int8_variants_section(manifest: Manifest) -> Section | None:
     """The INT8 graphs tried and timed against FP32, and which one shipped."""
     d = _details(manifest, Int8Details, "quantize_int8")
     if d is None or not d.variants:
@@ -153,7 +152,7 @@ def int8_variants_section(manifest: dict[str, Any]) -> Section | None:
                                      "time vs FP32 per batch (bounds)"], rows, notes)
 
 
-def int4_section(manifest: dict[str, Any]) -> Section | None:
+def int4_section(manifest: Manifest) -> Section | None:
     """The per-layer INT4 table: each Linear's group size and error, and why any stayed in float."""
     d = (_details(manifest, Int4Details, "quantize_int4", "quantize_int4_graph", with_layers=True)
          or _details(manifest, Int4Details, "quantize_int4", "quantize_int4_graph"))
@@ -167,13 +166,13 @@ def int4_section(manifest: dict[str, Any]) -> Section | None:
     return Section("INT4 layers", ["layer", "out x in", "precision", "group size", "relative error", "why float"], rows, notes)
 
 
-def candidates_section(manifest: dict[str, Any]) -> Section | None:
+def candidates_section(manifest: Manifest) -> Section | None:
     """Every candidate the build considered: what it measured, whether it passed, which was chosen."""
-    rows_in = manifest.get("candidates") or []
+    rows_in = manifest.candidates
     if len(rows_in) < 2:
         return None
     batches = sorted({int(b) for c in rows_in for b in c.get("p50_ms", {})})
-    rows, notes = [], [f"chosen: {manifest.get('selection', '')}"]
+    rows, notes = [], [f"chosen: {manifest.selection or ''}"]
     for c in rows_in:
         if c["status"] != "built":
             rows.append([c["recipe"], c["status"], "-", "-", *["-"] * len(batches), "-", "-", ""])
@@ -193,32 +192,31 @@ def candidates_section(manifest: dict[str, Any]) -> Section | None:
     return Section("Candidates", headers, rows, notes)
 
 
-def files_section(manifest: dict[str, Any]) -> Section:
-    rows = [[rel, _bytes(info["bytes"]), info["sha256"][:16]] for rel, info in manifest.get("files", {}).items()]
+def files_section(manifest: Manifest) -> Section:
+    rows = [[rel, _bytes(info.bytes), info.sha256[:16]] for rel, info in manifest.files.items()]
     return Section("Files", ["path", "size", "sha256 (first 16)"], rows,
                    ["the reports and manifest.json are not listed here; the manifest holds the reports' sha256 too"])
 
 
-def versions_section(manifest: dict[str, Any]) -> Section:
-    return Section("Versions", ["tool", "version"], [[k, str(v)] for k, v in manifest["versions"].items()])
+def versions_section(manifest: Manifest) -> Section:
+    return Section("Versions", ["tool", "version"], [[k, str(v)] for k, v in manifest.versions.items()])
 
 
-def provenance_section(manifest: dict[str, Any]) -> Section | None:
-    prov = manifest.get("provenance")
+def provenance_section(manifest: Manifest) -> Section | None:
+    prov = manifest.provenance
     if not prov:
         return None
-    rows = [["command", prov["command"] or prov["python_call"]], ["recipe", prov["recipe"]]]
-    for key in ("calibration", "validation_data"):
-        data = prov.get(key)
+    rows = [["command", prov.command or prov.python_call or ""], ["recipe", prov.recipe]]
+    for label, data in (("calibration", prov.calibration), ("validation data", prov.validation_data)):
         if data:
-            rows.append([key.replace("_", " "), f"{data['samples']} samples from {data['source']}, sha256 {data['sha256'][:16]}"])
-    source = manifest["source"]
-    if source.get("sha256"):
-        rows.append(["source", f"{source['path']}, sha256 {source['sha256'][:16]}"])
+            rows.append([label, f"{data.samples} samples from {data.source}, sha256 {data.sha256[:16]}"])
+    source = manifest.source
+    if source.sha256:
+        rows.append(["source", f"{source.path}, sha256 {source.sha256[:16]}"])
     return Section("Provenance", ["", ""], rows, ["`infopt verify DIST` re-hashes every file against this manifest"])
 
 
-def sections(manifest: dict[str, Any]) -> list[Section]:
+def sections(manifest: Manifest) -> list[Section]:
     found = [summary(manifest), candidates_section(manifest), io_section(manifest), passes_section(manifest), int8_section(manifest),
              int8_variants_section(manifest), int4_section(manifest), drift_section(manifest), latency_section(manifest),
              curve_section(manifest), roofline_section(manifest),
@@ -227,7 +225,7 @@ def sections(manifest: dict[str, Any]) -> list[Section]:
     return [s for s in found if s is not None]
 
 
-def to_markdown(manifest: dict[str, Any]) -> str:
+def to_markdown(manifest: Manifest) -> str:
     out = []
     for i, section in enumerate(sections(manifest)):
         out.append(("# " if i == 0 else "## ") + section.title + "\n")

@@ -3,8 +3,7 @@ Triton serving config the build tuned, each made from the manifest's measured fi
 
 from __future__ import annotations
 
-from typing import Any
-
+from infopt.core.manifest_schema import Manifest
 from infopt.exporters.servers.triton_tuning import Tuning
 from infopt.report.section import Section
 from infopt.validators.roofline import cost_notes, cost_per_million, measured_curve, roofline
@@ -14,20 +13,20 @@ def _fmt(value: float | None, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def curve_section(manifest: dict[str, Any]) -> Section | None:
+def curve_section(manifest: Manifest) -> Section | None:
     """The shipped model's latency at each batch size (the data behind the latency plot)."""
     curve = measured_curve(manifest)
     if not curve:
         return None
     rows = [[str(p["batch"]), f"{p['p50_ms']:.3f}", f"{p['p90_ms']:.3f}", f"{p['p99_ms']:.3f}", f"{p['mean_ms']:.3f}",
              f"{p['throughput']:.1f}", f"{p['p50_ms'] / p['batch']:.4f}"] for p in curve]
-    notes = [f"measured on {manifest['validation'].get('device') or 'an unrecorded device'}, "
+    notes = [f"measured on {manifest.validation.device or 'an unrecorded device'}, "
              f"{curve[0].get('iterations', '?')} timed runs per batch size after warm-up; samples/s = batch / p50 latency"]
     return Section("Latency by batch size (ms)", ["batch", "p50", "p90", "p99", "mean", "samples/s", "p50 per sample"],
                    rows, notes)
 
 
-def roofline_section(manifest: dict[str, Any]) -> Section | None:
+def roofline_section(manifest: Manifest) -> Section | None:
     """Achieved TFLOP/s, intensity, the target's roof and the fraction of it, per batch size."""
     line = roofline(manifest)
     if line is None:
@@ -46,7 +45,7 @@ def roofline_section(manifest: dict[str, Any]) -> Section | None:
                    rows, head + line["notes"])
 
 
-def cost_section(manifest: dict[str, Any]) -> Section | None:
+def cost_section(manifest: Manifest) -> Section | None:
     """USD per million predictions per batch size; a section with only a note when there is no price."""
     if not measured_curve(manifest):
         return None
@@ -55,14 +54,13 @@ def cost_section(manifest: dict[str, Any]) -> Section | None:
     return Section("Cost per million predictions", ["batch", "samples/s", "USD per 1M"], rows, cost_notes(manifest))
 
 
-def tuning_section(manifest: dict[str, Any]) -> Section | None:
+def tuning_section(manifest: Manifest) -> Section | None:
     """The curve the tuning read and the reasons for each setting; None when the build made no tuning."""
-    data = manifest.get("triton_tuning")
-    if not data:
+    if not manifest.triton_tuning:
         return None
-    tuning = Tuning.from_json(data)
-    validation = manifest.get("validation") or {}
-    points = sorted(validation.get("curve") or [], key=lambda p: p["batch"])
+    tuning = Tuning.from_json(manifest.triton_tuning)
+    validation = manifest.validation
+    points = sorted(validation.curve, key=lambda p: p["batch"])
     base = points[0] if points else None
     rows = []
     for p in points:
@@ -77,7 +75,7 @@ def tuning_section(manifest: dict[str, Any]) -> Section | None:
     notes = [f"config.pbtxt: {tuning.instance_count} x {tuning.instance_kind}, {batching}, "
              f"warm-up at batch {', '.join(str(w['batch_size']) for w in tuning.warmup)}"]
     if points:
-        notes.append(f"measured on {validation.get('device', 'an unrecorded device')}, {points[0]['iterations']} timed "
+        notes.append(f"measured on {validation.device}, {points[0]['iterations']} timed "
                      f"runs per batch; p50/p99 in ms; relative is throughput / batch {base['batch']}'s")
     notes += tuning.reasons
     headers = ["batch", "p50", "p99", "samples/s", f"vs batch {base['batch']}" if base else "relative", "preferred"]

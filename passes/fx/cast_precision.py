@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import Field
 
 from infopt.core.artifact import Artifact
-from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.exporters.torch_export import export_module
 
 DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
@@ -74,14 +74,20 @@ def run(artifact: Artifact, options: CastOptions, context: PassContext) -> PassO
 
     if options.when == "cuda" and context.target.device != "cuda":
         note = f"kept float32: the cast is for CUDA targets and {context.target.name} is {context.target.device}"
-        return PassOutcome(artifact, False, [note], {"precision": "fp32"})
+        return PassOutcome(artifact, False, [note], CastDetails(precision="fp32"))
     dtype = getattr(torch, DTYPES[options.precision])
     wrapped = cast_module(artifact.obj.module(), dtype)
     program = export_module(wrapped, artifact.spec)
     # TorchScript and .pt2 sources hold their weights as buffers, modules as parameters
     cast = sum(1 for t in (*wrapped.parameters(), *wrapped.buffers()) if t.dtype == dtype)
     notes = [f"{cast} weight tensors in {DTYPES[options.precision]}; inputs and outputs keep their dtypes"]
-    return PassOutcome(artifact.derive("exported", obj=program), True, notes, {"precision": options.precision})
+    return PassOutcome(artifact.derive("exported", obj=program), True, notes, CastDetails(precision=options.precision))
+
+
+class CastDetails(PassDetails):
+    """What ``cast_precision`` records: the precision the model computes in after it."""
+
+    precision: str
 
 
 PASS = Pass(
@@ -89,6 +95,7 @@ PASS = Pass(
     consumes="exported",
     produces="exported",
     run=run,
+    details=CastDetails,
     options=CastOptions,
     description="compute in fp16/bf16 with the model's input and output dtypes unchanged",
 )

@@ -21,7 +21,7 @@ from pydantic import Field
 import infopt.kernels.w4a16  # noqa: F401  (registers infopt::w4a16_linear)
 import infopt.quantize.int4_format  # noqa: F401  (registers infopt::int4_linear)
 from infopt.core.artifact import Artifact
-from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.kernels.w4a16_layout import to_kernel_layout, unsupported
 from infopt.passes.fx.graph_utils import finish, lifted_store
 
@@ -85,7 +85,7 @@ def run(artifact: Artifact, options: Int4KernelsOptions, context: PassContext) -
     if options.when == "cuda" and device != "cuda":
         note = (f"target {context.target.name} runs on {device}: infopt.int4_linear stays the portable op "
                 "(the Triton kernel is for CUDA; when='always' swaps anyway)")
-        return PassOutcome(artifact.derive("exported", obj=program), False, [note], {"swapped": 0, "kept": 0})
+        return PassOutcome(artifact.derive("exported", obj=program), False, [note], KernelSwapDetails(swapped=0, kept=0))
 
     import torch
 
@@ -107,8 +107,18 @@ def run(artifact: Artifact, options: Int4KernelsOptions, context: PassContext) -
         finish(program)
     notes.insert(0, f"swapped {len(swapped)} infopt.int4_linear -> infopt.w4a16_linear (weights in the kernel layout)"
                  if swapped or kept else "no infopt.int4_linear node found")
-    details = {"swapped": len(swapped), "kept": len(kept), "swapped_nodes": [n.name for n in swapped], "kept_nodes": kept}
+    details = KernelSwapDetails(swapped=len(swapped), kept=len(kept), swapped_nodes=[n.name for n in swapped], kept_nodes=kept)
     return PassOutcome(artifact.derive("exported", obj=program), bool(swapped), notes, details)
+
+
+
+class KernelSwapDetails(PassDetails):
+    """What ``int4_kernels`` records: the INT4 linears now on the W4A16 kernel, and those kept (why is in the notes)."""
+
+    swapped: int
+    kept: int
+    swapped_nodes: list[str] = Field(default_factory=list)
+    kept_nodes: list[str] = Field(default_factory=list)
 
 
 PASS = Pass(
@@ -116,6 +126,7 @@ PASS = Pass(
     consumes="exported",
     produces="exported",
     run=run,
+    details=KernelSwapDetails,
     options=Int4KernelsOptions,
     description="run INT4 weight-only linears with the Triton W4A16 kernel on CUDA (weights in its layout)",
     mutates_input=True,

@@ -22,7 +22,7 @@ from infopt.core.artifact import Artifact
 from infopt.core.cache import cache_dir
 from infopt.core.errors import EnvironmentProblem
 from infopt.core.logs import quiet_third_party
-from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.quantize.int4_format import decompose_int4
 
 
@@ -94,12 +94,25 @@ def run(artifact: Artifact, options: InductorOptions, context: PassContext) -> P
     context.say(f"AOTInductor compiling for {device} (generated kernels, then the C++ build)")
     with inductor_cache() as cache, quiet_third_party():
         torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=dict(configs))
-    details = {"device": device, "inductor_configs": configs, "cache": cache, "torch": torch.__version__}
+    details = AotiDetails(device=device, inductor_configs=configs, cache=cache, torch=torch.__version__)
     notes = [f"AOTInductor package for {device} ({', '.join(k for k, v in configs.items() if v) or 'defaults'})"]
     if int4_layers:
         notes.append(f"{int4_layers} INT4 layers as dequantize + matmul in generated code")
-        details["int4_layers"] = int4_layers
+        details.int4_layers = int4_layers
     return PassOutcome(artifact.derive("aoti", path=path, obj=artifact.obj), True, notes, details)
+
+
+
+class AotiDetails(PassDetails):
+    """What ``aoti_compile`` records: where the package runs and how Inductor was set up to build it."""
+
+    device: str
+    inductor_configs: dict[str, Any]
+    cache: str
+    """the Inductor cache folder it compiled with"""
+    torch: str
+    int4_layers: int | None = None
+    """INT4 layers compiled as dequantize + matmul"""
 
 
 PASS = Pass(
@@ -107,6 +120,7 @@ PASS = Pass(
     consumes="exported",
     produces="aoti",
     run=run,
+    details=AotiDetails,
     options=InductorOptions,
     description="AOTInductor: compile the ExportedProgram into a .pt2 package (CPU or CUDA)",
 )

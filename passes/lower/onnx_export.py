@@ -15,7 +15,7 @@ from infopt.core.artifact import Artifact
 from infopt.core.errors import BuildError
 from infopt.core.logs import quiet_third_party
 from infopt.core.manifest import EXTERNAL_DATA_BYTES
-from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.passes.lower.onnx_int4 import lower_int4_nodes, translation_table
 
 
@@ -85,13 +85,20 @@ def run(artifact: Artifact, options: OnnxExportOptions, context: PassContext) ->
     renamed = rename_dims(path, artifact.spec)
     model = onnx.load(str(path), load_external_data=False)
     notes = [f"opset {options.opset}, {len(model.graph.node)} nodes"]
-    details = {}
+    details = ExportDetails()
     if matmul_nbits:
         notes.append(f"{matmul_nbits} INT4 layers as MatMulNBits (accuracy_level {options.int4_accuracy_level})")
-        details["matmul_nbits"] = matmul_nbits
+        details.matmul_nbits = matmul_nbits
     if renamed:
         notes.append("dims named " + ", ".join(f"{a}->{b}" for a, b in renamed.items()))
     return PassOutcome(artifact.derive("onnx", path=path, obj=None), True, notes, details)
+
+
+
+class ExportDetails(PassDetails):
+    """What ``onnx_export`` records: the INT4 layers exported as MatMulNBits, when there are any."""
+
+    matmul_nbits: int | None = None
 
 
 PASS = Pass(
@@ -99,6 +106,7 @@ PASS = Pass(
     consumes="exported",
     produces="onnx",
     run=run,
+    details=ExportDetails,
     options=OnnxExportOptions,
     description="export to ONNX with the dynamo exporter; onnx.checker and shape inference",
 )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from infopt.core.artifact import Artifact
-from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.quantize import onnx_int8, smoothquant
 from infopt.quantize.calibrate import calibrate
 from infopt.quantize.observers import Observer
@@ -42,9 +42,24 @@ def run(artifact: Artifact, options: SmoothQuantOptions, context: PassContext) -
     path = onnx_int8.save_model(model, context.workdir / "smoothed.onnx")
     notes = [f"alpha {options.alpha:g}: {result.layers} layers in {result.groups} groups; "
              f"{result.folded} scales folded into LayerNorm, {result.inserted} Mul nodes inserted"]
-    details = {"alpha": options.alpha, "groups": result.groups, "layers": result.layers,
-               "folded": result.folded, "inserted": result.inserted, "calibration_cached": table.cached}
+    details = SmoothQuantDetails(alpha=options.alpha, groups=result.groups, layers=result.layers, folded=result.folded,
+                                 inserted=result.inserted, calibration_cached=table.cached)
     return PassOutcome(artifact.derive("onnx", path=path), True, notes, details)
+
+
+
+class SmoothQuantDetails(PassDetails):
+    """What ``smoothquant`` records: the layers smoothed and how the scales went in."""
+
+    alpha: float
+    groups: int
+    """layer groups sharing one input (Q, K and V are one group)"""
+    layers: int
+    folded: int
+    """scales folded into the LayerNorm before a group"""
+    inserted: int
+    """Mul nodes inserted where there was nothing to fold into"""
+    calibration_cached: bool
 
 
 PASS = Pass(
@@ -52,6 +67,7 @@ PASS = Pass(
     consumes="onnx",
     produces="onnx",
     run=run,
+    details=SmoothQuantDetails,
     options=SmoothQuantOptions,
     description="SmoothQuant: migrate activation outliers into MatMul/Gemm weights before static INT8",
 )

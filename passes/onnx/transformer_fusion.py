@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import Counter
 
 from infopt.core.artifact import Artifact
-from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 
 HEADLINE = ("attention", "skip_layer_normalization", "bias_gelu", "gelu", "erf_gelu", "rotary_embedding")
 
@@ -48,10 +48,18 @@ def run(artifact: Artifact, options: PassOptions, context: PassContext) -> PassO
     notes = ["fused: " + (", ".join(f"{k} x{v}" for k, v in fired.items()) or "nothing")]
     if missed:
         notes.append("no matching subgraph for: " + ", ".join(missed))
-    details = {"fusions": counts, "ops": dict(op_counts(path))}
+    details = FusionDetails(fusions=counts, ops=dict(op_counts(path)))
     if not fired:  # keep the input file itself, so an unchanged model stays byte-identical
         return PassOutcome(artifact, False, notes, details)
     return PassOutcome(artifact.derive("onnx", path=path), True, notes, details)
+
+
+
+class FusionDetails(PassDetails):
+    """What ``transformer_fusion`` records: how often each fusion fired, and the graph's op counts after it."""
+
+    fusions: dict[str, int]
+    ops: dict[str, int]
 
 
 PASS = Pass(
@@ -59,5 +67,6 @@ PASS = Pass(
     consumes="onnx",
     produces="onnx",
     run=run,
+    details=FusionDetails,
     description="fuse attention, skip/layer norm and GELU into ONNX Runtime contrib ops (onnxscript ort_fusions)",
 )

@@ -29,7 +29,9 @@ import pytest
 import yaml
 
 from infopt.core.errors import UsageError
+from infopt.core.manifest_schema import Manifest
 from infopt.exporters.servers.kserve import MAX_NAME, inference_services, service_name, write_kserve
+from tests.manifests import typed_manifest
 
 # KServe's InferenceService name rule (IsvcNameFmt, pkg/apis/serving/v1beta1/inference_service_validation.go)
 ISVC_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -38,16 +40,16 @@ LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
 def make_manifest(name: str = "digits_cnn", suffix: str = ".onnx", device: str = "cpu", *,
-                  triton: bool = True, model_bytes: int = 41_557) -> dict[str, Any]:
-    """The fields of a build manifest (optimize/api/emit.py) the KServe exporter reads."""
+                  triton: bool = True, model_bytes: int = 41_557) -> Manifest:
+    """A build manifest with the fields the KServe exporter reads set for the test."""
     model = f"model/model{suffix}"
     artifacts = {"model": model}
     if triton:
         artifacts["triton"] = f"servers/triton/{name}"
-    return {"name": name, "precision": "fp16" if device == "cuda" else "fp32",
-            "target": {"name": "h100" if device == "cuda" else "cpu", "device": device},
-            "recipe": {"name": "fp16-tensorrt" if device == "cuda" else "fp32-onnxruntime"},
-            "artifacts": artifacts, "files": {model: {"bytes": model_bytes, "sha256": "0" * 64}}}
+    return typed_manifest(name=name, precision="fp16" if device == "cuda" else "fp32",
+                          target={"name": "h100" if device == "cuda" else "cpu", "device": device},
+                          recipe={"name": "fp16-tensorrt" if device == "cuda" else "fp32-onnxruntime"},
+                          artifacts=artifacts, files={model: {"bytes": model_bytes, "sha256": "0" * 64}})
 
 
 def model_of(service: dict[str, Any]) -> dict[str, Any]:
@@ -140,7 +142,7 @@ def test_unusable_inputs_are_usage_errors():
     with pytest.raises(UsageError, match="no scheme"):
         inference_services("m", make_manifest("m"), storage_uri="my-bucket/m")
     bad = make_manifest("m")
-    bad["artifacts"]["model"] = "model/model.pt"
+    bad.artifacts.model = "model/model.pt"
     with pytest.raises(UsageError, match="not model/model.pt"):
         inference_services("m", bad)
 

@@ -32,7 +32,10 @@ import pytest
 import torch
 
 from infopt.core.errors import EnvironmentProblem, UsageError
+from infopt.core.manifest import read_manifest
+from infopt.core.manifest_schema import Manifest
 from infopt.exporters.servers.torchserve import DEFAULT_PORTS, HANDLER, write_torchserve
+from tests.manifests import typed_manifest
 
 HAS_ARCHIVER = importlib.util.find_spec("model_archiver") is not None
 TORCHSERVE = Path(sys.executable).with_name("torchserve")
@@ -53,12 +56,12 @@ def _server_missing() -> str | None:
 needs_server = pytest.mark.skipif(_server_missing() is not None, reason=_server_missing() or "")
 
 
-def two_input_manifest(batched_output: bool = True) -> dict[str, Any]:
-    return {"name": "m",
-            "inputs": {"inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", 3]},
-                                  {"name": "ids", "dtype": "int64", "shape": ["batch", "seq"]}],
-                       "dims": {"batch": {"min": 1, "opt": 4, "max": 16}, "seq": {"min": 2, "opt": 8, "max": 32}}},
-            "outputs": [{"name": "y", "dtype": "float32", "shape": ["batch", 2] if batched_output else [2]}]}
+def two_input_manifest(batched_output: bool = True) -> Manifest:
+    return typed_manifest(
+        inputs={"inputs": [{"name": "x", "dtype": "float32", "shape": ["batch", 3]},
+                           {"name": "ids", "dtype": "int64", "shape": ["batch", "seq"]}],
+                "dims": {"batch": {"min": 1, "opt": 4, "max": 16}, "seq": {"min": 2, "opt": 8, "max": 32}}},
+        outputs=[{"name": "y", "dtype": "float32", "shape": ["batch", 2] if batched_output else [2]}])
 
 
 def read_mar(path: Path) -> dict[str, bytes]:
@@ -80,7 +83,7 @@ def test_onnx_archive_holds_handler_model_sidecar_and_io(tmp_path):
     model.write_bytes(b"onnx graph bytes")
     (model.parent / "model.onnx.data").write_bytes(b"external weights")
     folder = tmp_path / "servers" / "torchserve"
-    mar = write_torchserve(folder, "enc", model, {**two_input_manifest(), "target": {"device": "cpu"}})
+    mar = write_torchserve(folder, "enc", model, two_input_manifest())
 
     assert mar == folder / "model-store" / "enc.mar"
     files = read_mar(mar)
@@ -246,14 +249,14 @@ def torchserve(folder: Path, name: str, tmp: Path) -> Iterator[Server]:
         assert not session_processes(server.pid), "TorchServe processes were left running"
 
 
-def build_digits(tmp_path_factory, digits, backend: str) -> tuple[Path, dict[str, Any]]:
+def build_digits(tmp_path_factory, digits, backend: str) -> tuple[Path, Manifest]:
     import infopt
 
     model, data = digits
     x = torch.from_numpy(data["val"][0][:8])
     out = tmp_path_factory.mktemp(f"digits-{backend}") / "dist"
     infopt.build(model, example_inputs=(x,), target="cpu", backend=backend, name="digits", output=out, progress=False)
-    return out, json.loads((out / "manifest.json").read_text())
+    return out, read_manifest(out)
 
 
 def eager(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
@@ -329,7 +332,7 @@ def test_torchserve_serves_the_onnx_model(digits, digits_onnx, tmp_path):
         assert max(sizes) > 1, f"the worker never got more than one request at a time: {sizes}"
 
         # more rows than the batch dim's max (64) run in chunks; the worker lived through the bad requests
-        assert manifest["inputs"]["dims"]["batch"]["max"] < 100
+        assert manifest.inputs.dims["batch"].max < 100
         big = data["val"][0][:100]
         np.testing.assert_allclose(predict(server, "digits", big), eager(model, big), atol=1e-4)
 

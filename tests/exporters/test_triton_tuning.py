@@ -23,6 +23,7 @@ from infopt.exporters.servers.triton_tuning import (
     tune,
 )
 from infopt.report.performance import tuning_section
+from tests.manifests import typed_manifest
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
 KIND_CPU = model_config_pb2.ModelInstanceGroup.KIND_CPU
@@ -192,8 +193,8 @@ def test_write_repository_with_tuning(tmp_path):
 def test_tuning_section_renders_the_curve_and_reasons():
     points = curve(SATURATING)
     tuning = tune(points, "cuda", ENCODER, 64)
-    manifest = {"triton_tuning": tuning.to_json(), "validation": {"curve": points, "device": "a test GPU"}}
-    assert Tuning.from_json(manifest["triton_tuning"]) == tuning
+    manifest = typed_manifest(triton_tuning=tuning.to_json(), validation={"curve": points, "device": "a test GPU"})
+    assert Tuning.from_json(manifest.triton_tuning) == tuning
     section = tuning_section(manifest)
     assert section is not None and len(section.rows) == len(points)
     assert section.headers[4] == "vs batch 1"
@@ -202,7 +203,7 @@ def test_tuning_section_renders_the_curve_and_reasons():
     assert [row[0] for row in section.rows if row[5] == "yes"] == ["16", "64"]
     assert set(tuning.reasons) <= set(section.notes)
     assert any("a test GPU" in n for n in section.notes)
-    assert tuning_section({"validation": {"curve": points}}) is None
+    assert tuning_section(typed_manifest(validation={"curve": points})) is None
 
 
 def test_tuning_from_a_measured_curve(tmp_path):

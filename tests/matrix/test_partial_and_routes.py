@@ -43,9 +43,9 @@ def test_a_failed_candidate_stops_the_build_unless_allow_partial(tmp_path, monke
         infopt.build(model, inputs=M.OddMLP.inputs, dims=["batch=1:2:4"], backend="auto", progress=False)
     assert "--allow-partial" in info.value.fix and not (tmp_path / "dist" / "oddmlp").exists()
     result = infopt.build(model, inputs=M.OddMLP.inputs, dims=["batch=1:2:4"], allow_partial=True, progress=False)
-    rows = {c["recipe"]: c for c in result.manifest["candidates"]}
+    rows = {c["recipe"]: c for c in result.manifest.candidates}
     assert rows["fp32-onnxruntime-fused"]["status"] == "failed" and "fusion broke" in rows["fp32-onnxruntime-fused"]["reason"]
-    assert result.passed and rows[result.manifest["recipe"]["name"]]["chosen"]
+    assert result.passed and rows[result.manifest.recipe["name"]]["chosen"]
 
 
 @pytest.mark.parametrize("source", ["OddMLP_ts.pt", "OddMLP.onnx"])

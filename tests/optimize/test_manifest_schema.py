@@ -21,13 +21,15 @@ def test_the_shipped_schema_is_generated_from_the_models():
     assert {"name", "inputs", "outputs", "validation", "artifacts", "files"} <= set(shipped_schema()["required"])
 
 
-def test_a_build_manifest_fits_its_types(digits_dist):
-    manifest = read_manifest(digits_dist)
-    typed = Manifest.model_validate(manifest)
+def test_a_build_manifest_fits_its_types_and_reads_back_as_written(digits_dist):
+    raw = json.loads((digits_dist / "manifest.json").read_text())
+    typed = read_manifest(digits_dist)
+    assert isinstance(typed, Manifest) and typed.to_json() == raw
     assert typed.artifacts.model == "model/model.onnx" and typed.target.device == "cpu"
     assert typed.validation.verdict.passed is True and typed.inputs.dims["batch"].max == 16
-    assert all(entry.sha256 == manifest["files"][rel]["sha256"] for rel, entry in typed.files.items())
+    assert all(entry.sha256 == raw["files"][rel]["sha256"] for rel, entry in typed.files.items())
     assert typed.provenance is not None and typed.provenance.validation_data.samples > 0
+    assert typed.pass_record("onnx_export").consumes == "exported" and typed.pass_record("no_such_pass") is None
 
 
 def _edited(digits_dist, tmp_path, edit):
@@ -61,7 +63,7 @@ def test_every_reader_refuses_a_manifest_that_does_not_fit(case, digits_dist, tm
 
 
 def test_a_build_that_makes_a_bad_manifest_writes_nothing_and_says_so(digits_dist):
-    manifest = read_manifest(digits_dist)
+    manifest = read_manifest(digits_dist).to_json()
     manifest["validation"]["verdict"]["passed"] = "perhaps"
     with pytest.raises(BuildError, match="does not fit infopt.manifest/1: validation.verdict.passed"):
         check_written(manifest)

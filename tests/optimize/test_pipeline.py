@@ -109,3 +109,7 @@ def test_details_are_checked_against_the_type_the_pass_declares(tmp_path, monkey
     recorded["value"] = {"count": "many"}
     with pytest.raises(BuildError, match="count_things recorded details that do not fit CountDetails"):
         Pipeline(recipe, get_target("cpu"), tmp_path).run(Artifact("onnx", spec, path=model))
+    monkeypatch.setitem(PASSES.items, "count_things", Pass("count_things", "onnx", "onnx", run))
+    recorded["value"] = {"count": 2}
+    with pytest.raises(BuildError, match="count_things recorded details but declares no type"):
+        Pipeline(recipe, get_target("cpu"), tmp_path).run(Artifact("onnx", spec, path=model))

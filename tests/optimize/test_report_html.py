@@ -8,8 +8,6 @@ the work counted with ``count_work``, the same way the build does.
 
 from __future__ import annotations
 
-import copy
-import json
 from collections import defaultdict
 from html.parser import HTMLParser
 from pathlib import Path
@@ -21,9 +19,12 @@ import torch
 from torch import nn
 
 import infopt
+from infopt.core.manifest import read_manifest
+from infopt.core.manifest_schema import Manifest
 from infopt.report.html import to_html
 from infopt.validators import latency
 from infopt.validators.roofline import cost_notes, cost_per_million, count_work, roofline
+from tests.manifests import typed_manifest
 
 BATCHES = (1, 2, 4, 8, 16)
 VOID = {"meta", "link", "br", "hr", "img", "input", "area", "base", "col", "embed", "source", "track", "wbr"}
@@ -83,17 +84,16 @@ class Doc(HTMLParser):
         return {r[0]: r for r in self.rows[section][1:]}
 
 
-def _curve_and_work(out: Path, model: nn.Module, x: np.ndarray) -> dict[str, Any]:
-    manifest = json.loads((out / "manifest.json").read_text())
-    v = manifest["validation"]
-    if not v.get("curve"):
+def _curve_and_work(out: Path, model: nn.Module, x: np.ndarray) -> Manifest:
+    manifest = read_manifest(out)
+    v = manifest.validation
+    if not v.curve:
         runner = infopt.load(out)
         stats = latency.measure({"infopt": runner.run}, {b: {"x": x[:b]} for b in BATCHES}, warmup=3, iterations=20,
                                 devices={"infopt": runner.device})
-        v["curve"] = [{k: val for k, val in s.to_json().items() if k != "runner"} for s in stats]
-    if not v.get("work"):
-        rel = manifest["artifacts"]["model"]
-        v["work"] = count_work(model, {"x": x[:8]}, ["x"], manifest["files"][rel]["bytes"])
+        v.curve = [{k: val for k, val in s.to_json().items() if k != "runner"} for s in stats]
+    if not v.work:
+        v.work = count_work(model, {"x": x[:8]}, ["x"], manifest.files[manifest.artifacts.model].bytes)
     return manifest
 
 
@@ -112,14 +112,14 @@ def built(digits, tmp_path_factory) -> dict[str, dict[str, Any]]:
 
 def test_html_report_of_a_built_model(built):
     manifest = built["h100"]
-    curve = sorted(manifest["validation"]["curve"], key=lambda p: p["batch"])
-    work = manifest["validation"]["work"]
+    curve = sorted(manifest.validation.curve, key=lambda p: p["batch"])
+    work = manifest.validation.work
     text = to_html(manifest)
     doc = Doc(text)
 
     assert "http://" not in text and "https://" not in text and "url(" not in text and "@import" not in text
     assert not [t for t, a, _ in doc.elements if "src" in a or "href" in a or t in ("script", "link", "img", "iframe")]
-    assert doc.text["summary"].count(f"infopt build: {manifest['name']}") == 1
+    assert doc.text["summary"].count(f"infopt build: {manifest.name}") == 1
 
     assert {"latency-plot", "throughput-plot", "roofline-plot"} <= doc.ids()
     for plot in ("latency-plot", "throughput-plot", "roofline-plot"):
@@ -138,7 +138,7 @@ def test_html_report_of_a_built_model(built):
         assert rows[str(p["batch"])][1:4] == [f"{p['p50_ms']:.3f}", f"{p['p90_ms']:.3f}", f"{p['p99_ms']:.3f}"]
     assert rows["1"][1] == f"{curve[0]['p50_ms']:.3f}"
     lat_rows = doc.rows["section-latency-ms"][1:]
-    assert [r[2] for r in lat_rows] == [f"{r['p50_ms']:.3f}" for r in manifest["validation"]["latency"]]
+    assert [r[2] for r in lat_rows] == [f"{r.p50_ms:.3f}" for r in manifest.validation.latency]
 
     flops, weight, io = work["flops_per_sample"], work["weight_bytes"], work["io_bytes_per_sample"]
     assert flops > 0 and weight > 0 and io > 0
@@ -162,8 +162,8 @@ def test_cpu_target_has_no_roofline_plot_and_says_why(built):
     assert "latency-plot" in doc.ids() and "roofline-plot" not in doc.ids()
     assert "declares no memory bandwidth or fp32 peak" in doc.text["roofline-note"]
     achieved = doc.body_rows("section-roofline")["1"][2]  # achieved is still measured; roof and fraction are not
-    curve = {p["batch"]: p for p in manifest["validation"]["curve"]}
-    assert achieved == format(manifest["validation"]["work"]["flops_per_sample"] * curve[1]["throughput"] / 1e12, ".4g")
+    curve = {p["batch"]: p for p in manifest.validation.curve}
+    assert achieved == format(manifest.validation.work["flops_per_sample"] * curve[1]["throughput"] / 1e12, ".4g")
     assert doc.body_rows("section-roofline")["1"][4:] == ["-", "-", "-"]
     assert doc.rows["section-cost-per-million-predictions"] == []
     assert "declares no price_per_hour" in doc.text["section-cost-per-million-predictions"]
@@ -171,9 +171,9 @@ def test_cpu_target_has_no_roofline_plot_and_says_why(built):
 
 
 def test_html_without_a_curve_and_with_hostile_text(built):
-    manifest = copy.deepcopy(built["cpu"])
-    manifest["validation"]["curve"] = []
-    manifest["name"] = '<script>alert("x")</script>'
+    manifest = built["cpu"].model_copy(deep=True)
+    manifest.validation.curve = []
+    manifest.name = '<script>alert("x")</script>'
     text = to_html(manifest)
     doc = Doc(text)
     assert not [t for t, _, _ in doc.elements if t in ("script", "svg")]
@@ -183,14 +183,14 @@ def test_html_without_a_curve_and_with_hostile_text(built):
 
 
 def _made_up(price: float | None = 3.6, bandwidth: float | None = 1000.0, device: str = "cuda (tensorrt)",
-             precision: str = "int4") -> dict[str, Any]:
-    return {"name": "m", "precision": precision,
-            "target": {"name": "gpu", "device": "cuda", "description": "Some GPU", "memory_bandwidth_gbs": bandwidth,
-                       "peak_tflops": {"fp16": 100.0, "fp32": 10.0}, "price_per_hour": price},
-            "validation": {"device": device,
-                           "work": {"flops_per_sample": 2e9, "weight_bytes": 10**9, "io_bytes_per_sample": 10**6,
-                                    "method": "made up"},
-                           "curve": [{"batch": 1000, "throughput": 20000.0}, {"batch": 1, "throughput": 50.0}]}}
+             precision: str = "int4") -> Manifest:
+    return typed_manifest(
+        precision=precision,
+        target={"name": "gpu", "device": "cuda", "description": "Some GPU", "memory_bandwidth_gbs": bandwidth,
+                "peak_tflops": {"fp16": 100.0, "fp32": 10.0}, "price_per_hour": price},
+        validation={"device": device,
+                    "work": {"flops_per_sample": 2e9, "weight_bytes": 10**9, "io_bytes_per_sample": 10**6, "method": "made up"},
+                    "curve": [{"batch": 1000, "throughput": 20000.0}, {"batch": 1, "throughput": 50.0}]})
 
 
 def test_roofline_math_by_hand():
@@ -220,7 +220,7 @@ def test_roofline_math_by_hand():
     assert any("declares no memory bandwidth" in n for n in no_bw["notes"])
 
     unknown = _made_up()
-    unknown["validation"]["work"]["flops_per_sample"] = None
+    unknown.validation.work["flops_per_sample"] = None
     line = roofline(unknown)
     assert all(p["achieved_tflops"] is None and p["fraction_of_roof"] is None for p in line["points"])
     assert any("FLOPs per sample are unknown" in n for n in line["notes"])

@@ -51,7 +51,7 @@ def test_package_matches_eager_across_the_batch_range(compiled, digits):
             want = model(torch.from_numpy(x[:batch])).numpy()
         assert got.shape == (batch, 10)
         np.testing.assert_allclose(got, want, atol=1e-4)
-    assert outcome.details["inductor_configs"] == {"freezing": True, "max_autotune": False}
+    assert outcome.details.inductor_configs == {"freezing": True, "max_autotune": False}
 
 
 def test_cuda_graphs_reach_the_package_runner_and_stay_off_for_a_cpu_package(compiled):
@@ -67,7 +67,7 @@ def test_cuda_graphs_reach_the_package_runner_and_stay_off_for_a_cpu_package(com
 def test_inductor_cache_is_kept_in_infopts_cache_folder(compiled):
     outcome, work, seen_env = compiled
     cache = work / "cache" / "inductor"
-    assert outcome.details["cache"] == str(cache)
+    assert outcome.details.cache == str(cache)
     assert any(cache.rglob("*")), "Inductor wrote nothing into infopt's cache folder"
     assert seen_env != str(cache)  # the setting was only held during the compile
 

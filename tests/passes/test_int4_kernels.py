@@ -65,7 +65,7 @@ def test_swaps_every_int4_linear(tmp_path, dtype):
     expected = art.obj.module()(x)
     outcome = run(art, "cpu", tmp_path, when="always")
     program = outcome.artifact.obj
-    assert outcome.changed and outcome.details["swapped"] == 3 and outcome.details["kept"] == 0
+    assert outcome.changed and outcome.details.swapped == 3 and outcome.details.kept == 0
     assert ops(program)[INT4] == 0 and ops(program)[W4A16] == 3
     assert outcome.notes[0] == "swapped 3 infopt.int4_linear -> infopt.w4a16_linear (weights in the kernel layout)"
     got = program.module()(x)
@@ -113,7 +113,7 @@ def test_a_weight_the_kernel_layout_cannot_hold_keeps_the_portable_op(tmp_path):
     outcome = run(art, "h100", tmp_path)
     program = outcome.artifact.obj
     assert ops(program)[W4A16] == 1 and ops(program)[INT4] == 1
-    assert outcome.details["kept"] == 1
+    assert outcome.details.kept == 1
     assert any("group size 16: the W4A16 kernel takes a power of two of at least 32" in n for n in outcome.notes)
     torch.testing.assert_close(program.module()(x).float(), expected.float(), **TOLERANCE[torch.float16])
 
@@ -130,7 +130,7 @@ def test_cpu_target_changes_nothing_by_default(tmp_path):
     x = torch.randn(3, 96)
     expected = art.obj.module()(x)
     outcome = run(art, "cpu", tmp_path)
-    assert not outcome.changed and outcome.details["swapped"] == 0
+    assert not outcome.changed and outcome.details.swapped == 0
     assert ops(outcome.artifact.obj) == before and before[INT4] == 3
     assert "stays the portable op" in outcome.notes[0] and "runs on cpu" in outcome.notes[0]
     assert torch.equal(outcome.artifact.obj.module()(x), expected)
@@ -139,6 +139,6 @@ def test_cpu_target_changes_nothing_by_default(tmp_path):
 def test_float32_activations_keep_the_portable_op(tmp_path):
     art = capture(quantized_mlp(torch.float32), "x:float32[batch,96]")
     outcome = run(art, "cpu", tmp_path, when="always")
-    assert not outcome.changed and outcome.details["kept"] == 3
+    assert not outcome.changed and outcome.details.kept == 3
     assert ops(outcome.artifact.obj)[INT4] == 3 and ops(outcome.artifact.obj)[W4A16] == 0
     assert any("activations are float32" in note for note in outcome.notes)

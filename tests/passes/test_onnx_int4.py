@@ -157,7 +157,7 @@ def case_id(case: dict) -> str:
 def test_int4_layers_become_matmulnbits(case, tmp_path):
     module = int4_mlp(**case)
     exported, optimized = export_and_optimize(module, tmp_path)
-    assert exported.details["matmul_nbits"] == 2 and any("2 INT4 layers as MatMulNBits" in n for n in exported.notes)
+    assert exported.details.matmul_nbits == 2 and any("2 INT4 layers as MatMulNBits" in n for n in exported.notes)
     for path in (exported.artifact.path, optimized.artifact.path):
         model = onnx.load(str(path))
         onnx.checker.check_model(model, full_check=True)
@@ -210,7 +210,7 @@ def test_float16_model_gets_float16_scales_and_bias(tmp_path):
 def test_plain_model_gets_no_matmulnbits(tmp_path):
     torch.manual_seed(0)
     exported, _ = export_and_optimize(Mlp(bias=True).eval(), tmp_path)
-    assert "matmul_nbits" not in exported.details
+    assert exported.details.matmul_nbits is None
     ops = histogram(onnx.load(str(exported.artifact.path)))
     assert "com.microsoft::MatMulNBits" not in ops and ops["MatMul"] == 3
 

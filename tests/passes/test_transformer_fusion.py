@@ -17,7 +17,7 @@ RECIPE = bundled_recipes()["fp32-onnxruntime-fused"]
 
 
 def fusion_record(result):
-    return next(p for p in result.manifest["passes"] if p["name"] == "transformer_fusion")
+    return result.manifest.pass_record("transformer_fusion").to_json()
 
 
 @pytest.mark.slow

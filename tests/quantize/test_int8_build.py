@@ -61,7 +61,7 @@ def test_static_int8_cnn_keeps_top1_within_half_a_point(static_cnn, digits):
 
 
 def test_static_int8_records_layers_calibration_and_budget(static_cnn):
-    m = static_cnn.manifest
+    m = static_cnn.manifest.to_json()
     assert m["precision"] == "int8" and m["recipe"]["name"] == "int8-onnxruntime"
     details = next(p for p in m["passes"] if p["name"] == "quantize_int8")["details"]
     assert details["mode"] == "static" and details["placement"] == "onnxruntime" and details["budget_met"]
@@ -87,7 +87,7 @@ def test_rebuild_with_other_thresholds_reads_the_calibration_cache(static_cnn, d
     model, _ = digits
     again = infopt.build(model, inputs=[CNN_INPUT], precision="int8", calibration=calib, max_drift="cosine_mean=0.999",
                          val=files / "digits_val.npz", output=tmp_path / "again", progress=False)
-    details = next(p for p in again.manifest["passes"] if p["name"] == "quantize_int8")["details"]
+    details = again.manifest.pass_record("quantize_int8").details
     assert details["calibration"]["cached"] is True
     assert details["budget"] == "cosine_mean >= 0.999"
 
@@ -116,9 +116,9 @@ def test_dynamic_without_calibration_says_so(encoder, tmp_path):
     np.savez(tmp_path / "val.npz", input_ids=ids)
     result = infopt.build(model, inputs=["input_ids:int64[batch,seq]"], dims=["seq=2:16:64"], precision="int8",
                           val=tmp_path / "val.npz", output=tmp_path / "dyn", progress=False, require_precision=True)
-    details = next(p for p in result.manifest["passes"] if p["name"] == "quantize_int8")["details"]
+    details = result.manifest.pass_record("quantize_int8").details
     assert details["mode"] == "dynamic" and details["layers"]
-    assert any("INT8 is dynamic: no calibration data" in n for n in result.manifest["validation"]["notes"])
+    assert any("INT8 is dynamic: no calibration data" in n for n in result.manifest.validation.notes)
     assert "MatMulInteger" in str(details["quantized_ops"]) or "DynamicQuantizeLinear" in details["quantized_ops"]
     assert "INT8 is dynamic" in (result.output_dir / "report.md").read_text()
 
@@ -128,7 +128,7 @@ def test_gpu_target_with_calibration_gets_tensorrt_placement(digits, calib, tmp_
     model, data = digits
     result = infopt.build(model, inputs=[CNN_INPUT], target="h100", precision="int8", calibration=calib,
                           max_drift="top1=0.99", output=tmp_path / "h100", progress=False)
-    details = next(p for p in result.manifest["passes"] if p["name"] == "quantize_int8")["details"]
+    details = result.manifest.pass_record("quantize_int8").details
     assert details["placement"] == "tensorrt"
     graph = onnx.load(str(result.output_dir / "model/model.onnx")).graph
     inits = {i.name: i for i in graph.initializer}

@@ -79,7 +79,7 @@ def test_int4_build_runs_matmulnbits_in_onnxruntime_and_writes_the_gptq_checkpoi
                           output=tmp_path / "dist", progress=False)
     assert result.passed
     assert result.drift["outputs"]["output"]["cosine_mean"] >= 0.98
-    details = next(p for p in result.manifest["passes"] if p["name"] == "quantize_int4")["details"]
+    details = result.manifest.pass_record("quantize_int4").details
     assert details["method"] == "gptq" and details["group_size"] == 128
     tokens = sum(int(b["attention_mask"].sum()) for b in batches)
     assert tokens <= details["calibration_rows"] <= 1.15 * tokens < 160 * 64  # padding cut back, not to 64
@@ -100,4 +100,4 @@ def test_int4_build_runs_matmulnbits_in_onnxruntime_and_writes_the_gptq_checkpoi
         keys = set(f.keys())
         assert f.get_tensor("encoder.layer.0.attention.self.query.qweight").shape == (384 // 8, 384)
     assert sum(k.endswith(".qweight") for k in keys) == LINEARS
-    assert "servers/vllm/model.safetensors" in result.manifest["files"]
+    assert "servers/vllm/model.safetensors" in result.manifest.files

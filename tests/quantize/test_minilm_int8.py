@@ -42,7 +42,7 @@ def mean_cosine(runner, held_out, reference) -> float:
 
 
 def int8_details(result):
-    return next(p for p in result.manifest["passes"] if p["name"] == "quantize_int8")["details"]
+    return result.manifest.pass_record("quantize_int8").details
 
 
 def test_static_int8_minilm_holds_cosine(minilm, monkeypatch):
@@ -54,9 +54,9 @@ def test_static_int8_minilm_holds_cosine(minilm, monkeypatch):
     assert details["mode"] == "static" and details["budget_met"]
     quantized = [r for r in details["layers"] if r["precision"] == "int8"]
     # query/key/value fused into one MatMul per block: 4 layers in each of the 6 blocks
-    assert next(p for p in result.manifest["passes"] if p["name"] == "fuse_matmuls")["details"]["groups"] == 6
+    assert result.manifest.pass_record("fuse_matmuls").details["groups"] == 6
     assert len(details["layers"]) == 24 and len(quantized) >= 20  # the fallback keeps only a few in FP32
-    smooth = next(p for p in result.manifest["passes"] if p["name"] == "smoothquant")["details"]
+    smooth = result.manifest.pass_record("smoothquant").details
     assert smooth["groups"] >= 6 and smooth["inserted"] == smooth["groups"]  # the groups with channel outliers
     cosine = mean_cosine(infopt.load(result.output_dir, allow_failed=True), held_out, reference)
     assert cosine >= 0.99, cosine

@@ -9,8 +9,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from pathlib import Path
-from typing import Any
 
+from infopt.core.manifest_schema import Manifest
 from infopt.runtime.backend import Backend, for_file, for_runner, named, registered, runner_for_file
 
 for _info in pkgutil.iter_modules(__path__):
@@ -19,8 +19,8 @@ for _info in pkgutil.iter_modules(__path__):
 __all__ = ["Backend", "for_file", "for_runner", "named", "registered", "runner_for_file", "manifest_runner"]
 
 
-def manifest_runner(root: Path, manifest: dict[str, Any], threads: int = 0, cuda_graphs: bool | None = None):
+def manifest_runner(root: Path, manifest: Manifest, threads: int = 0, cuda_graphs: bool | None = None):
     """The runner of an output folder's model, its files already checked against ``manifest``."""
-    names = [i["name"] for i in manifest["inputs"]["inputs"]]
-    return runner_for_file(root / manifest["artifacts"]["model"], names, [o["name"] for o in manifest["outputs"]], threads,
+    names = [i.name for i in manifest.inputs.inputs]
+    return runner_for_file(root / manifest.artifacts.model, names, list(manifest.output_names), threads,
                            cuda_graphs=cuda_graphs)
