@@ -211,6 +211,9 @@ def test_inspect_targets_recipes_doctor_version(files):
     proc = run_cli("doctor", "--json")
     checks = {c["component"]: c for c in json.loads(proc.stdout)}
     assert checks["onnxruntime"]["ok"] and checks["torch"]["ok"]
+    # each backend's own rows, asked of its descriptor; a missing component says how to get it
+    assert checks["TensorRT"]["ok"] or "install TensorRT" in checks["TensorRT"]["fix"]
+    assert checks["C++ compiler (AOTInductor CPU)"]["ok"]
     proc = run_cli("--version")
     assert proc.returncode == 0 and proc.stdout.startswith("infopt ")
 

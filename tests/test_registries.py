@@ -108,3 +108,30 @@ def test_a_server_registered_from_one_module_is_written_into_a_real_build(tmp_pa
     assert "servers/toy/serve.txt" in manifest.files
     assert "triton" in manifest.artifacts and "kserve" in manifest.artifacts
     assert "torchserve" not in manifest.artifacts and not (result.output_dir / "servers" / "torchserve").exists()
+
+
+def _outcome_details(call):
+    """The details a ``PassOutcome(...)`` call passes: its fourth argument or ``details=``."""
+    import ast
+
+    given = call.args[3] if len(call.args) > 3 else next((k.value for k in call.keywords if k.arg == "details"), None)
+    return None if given is None or (isinstance(given, ast.Dict) and not given.keys) else given
+
+
+def test_every_bundled_pass_that_records_details_declares_their_type():
+    """Read from the source, so a pass whose details only a slow test would reach is caught here too:
+    details are never a dict literal, and a pass that returns any names its PassDetails type."""
+    import ast
+
+    from tests.conftest import ROOT
+
+    problems = []
+    for path in sorted((ROOT / "passes").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) in ("PassOutcome", "Pass")]
+        given = [d for c in calls if c.func.id == "PassOutcome" and (d := _outcome_details(c)) is not None]
+        declared = any(k.arg == "details" for c in calls if c.func.id == "Pass" for k in c.keywords)
+        problems += [f"{path.name}:{d.lineno} details as a dict literal" for d in given if isinstance(d, ast.Dict)]
+        if given and not declared:
+            problems.append(f"{path.name}: returns details but its Pass(...) declares no details type")
+    assert problems == []

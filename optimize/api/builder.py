@@ -200,7 +200,7 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
         loaded = _from_module(model.eval(), "module", None)
         loaded.source = None
     spec = resolve_spec(loaded, inputs, dims, example_inputs, val)
-    name = _safe_name(name or (Path(loaded.source).stem if loaded.source else type(model).__name__.lower()))
+    name = _safe_name(name or loaded.name or (Path(loaded.source).stem if loaded.source else type(model).__name__.lower()))
     # absolute from here on: servers' packagers and compilers run in other working directories
     out = (Path(output) if output else Path("dist") / name).absolute()
 
@@ -308,7 +308,8 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
               ctx: _BuildContext):
 
     batches, source = _validation_batches(spec, val, max_samples, loaded.module, ctx.calib)
-    candidates = _build_candidates(work, artifact, recipes, target, console, ctx.calib, ctx.budget, batches,
+    checked_on = f"{len(batches)} random batches (no --val data)" if source == "random" else source
+    candidates = _build_candidates(work, artifact, recipes, target, console, ctx.calib, ctx.budget, batches, checked_on,
                                    ctx.allow_partial)
     built = [c for c in candidates if c.status == "built"]
     max_batch = spec.dims[spec.batch_symbol].max if spec.batch_symbol else 1
@@ -363,6 +364,8 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
                   "verdict": chosen.verdict.to_json()}
     names = tuple(o[0] for o in chosen.outputs)
     origin = source_info(loaded.source, loaded.format, loaded.module if loaded.source is None else None)
+    if loaded.hub is not None:
+        origin["hub"] = loaded.hub.to_json()
     record = provenance.record(ctx.command, ctx.call, recipe.name, ctx.calib,
                                {"source": source,
                                 "samples": sum(int(next(iter(b.values())).shape[0]) if spec.batch_symbol else 1 for b in batches),
@@ -450,7 +453,8 @@ def _survivors(candidates, allow_partial: bool) -> list:
     return built
 
 
-def _build_candidates(work, artifact, recipes, target, console, calib, budget, check_batches, allow_partial=False):
+def _build_candidates(work, artifact, recipes, target, console, calib, budget, check_batches, check_source,
+                      allow_partial=False):
     """Run each recipe's pipeline. One this machine cannot build is recorded as skipped; one that
     fails stops the build with every failure named, unless ``allow_partial`` keeps the survivors."""
 
@@ -474,7 +478,7 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
         (work / c.label).mkdir(parents=True, exist_ok=True)
         try:
             c.artifact = Pipeline(c.recipe, target, work / c.label, calibration=calib, budget=budget,
-                                  check_batches=check_batches, console=console,
+                                  check_batches=check_batches, check_source=check_source, console=console,
                                   label=c.label if len(runnable) > 1 else "").run(artifact, shared)
             c.runner = cand.validation_runner(c.artifact, target)
             c.outputs = cand.artifact_outputs(c.artifact)

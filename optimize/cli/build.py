@@ -13,7 +13,7 @@ from infopt.cli.output import print_json, shown_path, stderr, stdout
 
 
 def build(
-    model: Annotated[Path, typer.Argument(help="Model file: TorchScript .pt, torch.export .pt2, state_dict .pt, .onnx, or a Hugging Face model folder.")],
+    model: Annotated[Path, typer.Argument(help="Model file: TorchScript .pt, torch.export .pt2, state_dict .pt, .onnx, a Hugging Face model folder, or a Hugging Face model id (org/name[@revision]) from the hub or its cache.")],
     target: Annotated[str, typer.Option("--target", "-t", help="Target to build for (see `infopt targets`).")] = "cpu",
     precision: Annotated[Optional[str], typer.Option("--precision", "-p", help="fp32, fp16, bf16, fp8, int8 or int4.")] = None,
     fp32: Annotated[bool, typer.Option("--fp32", metavar="", help="Same as --precision fp32.")] = False,

@@ -68,8 +68,8 @@ def doctor(
     clean: Annotated[Path, typer.Option("--clean", help="Folder whose leftovers of killed builds to remove (those no live build owns).")] = Path("dist"),
 ) -> None:
     """Which backends and devices are available here, and why not; removes what killed builds left in dist/."""
-    from infopt.core.doctor import checks
     from infopt.exporters.staging import clean_stale
+    from infopt.runtime.doctor import checks
 
     found = checks()
     removed = clean_stale(clean)

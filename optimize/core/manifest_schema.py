@@ -31,12 +31,22 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow", validate_assignment=True)
 
 
+class HubSource(_Open):
+    repo_id: str
+    revision: str
+    """as asked"""
+    commit: str
+    """what the revision resolved to when the model was built"""
+
+
 class Source(_Open):
     path: str
     format: str
     sha256: str | None = None
     files: dict[str, str] | None = None
     """a folder source: each file's sha256"""
+    hub: HubSource | None = None
+    """a Hugging Face model id: the repository and the commit it was built from"""
 
 
 class TargetInfo(_Open):

@@ -35,13 +35,14 @@ log = logging.getLogger("infopt.core.pipeline")
 
 class Pipeline:
     def __init__(self, recipe: Recipe, target: Target, workdir: Path, *, calibration=None, budget=None,
-                 check_batches=None, console=None, label: str = ""):
+                 check_batches=None, check_source: str = "validation data", console=None, label: str = ""):
         self.recipe = recipe
         self.target = target
         self.workdir = workdir
         self.calibration = calibration
         self.budget = budget
         self.check_batches = check_batches
+        self.check_source = check_source
         self.console = console
         self.label = f"{label}: " if label else ""
         self._say = None
@@ -91,7 +92,8 @@ class Pipeline:
         if definition.needs_calibration and self.calibration is None:
             raise RecipeError(f"pass {definition.name} needs calibration data", fix="pass --calib PATH")
         options = definition.parse_options(raw_options)
-        context = PassContext(self.target, self.workdir, self.calibration, self.budget, self.check_batches, self._say)
+        context = PassContext(self.target, self.workdir, self.calibration, self.budget, self.check_batches, self._say,
+                              self.check_source)
         start = time.perf_counter()
         try:
             outcome = definition.run(artifact, options, context)

@@ -42,6 +42,8 @@ class PassContext:
     budget: Any = None
     check_batches: Any = None
     progress: Callable[[str], None] | None = None
+    check_source: str = "validation data"
+    """what ``check_batches`` are, in words: the --val file, held-out calibration samples, or random inputs"""
 
     def say(self, text: str) -> None:
         if self.progress is not None:

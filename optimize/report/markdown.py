@@ -211,6 +211,8 @@ def provenance_section(manifest: Manifest) -> Section | None:
         if data:
             rows.append([label, f"{data.samples} samples from {data.source}, sha256 {data.sha256[:16]}"])
     source = manifest.source
+    if source.hub:
+        rows.append(["Hugging Face", f"{source.hub.repo_id}@{source.hub.revision}, commit {source.hub.commit}"])
     if source.sha256:
         rows.append(["source", f"{source.path}, sha256 {source.sha256[:16]}"])
     return Section("Provenance", ["", ""], rows, ["`infopt verify DIST` re-hashes every file against this manifest"])

@@ -9,8 +9,9 @@ backend is one new module there plus the pass that produces its representation).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from infopt.core.errors import UsageError
 from infopt.core.plugins import Registry
@@ -19,6 +20,18 @@ from infopt.runtime.runner import Runner
 
 def _always(precision: str, device: str) -> str | None:
     return None
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def check(component: str, ok: bool, detail: str, fix: str = "") -> dict[str, Any]:
+    """One row of ``infopt doctor``: the fix is shown only when the component is missing."""
+    return {"component": component, "ok": ok, "detail": detail, "fix": "" if ok else fix}
 
 
 @dataclass(frozen=True)
@@ -41,6 +54,8 @@ class Backend:
     graphs: bool = False
     """its runner replays CUDA graphs per batch bucket on a GPU (``runtime/cuda_graphs.py``);
     ``cuda_graphs=None`` lets it choose, True or False says"""
+    checks: Callable[[], list[dict[str, Any]]] = lambda: []
+    """``infopt doctor``'s rows for what it needs on this machine (``check(...)`` each)"""
 
 
 BACKENDS: Registry[Backend] = Registry("backend", lambda b: b.name)

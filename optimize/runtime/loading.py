@@ -21,6 +21,7 @@ from infopt.core.artifact import Artifact
 from infopt.core.errors import InputSpecError, ModelLoadError, UnsafePickleError, UsageError
 from infopt.core.inputspec import DimRange, InputSpec, TensorSpec, dtype_name
 from infopt.core.safe_load import exported_program, pickled_classes, refuse, torch_file
+from infopt.runtime import hub
 from infopt.runtime.hf_folder import is_hf_folder, load_hf_folder
 
 
@@ -35,6 +36,10 @@ class LoadedModel:
     """The eager module (``nn.Module``, ``ScriptModule``) or ``None`` for ONNX."""
     arg_names: tuple[str, ...] = ()
     spec: InputSpec | None = None
+    name: str | None = None
+    """the model's own name for its output folder, where the source says one (a Hugging Face folder or id)"""
+    hub: Any = None
+    """the ``runtime.hub.HubSnapshot`` it came from, for a Hugging Face model id"""
 
     def with_spec(self, spec: InputSpec) -> Artifact:
         kind = "onnx" if self.format == "onnx" else "exported" if self.format == "pt2" else "torch"
@@ -114,13 +119,20 @@ def _class_not_importable(path: Path, exc: Exception) -> ModelLoadError:
 
 def load_model(path: str | Path, *, model_class: str | None = None, model_args: str | dict | None = None,
                allow_pickle: bool = False) -> LoadedModel:
+    """The model at ``path``: a file or folder here, or a Hugging Face model id (``org/name[@revision]``)."""
+    if hub.is_hub_id(path):
+        snapshot = hub.snapshot(str(path))
+        loaded = load_model(snapshot.folder)
+        loaded.hub, loaded.name = snapshot, snapshot.repo_id.split("/")[-1]
+        return loaded
     path = Path(path)
     fmt = sniff(path)
     if fmt == "onnx":
         return _load_onnx(path)
     if fmt == "hf-folder":
-        module, spec = load_hf_folder(path)
-        return LoadedModel(None, "hf-folder", path, module, spec.names, spec)
+        found = load_hf_folder(path)
+        art = Artifact("torch", found.spec, obj=found.module, output_names=(found.output_name,))
+        return LoadedModel(art, "hf-folder", path, found.module, found.spec.names, found.spec, name=found.default_name)
     import torch
 
     if fmt == "pt2":

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from infopt.core.artifact import Artifact
-from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.quantize import onnx_int8
 
 SCOPES = "pkg.torch.onnx.name_scopes"
@@ -127,7 +127,13 @@ def run(artifact: Artifact, options: PassOptions, context: PassContext) -> PassO
     path = onnx_int8.save_model(model, context.workdir / "fused-matmuls.onnx")
     return PassOutcome(artifact.derive("onnx", path=path), True,
                        [f"fused {groups} groups of MatMuls that share an activation (e.g. query/key/value)"],
-                       {"groups": groups})
+                       FuseDetails(groups=groups))
+
+
+class FuseDetails(PassDetails):
+    """What ``fuse_matmuls`` records: how many groups of MatMuls sharing an activation became one."""
+
+    groups: int
 
 
 PASS = Pass(
@@ -136,5 +142,6 @@ PASS = Pass(
     produces="onnx",
     run=run,
     options=PassOptions,
+    details=FuseDetails,
     description="fuse MatMuls that share an activation (query/key/value) into one MatMul and a Split; exact",
 )

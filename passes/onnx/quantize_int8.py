@@ -151,7 +151,7 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
         verdict = " - NOT met"
     details = Int8Details(mode=mode, placement=placement, budget=str(budget), budget_metric=budget.metric,
                           budget_threshold=budget.threshold, budget_met=met, measured=drift,
-                          measured_on="calibration data" if mode == "static" else "validation data",
+                          measured_on="calibration data" if mode == "static" else context.check_source,
                           calibration=calib_info, excluded=excluded, fallback_steps=steps, ranked=ranked is not None,
                           fallback_order=("drift_per_ms" if by_cost else "drift") if ranked is not None else None,
                           layers=_layer_rows(ranked, layers, excluded, budget, int8_nodes),

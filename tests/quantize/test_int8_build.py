@@ -118,6 +118,7 @@ def test_dynamic_without_calibration_says_so(encoder, tmp_path):
                           val=tmp_path / "val.npz", output=tmp_path / "dyn", progress=False, require_precision=True)
     details = result.manifest.pass_record("quantize_int8").details
     assert details["mode"] == "dynamic" and details["layers"]
+    assert details["measured_on"] == str(tmp_path / "val.npz")  # the data the budget was held on, named as given
     assert any("INT8 is dynamic: no calibration data" in n for n in result.manifest.validation.notes)
     assert "MatMulInteger" in str(details["quantized_ops"]) or "DynamicQuantizeLinear" in details["quantized_ops"]
     assert "INT8 is dynamic" in (result.output_dir / "report.md").read_text()

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from infopt.core.doctor import cpp_compiler
 from infopt.core.errors import EnvironmentProblem
-from infopt.runtime.backend import Backend, register
+from infopt.runtime.backend import Backend, check, register
 from infopt.runtime.cuda_graphs import GraphedCallable
 from infopt.runtime.runner import Runner
 
@@ -70,6 +71,21 @@ def describe(runner: AotiRunner) -> str:
     return f"{runner.device} (AOTInductor package{graphs})"
 
 
+def cpp_compiler() -> str | None:
+    """The C++ compiler Inductor would use for CPU kernels, or None."""
+    for name in filter(None, (os.environ.get("CXX"), "g++", "c++", "clang++")):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def checks() -> list[dict]:
+    compiler = cpp_compiler()
+    return [check("C++ compiler (AOTInductor CPU)", compiler is not None, compiler or "none on PATH",
+                  "install g++ (apt install g++), or set CXX; --backend inductor needs it for CPU packages")]
+
+
 def unavailable(precision: str, device: str) -> str | None:
     if device == "cpu" and cpp_compiler() is None:
         return "AOTInductor needs a C++ compiler for CPU kernels and none is on PATH (install g++ or set CXX)"
@@ -83,5 +99,5 @@ def unavailable(precision: str, device: str) -> str | None:
 
 BACKEND = register(Backend(
     name="inductor", representation="aoti", suffix=".pt2", runner_kind=AotiRunner.kind,
-    open_runner=open_runner, unavailable=unavailable, describe=describe, graphs=True,
+    open_runner=open_runner, unavailable=unavailable, describe=describe, graphs=True, checks=checks,
 ))

@@ -9,7 +9,7 @@ import numpy as np
 
 from infopt.core.errors import EnvironmentProblem
 from infopt.core.threads import ort_session_options
-from infopt.runtime.backend import Backend, register
+from infopt.runtime.backend import Backend, check, package_version, register
 from infopt.runtime.runner import Runner
 
 
@@ -55,7 +55,23 @@ def describe(runner: Runner) -> str:
     return f"{'cuda' if 'CUDAExecutionProvider' in providers else 'cpu'} (onnxruntime {providers[0]})"
 
 
+def checks() -> list[dict]:
+    ort_version = package_version("onnxruntime") or package_version("onnxruntime-gpu")
+    providers = []
+    if ort_version:
+        import onnxruntime  # optional heavy dependency: loaded only when the doctor asks
+
+        providers = onnxruntime.get_available_providers()
+    found = [check("onnxruntime", ort_version is not None, f"{ort_version}: {', '.join(providers)}" if ort_version
+                   else "not installed", "pip install onnxruntime")]
+    for provider, fix in (("CUDAExecutionProvider", "pip install onnxruntime-gpu on a CUDA machine"),
+                          ("TensorrtExecutionProvider", "pip install onnxruntime-gpu and TensorRT on a CUDA machine")):
+        found.append(check(f"ORT {provider}", provider in providers,
+                           "available" if provider in providers else "not in this onnxruntime build", fix))
+    return found
+
+
 BACKEND = register(Backend(
     name="onnxruntime", representation="onnx", suffix=".onnx", runner_kind=OrtRunner.kind,
-    open_runner=open_runner, describe=describe,
+    open_runner=open_runner, describe=describe, checks=checks,
 ))

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from infopt.core.errors import BuildError, EnvironmentProblem, UsageError
-from infopt.runtime.backend import Backend, register
+from infopt.runtime.backend import Backend, check, package_version, register
 from infopt.runtime.runner import Runner
 
 INSTALL_FIX = "pip install tensorrt on a machine with an NVIDIA GPU, or drop --backend tensorrt"
@@ -153,7 +153,13 @@ def unavailable(precision: str, device: str) -> str | None:
     return None
 
 
+def checks() -> list[dict]:
+    why = tensorrt_unavailable()
+    return [check("TensorRT", why is None, why or package_version("tensorrt") or "installed",
+                  "install TensorRT from NVIDIA's index on a CUDA machine")]
+
+
 BACKEND = register(Backend(
     name="tensorrt", representation="tensorrt", suffix=".plan", runner_kind=TensorRTRunner.kind,
-    open_runner=open_runner, unavailable=unavailable,
+    open_runner=open_runner, unavailable=unavailable, checks=checks,
 ))
