@@ -164,7 +164,8 @@ def main() -> None:
     text = "\n\n".join(sections) + "\n\n" + "\n".join([f"- {e}" for e in environment()] + [
         f"- every ONNX Runtime session: CPUExecutionProvider, all graph optimizations, intra_op_num_threads={threads}; "
         f"eager and AOTInductor on torch's pool ({torch.get_num_threads()} threads)",
-        f"- {args.iterations} timed runs per row after {args.warmup} warm-up runs, each runner in its own block; "
+        f"- {args.iterations} timed runs per row after {args.warmup} warm-up runs, in 5 blocks a runner, taking turns "
+        f"(p50: the median of the block medians); "
         f"whole run {elapsed:.0f} s (builds included)",
         "- speedup vs eager = eager p50 / runner p50; vs ORT unfused = ORT unfused p50 / runner p50 (above 1: faster)",
     ] + [f"- {n}" for n in notes])

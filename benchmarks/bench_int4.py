@@ -256,7 +256,8 @@ def main() -> None:
     elapsed = time.perf_counter() - started
     lines = environment() + [
         f"every ONNX Runtime session: CPUExecutionProvider, all graph optimizations, intra_op_num_threads={threads}",
-        f"{args.iterations} timed runs per row after {args.warmup} warm-up runs, each runner in its own block; "
+        f"{args.iterations} timed runs per row after {args.warmup} warm-up runs, in 5 blocks a runner, taking turns "
+        f"(p50: the median of the block medians); "
         f"whole run {elapsed:.0f} s (exports and builds included)",
         "vs columns: the other runner's p50 / this row's p50 (above 1: this row is faster)",
         f"INT4 weight bytes: 4-bit codes (N*K/2) + fp32 scales (4*N*K/{GROUP_SIZE}) + 4-bit zero points "

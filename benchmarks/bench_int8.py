@@ -240,7 +240,8 @@ def main() -> None:
         f"- every ONNX Runtime session: CPUExecutionProvider, all graph optimizations, intra_op_num_threads={threads}",
         "- peers run on this script's own `torch.onnx.export(dynamo=True)` FP32 export",
         f"- {args.iterations} timed runs per row at batch 1 and {max(args.iterations // 10, 10)} at batch 32, after "
-        f"warm-up runs, each runner in its own block; whole run {elapsed:.0f} s (builds included)"] + [f"- {n}" for n in notes])
+        f"warm-up runs, in 5 blocks a runner, taking turns "
+        f"(p50: the median of the block medians); whole run {elapsed:.0f} s (builds included)"] + [f"- {n}" for n in notes])
     publish(text, args.markdown)
 
 

@@ -1,9 +1,16 @@
 """Latency: warm up, then time each runner at each batch size, side by side in one run.
 
-Each runner gets its own warm-up and timed block at each batch size, one runner after the other,
-so that neither runtime's idle worker threads (ONNX Runtime spins its pool between runs, torch's
-OpenMP pool does too) steal cores from the other's runs. Results are p50/p90/p99 and mean in
-milliseconds, and throughput in samples per second.
+The timed runs of each runner are split into ``BLOCKS`` blocks, and the runners take turns block by
+block (in mirrored order on alternate rounds, as the gate's ABBA trials do), so a slow spell of the
+machine lands on every runner rather than on whichever ran during it. Within a block one runner runs
+alone, so neither runtime's idle worker threads (ONNX Runtime spins its pool between runs, torch's
+OpenMP pool does too) steal cores from the other's runs for more than a run or two.
+
+The p50 is the median of the blocks' medians: a stall that spans a whole block moves one block, not
+the figure. p90/p99 and the mean are over every run (the tail is what they are for). Throughput is
+batch / p50, the same statistic as the latency beside it, so a speedup read off either agrees.
+``spread`` is how far the block medians lie apart, relative to the p50; above ``NOISY_SPREAD`` the
+machine was too noisy for the figure to be trusted closely, and the build says so.
 
 A runner on a CUDA device is timed with CUDA events around each run, after a synchronize, so the
 figure is the GPU's time for the call (copies in and out included), not the host's launch time.
@@ -17,28 +24,45 @@ from typing import Callable
 
 import numpy as np
 
+BLOCKS = 5
+"""blocks each runner's timed runs are split into (fewer when there are fewer runs)"""
+NOISY_SPREAD = 0.25
+"""block medians further apart than this fraction of the p50 mean the machine was noisy"""
+
 
 @dataclass
 class LatencyStats:
     runner: str
     batch: int
     p50_ms: float
+    """the median of the blocks' medians"""
     p90_ms: float
     p99_ms: float
     mean_ms: float
     throughput: float
-    """samples per second at the mean latency"""
+    """samples per second at the p50: batch / p50"""
     iterations: int
+    blocks: int = 1
+    spread: float = 0.0
+    """(slowest block median - fastest) / p50"""
+
+    @property
+    def noisy(self) -> bool:
+        return self.spread > NOISY_SPREAD
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
-def summarize(runner: str, batch: int, seconds: list[float]) -> LatencyStats:
+def summarize(runner: str, batch: int, seconds: list[float], block_medians: list[float] | None = None) -> LatencyStats:
+    """Statistics of one runner's runs at one batch size (``block_medians`` in seconds, one per block)."""
     ms = np.asarray(seconds) * 1e3
-    p50, p90, p99 = np.percentile(ms, [50, 90, 99])
-    mean = float(ms.mean())
-    return LatencyStats(runner, batch, float(p50), float(p90), float(p99), mean, batch / (mean / 1e3), len(ms))
+    blocks = np.asarray(block_medians) * 1e3 if block_medians else np.asarray([np.median(ms)])
+    p50 = float(np.median(blocks))
+    p90, p99 = (max(p50, float(v)) for v in np.percentile(ms, [90, 99]))
+    spread = float((blocks.max() - blocks.min()) / p50) if p50 > 0 else 0.0
+    return LatencyStats(runner, batch, p50, p90, max(p90, p99), float(ms.mean()), batch / (p50 / 1e3) if p50 > 0 else 0.0,
+                        len(ms), len(blocks), spread)
 
 
 def host_timer(fn: Callable[[dict], object], feed: dict) -> float:
@@ -61,24 +85,40 @@ def cuda_timer(fn: Callable[[dict], object], feed: dict) -> float:
     return start.elapsed_time(end) / 1e3
 
 
+def _block_sizes(iterations: int, blocks: int) -> list[int]:
+    count = max(1, min(blocks, iterations))
+    return [iterations // count + (1 if k < iterations % count else 0) for k in range(count)]
+
+
 def measure(runners: dict[str, Callable[[dict], object]], feeds: dict[int, dict[str, np.ndarray]],
             warmup: int = 10, iterations: int = 50, devices: dict[str, str] | None = None,
-            seconds: float | None = None, min_iterations: int = 5) -> list[LatencyStats]:
-    """Time every runner (name -> callable taking a feed) at every batch size in ``feeds``;
-    ``devices`` names the runners that run on ``cuda`` (the rest are timed on the host clock).
-    With ``seconds``, timing at one batch size stops early once that long is spent and at least
-    ``min_iterations`` runs are in (``LatencyStats.iterations`` says how many)."""
+            seconds: float | None = None, min_iterations: int = 5, *, blocks: int = BLOCKS,
+            timer: Callable[[Callable[[dict], object], dict], float] | None = None) -> list[LatencyStats]:
+    """Time every runner (name -> callable taking a feed) at every batch size in ``feeds``, in
+    interleaved blocks (see the module doc); ``devices`` names the runners that run on ``cuda``
+    (timed with CUDA events; the rest on the host clock), ``timer(fn, feed)`` replaces both. With
+    ``seconds``, a runner's timing at one batch size stops early once that long is spent and at
+    least ``min_iterations`` runs are in (``LatencyStats.iterations`` says how many)."""
+    names = list(runners)
+    sizes = _block_sizes(iterations, blocks)
+    floor = -(-min_iterations // len(sizes))  # runs every block keeps under a time budget
     results = []
     for batch, feed in feeds.items():
-        for name, fn in runners.items():
+        for name in names:
             for _ in range(warmup):
-                fn(feed)
-            timer = cuda_timer if (devices or {}).get(name) == "cuda" else host_timer
-            times: list[float] = []
-            start = time.perf_counter()
-            while len(times) < iterations:
-                times.append(timer(fn, feed))
-                if seconds is not None and len(times) >= min_iterations and time.perf_counter() - start >= seconds:
-                    break
-            results.append(summarize(name, batch, times))
+                runners[name](feed)
+        times: dict[str, list[float]] = {n: [] for n in names}
+        medians: dict[str, list[float]] = {n: [] for n in names}
+        for k, size in enumerate(sizes):
+            for name in names if k % 2 == 0 else reversed(names):
+                clock = timer or (cuda_timer if (devices or {}).get(name) == "cuda" else host_timer)
+                block: list[float] = []
+                start = time.perf_counter()
+                while len(block) < size:
+                    block.append(clock(runners[name], feed))
+                    if seconds is not None and len(block) >= floor and time.perf_counter() - start >= seconds / len(sizes):
+                        break
+                times[name] += block
+                medians[name].append(float(np.median(block)))
+        results += [summarize(name, batch, times[name], medians[name]) for name in names]
     return results

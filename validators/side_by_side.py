@@ -29,9 +29,12 @@ from infopt.validators.latency import cuda_timer, host_timer
 class RatioEstimate:
     batch: int
     candidate_p50_ms: float
+    """the candidate's time in the median trial (the mean of its two block medians there)"""
     baseline_p50_ms: float
+    """the baseline's time in the same trial"""
     ratio: float
-    """median over trials of candidate time / baseline time"""
+    """the median over trials of candidate time / baseline time: exactly candidate_p50_ms / baseline_p50_ms,
+    the two figures shown beside it (with an even number of trials, the lower of the middle two)"""
     lower: float
     upper: float
     confidence: float
@@ -90,7 +93,7 @@ def compare(candidate: Callable[[dict], object], baseline: Callable[[dict], obje
             for _ in range(warmup):
                 fn(feed)
         runs = block_iterations((baseline, candidate), feed, iterations, timer)
-        ratios, cand_ms, base_ms = [], [], []
+        ratios, cand_ms, base_ms = [], [], []  # per trial
         for trial in range(trials):
             if progress:
                 progress(f"latency: batch {batch}, trial {trial + 1}/{trials}")
@@ -98,10 +101,11 @@ def compare(candidate: Callable[[dict], object], baseline: Callable[[dict], obje
             c1 = _block(candidate, feed, runs, timer)
             c2 = _block(candidate, feed, runs, timer)
             b2 = _block(baseline, feed, runs, timer)
-            cand_ms += [c1, c2]
-            base_ms += [b1, b2]
+            cand_ms.append((c1 + c2) / 2 * 1e3)
+            base_ms.append((b1 + b2) / 2 * 1e3)
             ratios.append((c1 + c2) / (b1 + b2))
         lower, upper, coverage = median_interval(ratios, confidence)
-        results.append(RatioEstimate(batch, statistics.median(cand_ms) * 1e3, statistics.median(base_ms) * 1e3,
-                                     statistics.median(ratios), lower, upper, coverage, trials, runs))
+        middle = ratios.index(statistics.median_low(ratios))
+        results.append(RatioEstimate(batch, cand_ms[middle], base_ms[middle], ratios[middle], lower, upper, coverage,
+                                     trials, runs))
     return results

@@ -344,6 +344,7 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
     final, recipe = chosen.artifact, chosen.recipe
     server = _server_engine(final.lineage)
     notes = _int8_notes(final.lineage) + _engine_notes(server)
+    notes += noise_notes([t for t in timings if t.runner in ("eager", chosen.label)])
     if ends:
         notes.append("ran at the ends of its dim ranges (" + "; ".join(where for where, _, _ in ends)
                      + ") with the output shapes eager gives")
@@ -416,9 +417,7 @@ def _measure_curve(chosen, spec, module, console) -> list[dict[str, Any]]:
     finally:
         if status:
             status.stop()
-    # throughput at the p50: one slow outlier run moves the mean, and with it the curve's shape
-    return [{**{k: v for k, v in s.to_json().items() if k != "runner"}, "throughput": s.batch / (s.p50_ms / 1e3)}
-            for s in stats]
+    return [{k: v for k, v in s.to_json().items() if k != "runner"} for s in stats]
 
 
 def _work(module, spec, model_file: Path) -> dict[str, Any]:
@@ -528,6 +527,18 @@ def _int8_details(lineage) -> list[Int8Details]:
 def _shipped_fp32(lineage) -> bool:
     """Whether the INT8 pass found FP32 faster here and shipped it."""
     return any(d.shipped == "fp32" for d in _int8_details(lineage))
+
+
+def noise_notes(timings) -> list[str]:
+    """A warning when the blocks of a timing disagree: the machine was busy while it was measured."""
+    noisy = sorted((t for t in timings if t.noisy), key=lambda t: -t.spread)
+    if not noisy:
+        return []
+    worst = noisy[0]
+    more = f" (and {len(noisy) - 1} more of the latency rows)" if len(noisy) > 1 else ""
+    return [f"WARNING: the machine was noisy while timing: {worst.runner}'s {worst.blocks} block medians at batch "
+            f"{worst.batch} lie {100 * worst.spread:.0f}% of its p50 apart{more}; the p50s and speedups are less "
+            "certain. Time again on an idle machine, or compare two builds with `infopt gate`, which bounds the ratio"]
 
 
 def _int8_notes(lineage) -> list[str]:

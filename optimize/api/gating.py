@@ -276,7 +276,7 @@ def _latency_checks(result, config, cand, base, cand_runner, base_runner, say) -
     result.measurements["latency"] = {"timer": "CUDA events" if cuda else "host clock", "estimates": [e.to_json() for e in estimates]}
     for e in estimates:
         detail = (f"median ratio {e.ratio:.3f} over {e.trials} interleaved trials, bounds [{e.lower:.3f}, {e.upper:.3f}] "
-                  f"each at {e.confidence:.1%}; p50 {e.candidate_p50_ms:.3f} ms vs {e.baseline_p50_ms:.3f} ms")
+                  f"each at {e.confidence:.1%}; median trial {e.candidate_p50_ms:.3f} ms vs {e.baseline_p50_ms:.3f} ms")
         passed = None if lat.max_ratio is None else e.lower <= lat.max_ratio
         limit = "not gated" if lat.max_ratio is None else f"lower bound <= {lat.max_ratio:g}"
         result.checks.append(GateCheck("latency", f"ratio b{e.batch}", e.ratio, None, limit, passed, detail))

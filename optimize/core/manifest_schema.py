@@ -92,8 +92,12 @@ class LatencyRow(_Open):
     p99_ms: float
     mean_ms: float
     throughput: float
-    """samples per second"""
+    """samples per second at the p50"""
     iterations: int
+    blocks: int = 1
+    """blocks the runs were timed in, taking turns with the other runners; the p50 is their medians' median"""
+    spread: float = 0.0
+    """how far the block medians lie apart, as a fraction of the p50 (above 0.25: a noisy machine)"""
 
 
 class Validation(_Open):

@@ -87,8 +87,9 @@ def latency_section(manifest: Manifest) -> Section:
             ratio = f"{ref.p50_ms / r.p50_ms:.2f}x" if ref and r.p50_ms > 0 else "-"
         rows.append([str(r.batch), r.runner, f"{r.p50_ms:.3f}", f"{r.p90_ms:.3f}", f"{r.p99_ms:.3f}",
                      f"{r.mean_ms:.3f}", f"{r.throughput:.1f}", ratio])
-    notes = [f"{latency[0].iterations} timed runs per row after warm-up, each runner in its own block; "
-             "speedup is eager p50 / candidate p50"] if latency else []
+    notes = [f"{latency[0].iterations} timed runs per row after warm-up, in {latency[0].blocks} blocks per runner, the "
+             "runners taking turns; p50 is the median of the block medians, samples/s is batch / p50, and speedup is "
+             "eager p50 / candidate p50"] if latency else []
     return Section("Latency (ms)", ["batch", "runner", "p50", "p90", "p99", "mean", "samples/s", "speedup"], rows, notes)
 
 

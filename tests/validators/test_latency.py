@@ -1,10 +1,13 @@
-"""Latency timing: the iteration cap, and the time budget the latency-versus-batch curve uses."""
+"""Latency timing: interleaved blocks and robust statistics (driven by a scripted timer), the iteration
+cap, and the time budget the latency-versus-batch curve uses."""
 
 from __future__ import annotations
 
 import time
 
-from infopt.validators.latency import measure
+import pytest
+
+from infopt.validators.latency import NOISY_SPREAD, measure
 
 
 def test_time_budget_stops_after_the_minimum_runs_once_spent():
@@ -17,3 +20,50 @@ def test_without_budget_or_within_it_every_iteration_runs():
     fast = {"fast": lambda feed: None}
     assert [s.iterations for s in measure(fast, {1: {}, 2: {}}, warmup=1, iterations=7)] == [7, 7]
     assert [s.iterations for s in measure(fast, {1: {}}, warmup=0, iterations=7, seconds=60.0)] == [7]
+
+
+class StallingTimer:
+    """eager takes 1 ms and the candidate 0.5 ms, except that the machine stalls (16 ms a call)
+    for the whole of eager's first block, as a busy neighbour would; records who ran in what order."""
+
+    def __init__(self, eager, candidate, block: int):
+        self.eager, self.candidate, self.block, self.calls, self.order = eager, candidate, block, 0, []
+
+    def __call__(self, fn, feed) -> float:
+        self.order.append("e" if fn is self.eager else "c")
+        if fn is self.eager:
+            self.calls += 1
+            return 0.016 if self.calls <= self.block else 0.001
+        return 0.0005
+
+
+def test_a_stall_over_a_whole_block_does_not_make_a_speedup_and_is_reported_as_noise():
+    def eager(feed):
+        return None
+
+    def candidate(feed):
+        return None
+
+    timer = StallingTimer(eager, candidate, block=10)
+    stats = {s.runner: s for s in measure({"eager": eager, "infopt": candidate}, {8: {}}, warmup=0, iterations=50,
+                                          timer=timer)}
+    e, c = stats["eager"], stats["infopt"]
+    assert e.p50_ms == pytest.approx(1.0) and c.p50_ms == pytest.approx(0.5)  # one stalled block of five moves nothing
+    assert e.p50_ms / c.p50_ms == pytest.approx(2.0)  # not the 32x a single block would have reported
+    assert e.throughput == pytest.approx(8 / 1e-3) and c.throughput == pytest.approx(8 / 0.5e-3)  # batch / p50
+    assert e.p99_ms == pytest.approx(16.0) and e.mean_ms > e.p50_ms  # the tail keeps the stall
+    assert e.blocks == c.blocks == 5 and e.iterations == c.iterations == 50
+    assert e.noisy and e.spread == pytest.approx(15.0) and not c.noisy and NOISY_SPREAD < 1
+    runs = "".join(timer.order)
+    assert runs == ("e" * 10 + "c" * 10 + "c" * 10 + "e" * 10) * 2 + "e" * 10 + "c" * 10  # turns, mirrored each round
+
+
+def test_the_build_says_when_the_machine_was_noisy():
+    from infopt.api.builder import noise_notes
+    from infopt.validators.latency import summarize
+
+    quiet = summarize("eager", 1, [0.001] * 10, [0.001, 0.001])
+    busy = summarize("fp32-onnxruntime", 1, [0.001] * 10, [0.001, 0.002])
+    assert noise_notes([quiet]) == []
+    (note,) = noise_notes([quiet, busy])
+    assert note.startswith("WARNING") and "fp32-onnxruntime's 2 block medians at batch 1 lie 67%" in note

@@ -91,3 +91,15 @@ def test_a_slow_spell_in_a_few_trials_does_not_move_the_bounds_past_the_truth():
     (estimate,) = compare(cand, base, {1: {}}, trials=15, iterations=iterations, warmup=0, timer=timer)
     assert estimate.ratio == pytest.approx(1.0)
     assert estimate.lower == pytest.approx(1.0) and estimate.upper == pytest.approx(1.0)
+
+
+def test_the_ratio_shown_is_the_ratio_of_the_two_times_shown_beside_it():
+    """Trials that disagree (the machine's speed changing between them): the median ratio and the two
+    times given with it come from the same trial, so the figures never contradict each other."""
+    base, cand = _fns()
+    iterations, warmup_and_sizing = 1, 3 + 3
+    slow = {warmup_and_sizing + trial * 4 + k for trial in (0, 2, 3) for k in (1, 4)}  # baseline blocks of 3 trials
+    timer = ScriptedTimer({base: (MIN_BLOCK_S, "b"), cand: (1.5 * MIN_BLOCK_S, "c")}, slow, 4.0)
+    (estimate,) = compare(cand, base, {1: {}}, trials=5, iterations=iterations, warmup=0, timer=timer)
+    assert estimate.ratio == pytest.approx(estimate.candidate_p50_ms / estimate.baseline_p50_ms)
+    assert estimate.lower <= estimate.ratio <= estimate.upper
