@@ -237,3 +237,31 @@ def test_any_gpu_target_builds_without_figures(files, tmp_path):
     manifest = json.loads((tmp_path / "dist/gpu/manifest.json").read_text())
     assert manifest["target"]["name"] == "gpu" and manifest["target"]["device"] == "cuda"
     assert "declares no price_per_hour" in (tmp_path / "dist/gpu/report.md").read_text()
+
+
+def test_dry_run_shows_the_plan_and_writes_nothing(files, tmp_path):
+    import shutil
+
+    from tests.conftest import run_cli_here
+
+    shutil.copy(files / "cnn_ts.pt", tmp_path / "cnn.pt")
+    args = ["build", "cnn.pt", "--input", "x:float32[batch,1,8,8]", "--target", "h100", "--int8", "--calib", "calib/"]
+    done = run_cli_here(*args, "--dry-run", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert plan["dry_run"] and plan["name"] == "cnn" and plan["output"] == str(tmp_path / "dist" / "cnn")
+    assert plan["format"] == "torchscript" and plan["calibration"] == "calib/" and not plan["replaces_existing"]
+    assert plan["inputs"]["dims"]["batch"] == {"min": 1, "opt": 8, "max": 64}
+    by_recipe = {c["recipe"]: c for c in plan["candidates"]}
+    assert by_recipe and all("quantize_int8" in c["passes"] for c in by_recipe.values())
+    assert set(by_recipe) == {"int8-tensorrt", "int8-onnxruntime"} and by_recipe["int8-tensorrt"]["passes"][-1] == "tensorrt_build"
+    int4 = json.loads(run_cli_here("build", "cnn.pt", "--input", "x:float32[batch,1,8,8]", "--int4", "--dry-run", "--json",
+                                   cwd=tmp_path).stdout)
+    skipped = {c["recipe"]: c["skipped"] for c in int4["candidates"]}  # what a build would skip, and why
+    assert skipped["int4-onnxruntime"] is None and "needs the model's Python module" in skipped["int4-inductor"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cnn.pt"]  # nothing written, not even dist/
+    text = run_cli_here(*args[:4], "--dry-run", cwd=tmp_path)
+    assert text.returncode == 0 and "nothing was written (--dry-run)" in text.stdout and "dist/cnn" in text.stdout
+    (tmp_path / "dist" / "cnn").mkdir(parents=True)  # an output the build would refuse to replace
+    refused = run_cli_here(*args[:4], "--dry-run", cwd=tmp_path)
+    assert refused.returncode == 2 and "--force" in refused.stderr

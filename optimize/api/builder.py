@@ -26,7 +26,7 @@ from infopt.core.sample_inputs import capture_feed, embedding_vocab, random_feed
 from infopt.core.target import get_target
 from infopt.core.threads import ENV as THREADS_ENV
 from infopt.core.threads import thread_cap
-from infopt.exporters.staging import MAX_NAME_BYTES, claim_output, removed_if_stopped, staged_output
+from infopt.exporters.staging import MAX_NAME_BYTES, check_output, claim_output, removed_if_stopped, staged_output
 from infopt.exporters.torch_export import user_frame
 from infopt.passes.fx.quantize_int4 import has_python_module
 from infopt.passes.lower.tensorrt_build import TensorRTDetails
@@ -155,7 +155,7 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
           calibration: Any = None, calib_samples: int | None = 128, calib_seed: int = 0, tokenizer: str | None = None,
           max_drift: str | None = None, pass_options: dict[str, dict[str, Any]] | None = None,
           allow_partial: bool = False, require_precision: bool = False, progress: bool | Any = True,
-          command: Sequence[str] | None = None) -> BuildResult:
+          command: Sequence[str] | None = None, dry_run: bool = False) -> BuildResult | dict[str, Any]:
     """Build, validate and emit a deployable artifact.
 
     ``model`` is a path (TorchScript, ``.pt2``, state_dict with ``model_class``, ONNX, or a pickled
@@ -169,7 +169,8 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     ``allow_partial``: then the others are judged and the failures are listed. INT8 on a CPU target
     ships FP32 when no INT8 graph is faster here, unless ``require_precision``. ``command`` is the
     command line that asked for the build (the CLI passes it); the manifest records it, or else the
-    Python call.
+    Python call. ``dry_run``: load the model and resolve everything a build would (target,
+    candidates and their passes, inputs, output folder), write nothing, and return that plan.
     """
 
     defaults = build.__kwdefaults__
@@ -204,10 +205,34 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     # absolute from here on: servers' packagers and compilers run in other working directories
     out = (Path(output) if output else Path("dist") / name).absolute()
 
+    if dry_run:
+        return _plan(loaded, spec, recipes, target_obj, name, out, force, val, calibration, budget)
     with claim_output(out, force):
         return _build_claimed(loaded, spec, recipes, target_obj, name, out, force, val, max_val_samples, console,
                               _BuildContext(command, call, None, budget, allow_partial), calibration, calib_samples,
                               calib_seed, tokenizer)
+
+
+def _plan(loaded, spec, recipes, target, name, out, force, val, calibration, budget) -> dict[str, Any]:
+    """What a build with these settings would do, resolved without building: the dry run's answer.
+    An output the build would refuse (there without --force, or not infopt's) is refused the same way."""
+    check_output(out, force)
+    kind = loaded.with_spec(spec).kind
+    python_module = has_python_module(loaded.artifact)
+    candidates = []
+    for r in recipes:
+        reason = cand.blocked_reason(r, target, kind, python_module)
+        candidates.append({"recipe": r.name, "backend": r.backend, "precision": r.precision,
+                           "passes": [step.name for step in r.passes], "skipped": reason})
+    return {
+        "dry_run": True, "name": name, "output": str(out), "replaces_existing": out.exists(),
+        "source": str(loaded.hub.repo_id if loaded.hub else loaded.source or "(in-memory module)"),
+        "format": loaded.format, "target": target.name, "inputs": spec.to_json(),
+        "validation_data": str(val) if val is not None else "random inputs (no --val)",
+        "calibration": None if calibration is None else str(calibration),
+        "budget": None if budget is None else str(budget),
+        "candidates": candidates,
+    }
 
 
 def _build_claimed(loaded, spec, recipes, target_obj, name, out, force, val, max_val_samples, console, ctx,

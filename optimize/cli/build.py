@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from infopt.cli import options as o
-from infopt.cli.output import print_json, shown_path, stderr, stdout
+from infopt.cli.output import print_json, shown_path, stderr, stdout, table
 
 
 def build(
@@ -53,6 +53,7 @@ def build(
     max_drift: Annotated[Optional[str], typer.Option("--max-drift", help="INT8 drift budget METRIC=VALUE, e.g. cosine_mean=0.995 or top1=0.99; sensitive layers fall back to FP32 until it holds.")] = None,
     require_precision: Annotated[bool, typer.Option("--require-precision", metavar="", help="Ship the precision asked for even when a faster one was measured (INT8 on a CPU where FP32 is faster).")] = False,
     allow_partial: Annotated[bool, typer.Option("--allow-partial", metavar="", help="With several candidates, ship the best of those that built when others failed (default: exit 3 naming the failures).")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", metavar="", help="Load the model and show what would be built (candidates, passes, inputs, output folder); write nothing.")] = False,
     as_json: o.Json = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="No progress display.")] = False,
 ) -> None:
@@ -82,7 +83,11 @@ def build(
         max_drift=max_drift, pass_options={**api_flags.calibration_options(calib_method, calib_percentile, calib_bins, smoothquant_alpha),
                                            **api_flags.int4_options(int4_method, group_size, act_order, int4_checkpoint)},
         allow_partial=allow_partial, require_precision=require_precision, command=["infopt", *sys.argv[1:]],
+        dry_run=dry_run,
     )
+    if dry_run:
+        _print_plan(result, as_json)
+        return
     if as_json:
         m = result.manifest
         chosen = next((c for c in m.candidates if c.get("chosen")), None)
@@ -98,3 +103,20 @@ def build(
         stdout().print(f"wrote {shown_path(result.output_dir)}/ (report.md, report.html, manifest.json)", markup=False)
     if not result.passed:
         raise typer.Exit(1)
+
+
+def _print_plan(plan: dict, as_json: bool) -> None:
+    if as_json:
+        print_json(plan)
+        return
+    dims = "; ".join(f"{k}={d['min']}:{d['opt']}:{d['max']}" for k, d in plan["inputs"]["dims"].items())
+    inputs = ", ".join(f"{i['name']}:{i['dtype']}[{','.join(map(str, i['shape']))}]" for i in plan["inputs"]["inputs"])
+    rows = [["source", f"{plan['source']} ({plan['format']})"], ["target", plan["target"]], ["inputs", inputs],
+            ["dims", dims or "-"], ["validation data", plan["validation_data"]],
+            ["calibration", plan["calibration"] or "-"], ["drift budget", plan["budget"] or "-"],
+            ["output", shown_path(Path(plan["output"])) + (" (replaced)" if plan["replaces_existing"] else "")]]
+    stdout().print(table(f"infopt build --dry-run: {plan['name']}", ["", ""], rows))
+    rows = [[c["recipe"], " -> ".join(c["passes"]), f"skipped: {c['skipped']}" if c["skipped"] else "would build"]
+            for c in plan["candidates"]]
+    stdout().print(table("Candidates", ["recipe", "passes", ""], rows))
+    stdout().print("nothing was written (--dry-run)", markup=False)
