@@ -24,8 +24,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from infopt.core.doctor import cpp_compiler
 from infopt.core.errors import BuildError, CaptureError, EnvironmentProblem, UsageError
+from infopt.runtime.backends.inductor import cpp_compiler
 from infopt.runtime.runner import Runner
 
 log = logging.getLogger("infopt.quantize")

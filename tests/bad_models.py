@@ -40,3 +40,13 @@ class LearnedPositions(nn.Module):
 
     def forward(self, x):
         return self.lin(x + self.pos(torch.arange(x.shape[1], device=x.device)))
+
+
+class Hangs(nn.Module):
+    """A model whose construction never ends (a download that stalls, a lock never released)."""
+
+    def __init__(self):
+        import time
+
+        super().__init__()
+        time.sleep(3600)

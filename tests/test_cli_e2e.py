@@ -22,7 +22,7 @@ def cnn_dist(files, tmp_path_factory):
     out = tmp_path_factory.mktemp("dist") / "digits"
     proc = run_cli("build", str(files / "cnn_ts.pt"), "--input", "x:float32[batch,1,8,8]", "--dim", "batch=1:8:64",
                    "--val", str(files / "digits_val.npz"), "--batch-sizes", "1,16", "--name", "digits", "--output", str(out),
-                   "--backend", "onnxruntime", "--json")
+                   "--backend", "onnxruntime", "--price-per-hour", "0.5", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out, json.loads(proc.stdout), proc.stderr
 
@@ -61,6 +61,21 @@ def test_cnn_layout_and_manifest(cnn_dist):
     assert sorted({(r["runner"], r["batch"]) for r in latency}) == [("eager", 1), ("eager", 16), ("infopt", 1), ("infopt", 16)]
     assert all(0 < r["p50_ms"] <= r["p90_ms"] <= r["p99_ms"] for r in latency)
     assert manifest["validation"]["verdict"]["passed"] is True
+
+
+def test_cpu_target_roof_is_measured_here_and_the_price_comes_from_the_flag(cnn_dist):
+    out, _, _ = cnn_dist
+    target = json.loads((out / "manifest.json").read_text())["target"]
+    assert target["memory_bandwidth_gbs"] > 0 and target["peak_tflops"]["fp32"] > 0
+    assert target["measured"].startswith("measured on this machine") and target["price_per_hour"] == 0.5
+    report = (out / "report.md").read_text()
+    roofline = report.split("## Roofline", 1)[1].split("## ", 1)[0]
+    assert "| 1 |" in roofline and "measured on this machine" in roofline  # a roof for the default target
+    cost = report.split("## Cost per million predictions", 1)[1].split("## ", 1)[0]
+    rows = [line.split("|")[1:4] for line in cost.splitlines() if line.startswith("| 1 ") or line.startswith("| 16 ")]
+    for batch, rate, usd in rows:  # USD per 1M = price / 3600 / samples per second x 1e6
+        assert float(usd) == pytest.approx(0.5 / 3600 / float(rate) * 1e6, rel=1e-2)
+    assert len(rows) == 2
 
 
 def test_json_says_the_verdict_output_and_choice_first_and_stderr_has_step_lines(cnn_dist):

@@ -126,8 +126,9 @@ def roofline(manifest: Manifest) -> dict[str, Any] | None:
     flops = work.get("flops_per_sample")
     weight = work.get("weight_bytes")
     io = work.get("io_bytes_per_sample")
+    roof = f"'s, {target.measured}" if target.measured else "'s declared peak and bandwidth"
     notes = [f"throughput measured on {manifest.validation.device or 'an unrecorded device'}; "
-             f"the roof is target {target.name}'s declared peak and bandwidth", TRAFFIC_MODEL]
+             f"the roof is target {target.name}{roof}", TRAFFIC_MODEL]
     if work.get("method"):
         notes.append(work["method"])
     caveat = measured_caveat(manifest, "the fraction of roof")
@@ -181,7 +182,8 @@ def cost_notes(manifest: Manifest) -> list[str]:
     target = manifest.target
     price = target.price_per_hour
     if price is None:
-        return [f"target {target.name} declares no price_per_hour (recipes/targets.yaml): no cost figures"]
+        return [f"target {target.name} declares no price_per_hour (recipes/targets.yaml): no cost figures; "
+                "pass --price-per-hour USD for the machine you deploy on"]
     notes = [f"price {price:g} USD/hour is target {target.name}'s indicative figure; throughput is the measured "
              "samples/s = batch / p50 latency, one batch at a time with the device kept busy"]
     caveat = measured_caveat(manifest, "the cost")

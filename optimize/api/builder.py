@@ -40,6 +40,7 @@ from infopt.runtime.loading import _from_module, check_against_onnx, load_model
 from infopt.runtime.runner import TorchRunner
 from infopt.validators import drift as drift_mod
 from infopt.validators import latency as latency_mod
+from infopt.validators import machine
 from infopt.validators.data import load_batches, spec_from_samples, split_batches
 from infopt.validators.range_ends import RangeFailure, check_range_ends, range_ends
 from infopt.validators.roofline import count_work
@@ -155,7 +156,8 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
           calibration: Any = None, calib_samples: int | None = 128, calib_seed: int = 0, tokenizer: str | None = None,
           max_drift: str | None = None, pass_options: dict[str, dict[str, Any]] | None = None,
           allow_partial: bool = False, require_precision: bool = False, progress: bool | Any = True,
-          command: Sequence[str] | None = None, dry_run: bool = False) -> BuildResult | dict[str, Any]:
+          command: Sequence[str] | None = None, dry_run: bool = False,
+          price_per_hour: float | None = None) -> BuildResult | dict[str, Any]:
     """Build, validate and emit a deployable artifact.
 
     ``model`` is a path (TorchScript, ``.pt2``, state_dict with ``model_class``, ONNX, or a pickled
@@ -169,7 +171,9 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     ``allow_partial``: then the others are judged and the failures are listed. INT8 on a CPU target
     ships FP32 when no INT8 graph is faster here, unless ``require_precision``. ``command`` is the
     command line that asked for the build (the CLI passes it); the manifest records it, or else the
-    Python call. ``dry_run``: load the model and resolve everything a build would (target,
+    Python call. ``price_per_hour`` (USD) replaces the target's for the report's cost figures; a
+    ``cpu`` target's bandwidth and fp32 peak, which it cannot declare, are measured here for the
+    roofline. ``dry_run``: load the model and resolve everything a build would (target,
     candidates and their passes, inputs, output folder), write nothing, and return that plan.
     """
 
@@ -205,12 +209,25 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     # absolute from here on: servers' packagers and compilers run in other working directories
     out = (Path(output) if output else Path("dist") / name).absolute()
 
+    if price_per_hour is not None:
+        target_obj = target_obj.model_copy(update={"price_per_hour": price_per_hour})
     if dry_run:
         return _plan(loaded, spec, recipes, target_obj, name, out, force, val, calibration, budget)
+    target_obj = _with_measured_roof(target_obj)
     with claim_output(out, force):
         return _build_claimed(loaded, spec, recipes, target_obj, name, out, force, val, max_val_samples, console,
                               _BuildContext(command, call, None, budget, allow_partial), calibration, calib_samples,
                               calib_seed, tokenizer)
+
+
+def _with_measured_roof(target):
+    """The target, with this machine's measured bandwidth and fp32 peak when it is this machine (a
+    CPU target) and declares neither."""
+    if target.device != "cpu" or target.memory_bandwidth_gbs is not None or target.peak_tflops:
+        return target
+    bandwidth, peak, how = machine.measured_roof()
+    return target.model_copy(update={"memory_bandwidth_gbs": round(bandwidth, 1), "peak_tflops": {"fp32": round(peak, 4)},
+                                     "measured": how})
 
 
 def _plan(loaded, spec, recipes, target, name, out, force, val, calibration, budget) -> dict[str, Any]:
@@ -369,7 +386,6 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
     final, recipe = chosen.artifact, chosen.recipe
     server = _server_engine(final.lineage)
     notes = _int8_notes(final.lineage) + _engine_notes(server)
-    notes += noise_notes([t for t in timings if t.runner in ("eager", chosen.label)])
     if ends:
         notes.append("ran at the ends of its dim ranges (" + "; ".join(where for where, _, _ in ends)
                      + ") with the output shapes eager gives")
@@ -387,6 +403,7 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
     validation = {"device": cand.runner_description(chosen.runner), "runs_on": chosen.runner.device, "notes": notes,
                   "drift": chosen.drift.to_json(),
                   "latency": latency, "curve": curve, "work": _work(loaded.module, spec, final.path),
+                  "timing_notes": noise_notes([t for t in timings if t.runner in ("eager", chosen.label)]),
                   "verdict": chosen.verdict.to_json()}
     names = tuple(o[0] for o in chosen.outputs)
     origin = source_info(loaded.source, loaded.format, loaded.module if loaded.source is None else None)

@@ -16,6 +16,7 @@ from infopt.cli.build import build
 from infopt.cli.gate import gate
 from infopt.cli.info import doctor, recipes, targets
 from infopt.cli.inspect_model import inspect
+from infopt.cli.sweep import sweep
 from infopt.cli.validate import validate
 from infopt.cli.verify import sign, verify
 
@@ -66,6 +67,7 @@ app.command()(validate)
 app.command()(verify)
 app.command()(sign)
 app.command()(gate)
+app.command()(sweep)
 app.command()(inspect)
 app.command()(targets)
 app.command()(recipes)

@@ -53,6 +53,7 @@ def build(
     max_drift: Annotated[Optional[str], typer.Option("--max-drift", help="INT8 drift budget METRIC=VALUE, e.g. cosine_mean=0.995 or top1=0.99; sensitive layers fall back to FP32 until it holds.")] = None,
     require_precision: Annotated[bool, typer.Option("--require-precision", metavar="", help="Ship the precision asked for even when a faster one was measured (INT8 on a CPU where FP32 is faster).")] = False,
     allow_partial: Annotated[bool, typer.Option("--allow-partial", metavar="", help="With several candidates, ship the best of those that built when others failed (default: exit 3 naming the failures).")] = False,
+    price_per_hour: Annotated[Optional[float], typer.Option("--price-per-hour", help="USD per hour of the machine you deploy on, for the report's cost per million predictions (replaces the target's).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", metavar="", help="Load the model and show what would be built (candidates, passes, inputs, output folder); write nothing.")] = False,
     as_json: o.Json = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="No progress display.")] = False,
@@ -83,7 +84,7 @@ def build(
         max_drift=max_drift, pass_options={**api_flags.calibration_options(calib_method, calib_percentile, calib_bins, smoothquant_alpha),
                                            **api_flags.int4_options(int4_method, group_size, act_order, int4_checkpoint)},
         allow_partial=allow_partial, require_precision=require_precision, command=["infopt", *sys.argv[1:]],
-        dry_run=dry_run,
+        dry_run=dry_run, price_per_hour=price_per_hour,
     )
     if dry_run:
         _print_plan(result, as_json)

@@ -59,6 +59,8 @@ class TargetInfo(_Open):
     memory_bandwidth_gbs: float | None = None
     peak_tflops: dict[str, float] = Field(default_factory=dict)
     price_per_hour: float | None = None
+    measured: str | None = None
+    """how the bandwidth and peak were measured on the build machine (the ``cpu`` target)"""
 
 
 class TensorInfo(_Open):
@@ -104,6 +106,8 @@ class Validation(_Open):
     device: str
     runs_on: str | None = None
     notes: list[str] = Field(default_factory=list)
+    timing_notes: list[str] = Field(default_factory=list)
+    """what the timings themselves say (a noisy machine): they differ between two builds, as timings do"""
     drift: dict[str, Any] = Field(default_factory=dict)
     latency: list[LatencyRow] = Field(default_factory=list)
     curve: list[dict[str, Any]] = Field(default_factory=list)

@@ -29,6 +29,8 @@ class Target(BaseModel):
     memory_bandwidth_gbs: float | None = Field(None, description="peak memory bandwidth, GB/s")
     peak_tflops: dict[str, float] = Field(default_factory=dict, description="dense peak per dtype, TFLOP/s or TOP/s")
     price_per_hour: float | None = Field(None, description="indicative USD per hour, for cost lines in reports")
+    measured: str | None = Field(None, description="how the bandwidth and peak were measured on the build machine, "
+                                                   "when the target is that machine and declares none")
 
     def require_precision(self, precision: str) -> None:
         if precision not in self.precisions:

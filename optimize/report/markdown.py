@@ -43,7 +43,7 @@ def summary(manifest: Manifest) -> Section:
             ["backend", manifest.backend],
             ["recipe", manifest.recipe["name"]], ["source", f"{manifest.source.path} ({manifest.source.format})"],
             ["validated on", v.device]]
-    notes = [f"failed: {r}" for r in v.verdict.reasons] + v.notes
+    notes = [f"failed: {r}" for r in v.verdict.reasons] + v.notes + v.timing_notes
     return Section(f"infopt build: {manifest.name}", ["", ""], rows, notes)
 
 

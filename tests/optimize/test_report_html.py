@@ -156,17 +156,22 @@ def test_html_report_of_a_built_model(built):
     assert "not a statement about the target" in doc.text["section-cost-per-million-predictions"]
 
 
-def test_cpu_target_has_no_roofline_plot_and_says_why(built):
+def test_cpu_target_roof_is_this_machines_measured_one_and_no_price_means_no_cost(built):
     manifest = built["cpu"]
     doc = Doc(to_html(manifest))
-    assert "latency-plot" in doc.ids() and "roofline-plot" not in doc.ids()
-    assert "declares no memory bandwidth or fp32 peak" in doc.text["roofline-note"]
-    achieved = doc.body_rows("section-roofline")["1"][2]  # achieved is still measured; roof and fraction are not
+    assert "latency-plot" in doc.ids() and "roofline-plot" in doc.ids()
+    target = manifest.target
+    assert target.measured.startswith("measured on this machine") and target.memory_bandwidth_gbs > 0
+    assert "measured on this machine" in doc.text["section-roofline"]
+    row = doc.body_rows("section-roofline")["1"]
     curve = {p["batch"]: p for p in manifest.validation.curve}
-    assert achieved == format(manifest.validation.work["flops_per_sample"] * curve[1]["throughput"] / 1e12, ".4g")
-    assert doc.body_rows("section-roofline")["1"][4:] == ["-", "-", "-"]
+    work = manifest.validation.work
+    achieved = work["flops_per_sample"] * curve[1]["throughput"] / 1e12
+    intensity = work["flops_per_sample"] / (work["weight_bytes"] + work["io_bytes_per_sample"])
+    roof = min(target.peak_tflops["fp32"], intensity * target.memory_bandwidth_gbs / 1e3)
+    assert row[2:5] == [format(achieved, ".4g"), format(intensity, ".4g"), format(roof, ".4g")]
     assert doc.rows["section-cost-per-million-predictions"] == []
-    assert "declares no price_per_hour" in doc.text["section-cost-per-million-predictions"]
+    assert "pass --price-per-hour" in doc.text["section-cost-per-million-predictions"]
     assert cost_per_million(manifest) == []
 
 

@@ -1,0 +1,39 @@
+"""``infopt sweep SWEEP.yaml``: many builds from one file, in a local pool, and one comparison."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from infopt.cli import options as o
+from infopt.cli.output import print_json, shown_path, stderr, stdout
+
+
+def sweep(
+    spec: Annotated[Path, typer.Argument(help="A sweep YAML file: models, targets, precisions, backends, data, thresholds, output (see README: Sweeps).")],
+    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="Builds at once (default: one per two cores, at most one per 4 GiB of memory).")] = None,
+    junit: Annotated[Optional[Path], typer.Option("--junit", help="Also write a JUnit XML file: one testcase per cell.")] = None,
+    as_json: o.Json = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="No progress lines.")] = False,
+) -> None:
+    """Build every cell of a sweep (model x target x precision x backend), each an ordinary build in a
+    process of its own, and write sweep.md, sweep.json and sweep.html; exit 1 when a cell that could
+    run did not pass."""
+    from infopt.api.sweep import sweep as run_sweep
+    from infopt.report.markdown import print_sections
+    from infopt.report.sweep import sections, to_junit
+
+    err = stderr()
+    result = run_sweep(spec, jobs=jobs, progress=None if quiet else (lambda line: err.print(line, markup=False)))
+    cells = [c.to_json() for c in result.cells]
+    if junit is not None:
+        junit.write_text(to_junit(cells))
+    if as_json:
+        print_json({"passed": result.passed, "output": shown_path(result.root), "cells": cells})
+    else:
+        print_sections(stdout(), sections(cells))
+        stdout().print(f"wrote {shown_path(result.root)}/ (sweep.md, sweep.html, sweep.json)", markup=False)
+    if not result.passed:
+        raise typer.Exit(1)
