@@ -1,7 +1,8 @@
 """infopt: turn a trained PyTorch model into a validated, deployable inference artifact.
 
 ``infopt.build(...)`` builds, validates and emits; ``infopt.load(dist_dir)`` returns a callable
-runner for an emitted artifact; ``infopt.gate(candidate, baseline)`` is the release gate.
+runner for an emitted artifact; ``infopt.gate(candidate, baseline)`` is the release gate;
+``infopt.sweep("sweep.yaml")`` builds a grid of them and compares.
 Heavy libraries load on first use, so ``import infopt`` is quick.
 """
 
@@ -15,8 +16,9 @@ if TYPE_CHECKING:
     from infopt.api.builder import BuildResult, build, load
     from infopt.api.gating import gate
     from infopt.api.inprocess import compile
+    from infopt.api.sweep import sweep
 
-__all__ = ["build", "load", "gate", "compile", "BuildResult", "__version__"]
+__all__ = ["build", "load", "gate", "compile", "sweep", "BuildResult", "__version__"]
 
 
 def __getattr__(name: str):
@@ -33,4 +35,8 @@ def __getattr__(name: str):
         from infopt.api.inprocess import compile
 
         return compile
+    if name == "sweep":
+        from infopt.api.sweep import sweep
+
+        return sweep
     raise AttributeError(f"module 'infopt' has no attribute {name!r}")

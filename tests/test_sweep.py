@@ -76,6 +76,21 @@ def test_a_local_sweep_reports_every_cell_and_is_not_stopped_by_a_failed_or_hung
     assert statuses[("mlp", "fp32")] == "reused"  # same command, same bytes in: not built again
 
 
+def test_the_python_api_reads_the_same_file_and_lays_out_the_same_cells(tmp_path):
+    import infopt
+    from infopt.core.sweep_spec import cells, read_sweep
+
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({**SWEEP, "models": SWEEP["models"][1:2]}))
+    spec = read_sweep(tmp_path / "sweep.yaml")
+    grid = cells(spec, tmp_path, tmp_path / "out")
+    assert [c.label for c in grid] == ["cpu-fp32-onnxruntime", "cpu-fp8-onnxruntime"]
+    assert grid[0].folder == tmp_path / "out" / "gone" / "cpu-fp32-onnxruntime" and grid[1].unsupported
+    assert ["--max-abs", "0.0001"] == grid[0].args[grid[0].args.index("--max-abs"):][:2]
+    result = infopt.sweep(tmp_path / "sweep.yaml", jobs=1)
+    assert [c.status for c in result.cells] == ["error", "unsupported"] and not result.passed
+    assert (tmp_path / "sweeps" / "night" / "sweep.md").is_file()
+
+
 def test_a_sweep_file_with_a_mistake_is_exit_2_naming_it(tmp_path):
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"models": [{"model": "m.pt"}], "targets": ["cpu", "tpu9"]}))
     proc = run_cli("sweep", "bad.yaml", cwd=tmp_path)
