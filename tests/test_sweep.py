@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_cli_here
 
 SWEEP = {
     "output": "sweeps/night",
@@ -20,7 +20,7 @@ SWEEP = {
         {"name": "mlp", "model": "mlp.pt", "inputs": ["x:float32[batch,4]"], "dims": ["batch=1:4:8"], "val": "val.npz"},
         {"name": "gone", "model": "missing.pt", "inputs": ["x:float32[batch,4]"]},
         {"name": "stuck", "model": "stuck.pt", "model_class": "tests.bad_models:Hangs", "inputs": ["x:float32[batch,4]"],
-         "timeout_s": 20},
+         "timeout_s": 12},
     ],
     "targets": ["cpu"],
     "precisions": ["fp32", "fp8"],
@@ -54,11 +54,13 @@ def test_a_local_sweep_reports_every_cell_and_is_not_stopped_by_a_failed_or_hung
     built = cells[("mlp", "fp32")]
     assert built["status"] == "passed" and built["summary"]["passed"] and built["summary"]["drift"]["max_abs"] <= 1e-4
     assert (root / "mlp" / "cpu-fp32-onnxruntime" / "manifest.json").is_file()
+    verified = run_cli("verify", "sweeps/night/mlp/cpu-fp32-onnxruntime", cwd=workdir)
+    assert verified.returncode == 0, verified.stdout  # the cell's folder is exactly what its build wrote
     assert built["summary"]["latency"][0]["batch"] == 1 and built["summary"]["latency"][0]["p50_ms"] > 0
     gone = cells[("gone", "fp32")]
     assert gone["status"] == "error" and gone["exit_code"] == 2 and "missing.pt" in gone["error"]
     stuck = cells[("stuck", "fp32")]
-    assert stuck["status"] == "timeout" and "20 s" in stuck["error"] and 20 <= stuck["seconds"] < 60
+    assert stuck["status"] == "timeout" and "12 s" in stuck["error"] and 12 <= stuck["seconds"] < 50
     assert all(cells[(m, "fp8")]["status"] == "unsupported" and "does not run fp8" in cells[(m, "fp8")]["error"]
                for m in ("mlp", "gone", "stuck"))
     assert report["chosen"] == {"mlp": {"cpu": "cpu-fp32-onnxruntime"}}
@@ -71,9 +73,10 @@ def test_a_local_sweep_reports_every_cell_and_is_not_stopped_by_a_failed_or_hung
     junit = (workdir / "sweep.xml").read_text()
     assert junit.count("<testcase") == 6 and 'failures="2"' in junit and 'skipped="3"' in junit
 
+    (workdir / "sweep.yaml").write_text(yaml.safe_dump({**SWEEP, "models": SWEEP["models"][:1]}))
     again = run_cli("sweep", "sweep.yaml", "--json", "-q", cwd=workdir, timeout=400)
     statuses = {(c["model"], c["precision"]): c["status"] for c in json.loads(again.stdout)["cells"]}
-    assert statuses[("mlp", "fp32")] == "reused"  # same command, same bytes in: not built again
+    assert statuses[("mlp", "fp32")] == "reused" and again.returncode == 0  # same command, same bytes in: not rebuilt
 
 
 def test_the_python_api_reads_the_same_file_and_lays_out_the_same_cells(tmp_path):
@@ -93,9 +96,9 @@ def test_the_python_api_reads_the_same_file_and_lays_out_the_same_cells(tmp_path
 
 def test_a_sweep_file_with_a_mistake_is_exit_2_naming_it(tmp_path):
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"models": [{"model": "m.pt"}], "targets": ["cpu", "tpu9"]}))
-    proc = run_cli("sweep", "bad.yaml", cwd=tmp_path)
+    proc = run_cli_here("sweep", "bad.yaml", cwd=tmp_path)
     assert proc.returncode == 2 and "unknown target 'tpu9'" in proc.stderr and "Traceback" not in proc.stderr
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"models": [{"model": "m.pt", "inptus": []}]}))
-    proc = run_cli("sweep", "bad.yaml", cwd=tmp_path)
+    proc = run_cli_here("sweep", "bad.yaml", cwd=tmp_path)
     assert proc.returncode == 2 and "models.0.inptus" in proc.stderr
     assert not (tmp_path / "sweeps").exists()

@@ -71,7 +71,6 @@ def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, 
     types here, before any emitter reads it. The model is ``model/model.onnx``, ``model/model.pt2``
     (AOTInductor) or ``model/model.plan`` (TensorRT); ``server_engine`` asks the Triton config for a
     TensorRT engine built at load time."""
-    name = manifest["name"]
     (stage / "model").mkdir(parents=True, exist_ok=True)
     rel_model = f"model/model{model_file.suffix}"
     shutil.copyfile(model_file, stage / rel_model)
@@ -86,7 +85,7 @@ def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, 
             artifacts[Path(rel).stem] = rel
     typed = check_written({**manifest, "artifacts": artifacts, "files": {}})
     backend = backends.for_file(model_file)
-    job = EmitJob(stage, name, model_file, stage / rel_model, spec, typed, device, backend, server_engine,
+    job = EmitJob(stage, typed.name, model_file, stage / rel_model, spec, typed, device, backend, server_engine,
                   products or {})
     for emitter in servers.registered():
         wanted = emit is None or emitter.name in emit

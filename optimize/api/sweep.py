@@ -5,7 +5,8 @@ process of its own: a build that crashes, or hangs past the sweep's ``timeout_s`
 is killed), is that cell's result and the others go on. ``jobs`` builds run at once (default: one
 per two cores, at most one per 4 GiB of memory). A cell whose target cannot run it is listed as
 such and not started. A cell whose command and input files are byte-identical to one already built
-into its folder (its ``sweep-cell.json`` records the key) is reused, not rebuilt.
+into its folder is reused, not rebuilt: ``<label>.sweep-cell.json`` beside the folder records the key
+(beside, not inside, so the folder stays exactly what the build wrote and ``infopt verify`` passes).
 
 The results are ``sweep.json``, ``sweep.md`` and ``sweep.html`` in the output root
 (``report/sweep.py``), and ``SweepResult``.
@@ -31,7 +32,8 @@ from infopt.core.manifest import MANIFEST, read_manifest
 from infopt.core.sweep_spec import Cell, cells, read_sweep
 from infopt.report.sweep import write_reports
 
-CELL_RECORD = "sweep-cell.json"
+CELL_RECORD = ".sweep-cell.json"
+"""suffix of the record beside a cell's folder"""
 GIB = 2**30
 
 
@@ -130,8 +132,12 @@ def _result(cell: Cell, status: str, **fields) -> CellResult:
     return CellResult(cell.model, cell.target, cell.precision, cell.backend, status, str(cell.folder), **fields)
 
 
+def _record(cell: Cell) -> Path:
+    return cell.folder.with_name(cell.folder.name + CELL_RECORD)
+
+
 def _reusable(cell: Cell) -> CellResult | None:
-    record = cell.folder / CELL_RECORD
+    record = _record(cell)
     if not (record.is_file() and (cell.folder / MANIFEST).is_file()):
         return None
     try:
@@ -166,7 +172,7 @@ def _build(cell: Cell) -> CellResult:
     if proc.returncode in (0, 1) and answer.get("output_dir"):
         status = "passed" if proc.returncode == 0 else "failed"
         summary = _summary(cell.folder)
-        (cell.folder / CELL_RECORD).write_text(json.dumps({"key": cell.key(), "exit_code": proc.returncode}) + "\n")
+        _record(cell).write_text(json.dumps({"key": cell.key(), "exit_code": proc.returncode}) + "\n")
         reasons = summary.get("reasons") or []
         return _result(cell, status, seconds=seconds, exit_code=proc.returncode, summary=summary,
                        error="; ".join(reasons) if status == "failed" else None)
