@@ -9,8 +9,9 @@ OpenMP pool does too) steal cores from the other's runs for more than a run or t
 The p50 is the median of the blocks' medians: a stall that spans a whole block moves one block, not
 the figure. p90/p99 and the mean are over every run (the tail is what they are for). Throughput is
 batch / p50, the same statistic as the latency beside it, so a speedup read off either agrees.
-``spread`` is how far the block medians lie apart, relative to the p50; above ``NOISY_SPREAD`` the
-machine was too noisy for the figure to be trusted closely, and the build says so.
+``spread`` is how far the block medians lie apart (the most extreme one of each side left out, since
+the median already ignores it), relative to the p50; above ``NOISY_SPREAD`` the machine was too noisy
+for the figure to be trusted closely, and the build says so.
 
 A runner on a CUDA device is timed with CUDA events around each run, after a synchronize, so the
 figure is the GPU's time for the call (copies in and out included), not the host's launch time.
@@ -44,7 +45,8 @@ class LatencyStats:
     iterations: int
     blocks: int = 1
     spread: float = 0.0
-    """(slowest block median - fastest) / p50"""
+    """(slowest block median - fastest) / p50, leaving out the slowest and fastest block when there are 4
+    or more: one odd block moves neither the p50 nor this; two or more that disagree are a noisy machine"""
 
     @property
     def noisy(self) -> bool:
@@ -60,7 +62,8 @@ def summarize(runner: str, batch: int, seconds: list[float], block_medians: list
     blocks = np.asarray(block_medians) * 1e3 if block_medians else np.asarray([np.median(ms)])
     p50 = float(np.median(blocks))
     p90, p99 = (max(p50, float(v)) for v in np.percentile(ms, [90, 99]))
-    spread = float((blocks.max() - blocks.min()) / p50) if p50 > 0 else 0.0
+    kept = np.sort(blocks)[1:-1] if len(blocks) >= 4 else blocks  # one odd block is what the median is for
+    spread = float((kept.max() - kept.min()) / p50) if p50 > 0 else 0.0
     return LatencyStats(runner, batch, p50, p90, max(p90, p99), float(ms.mean()), batch / (p50 / 1e3) if p50 > 0 else 0.0,
                         len(ms), len(blocks), spread)
 
