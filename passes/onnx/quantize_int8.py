@@ -89,7 +89,7 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
         kinds = "Conv/MatMul/Gemm" if mode == "static" else "MatMul"
         return PassOutcome(artifact, False,
                            [f"{mode} INT8: the model has no {kinds} layers with constant weights; the model is left as it is"],
-                           Int8Details(mode=mode))
+                           Int8Details(mode=mode, shipped="fp32", selection=f"{mode} INT8 covers no layer of this model"))
     attachments, ranges, calib_info = {}, None, {}
     if mode == "static":
         batches = list(context.calibration.batches)
@@ -226,7 +226,8 @@ class Int8Details(PassDetails):
     """how the ranked layers were ordered for the fallback (None: they were not ranked)"""
     quantized_ops: dict[str, int] = Field(default_factory=dict)
     shipped: Literal["int8", "fp32"] = "int8"
-    """fp32 when no INT8 variant was faster than FP32 here and INT8 was not required"""
+    """fp32 when no INT8 variant was faster than FP32 here and INT8 was not required, or when the mode covers
+    no layer of the model (dynamic INT8 of a CNN)"""
     selection: str | None = None
     """why the shipped graph, with the timing figures"""
     shipped_variant: str | None = None
