@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 from infopt.api import candidates as cand
 from infopt.api import provenance
+from infopt.api.build_notes import engine_notes, int8_notes, noise_notes, server_engine, shipped_fp32, triton_engine
 from infopt.api.emit import SAMPLES_FILE, base_manifest, read_samples, source_info, store_samples, write_output
 from infopt.api.provenance import call_text, check_files, check_sealed
 from infopt.api.signing import check_signature
@@ -29,8 +30,7 @@ from infopt.core.threads import thread_cap
 from infopt.exporters.staging import MAX_NAME_BYTES, check_output, claim_output, removed_if_stopped, staged_output
 from infopt.exporters.torch_export import user_frame
 from infopt.passes.fx.quantize_int4 import has_python_module
-from infopt.passes.lower.tensorrt_build import TensorRTDetails
-from infopt.passes.onnx.quantize_int8 import Int8Details, choose_mode, resolve_placement
+from infopt.passes.onnx.quantize_int8 import choose_mode, resolve_placement
 from infopt.quantize.calib_data import load_calibration
 from infopt.quantize.sensitivity import Budget
 from infopt.runtime.backends import manifest_runner
@@ -384,8 +384,8 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
     chosen.chosen = True
     curve = _measure_curve(chosen, spec, loaded.module, console)
     final, recipe = chosen.artifact, chosen.recipe
-    server = _server_engine(final.lineage)
-    notes = _int8_notes(final.lineage) + _engine_notes(server)
+    server = server_engine(final.lineage)
+    notes = int8_notes(final.lineage) + engine_notes(server)
     if ends:
         notes.append("ran at the ends of its dim ranges (" + "; ".join(where for where, _, _ in ends)
                      + ") with the output shapes eager gives")
@@ -418,9 +418,9 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
                                                      spec.batch_symbol is not None)
         manifest = base_manifest(name, origin, target, recipe, spec, chosen.outputs, final.lineage, validation,
                                  candidates=cand.table(candidates, timings), selection=why, provenance=record,
-                                 shipped_fp32=_shipped_fp32(final.lineage))
+                                 shipped_fp32=shipped_fp32(final.lineage))
         manifest = write_output(stage, manifest, final.path, spec, target.device, recipe.emit, final.attachments,
-                                server_engine=_triton_engine(server), products=final.products)
+                                server_engine=triton_engine(server), products=final.products)
     return BuildResult(name, out, manifest, final, candidates)
 
 
@@ -534,76 +534,6 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
     _survivors(candidates, allow_partial)
     cand.drop_duplicates(candidates)
     return candidates
-
-
-def _server_engine(lineage) -> TensorRTDetails | None:
-    """What ``tensorrt_build`` recorded when it left the engine to the server, or None."""
-    for record in lineage:
-        details = TensorRTDetails.of(record.details) if record.name == "tensorrt_build" and not record.skipped else None
-        if details is not None and details.engine == "server":
-            return details
-    return None
-
-
-def _triton_engine(server: TensorRTDetails | None) -> dict | None:
-    """The Triton config's request for that engine: precision mode and workspace."""
-    if server is None:
-        return None
-    return {"precision_mode": server.precision_mode, "workspace_bytes": int(server.workspace_gb * 2**30)}
-
-
-def _engine_notes(server: TensorRTDetails | None) -> list[str]:
-    if server is None:
-        return []
-    return [f"the TensorRT engine is built on the server at load time ({server.reason} here): Triton's ONNX Runtime "
-            f"backend with the TensorRT execution accelerator, precision {server.precision_mode}; what was validated "
-            "here is the ONNX model it is built from"]
-
-
-def _int8_details(lineage) -> list[Int8Details]:
-    """What each INT8 pass that ran recorded."""
-    found = (Int8Details.of(r.details) for r in lineage if r.name == "quantize_int8" and not r.skipped)
-    return [d for d in found if d is not None]
-
-
-def _shipped_fp32(lineage) -> bool:
-    """Whether the INT8 pass shipped FP32: it was faster here, or no layer of the model is one INT8 covers."""
-    return any(d.shipped == "fp32" for d in _int8_details(lineage))
-
-
-def noise_notes(timings) -> list[str]:
-    """A warning when the blocks of a timing disagree: the machine was busy while it was measured."""
-    noisy = sorted((t for t in timings if t.noisy), key=lambda t: -t.spread)
-    if not noisy:
-        return []
-    worst = noisy[0]
-    more = f" (and {len(noisy) - 1} more of the latency rows)" if len(noisy) > 1 else ""
-    return [f"WARNING: the machine was noisy while timing: {worst.runner}'s {worst.blocks} block medians at batch "
-            f"{worst.batch} lie {100 * worst.spread:.0f}% of its p50 apart{more}; the p50s and speedups are less "
-            "certain. Time again on an idle machine, or compare two builds with `infopt gate`, which bounds the ratio"]
-
-
-def _int8_notes(lineage) -> list[str]:
-    """What the report and CLI say about INT8: dynamic without calibration and why; a missed budget."""
-    notes = []
-    for d in _int8_details(lineage):
-        if not d.layers:
-            notes.append(f"no layer was quantized ({d.mode} INT8 found no layer it covers): this artifact "
-                         "computes in FP32" + ("; pass --calib PATH for static INT8, which covers Conv and Gemm"
-                                               if d.mode == "dynamic" else ""))
-            continue
-        if d.shipped == "fp32":
-            notes.append(f"{d.selection}: this artifact computes in FP32")
-            continue
-        if d.mode == "dynamic":
-            notes.append("INT8 is dynamic: no calibration data was given, so activations are quantized per batch "
-                         "at run time and only MatMul layers are INT8; pass --calib PATH for static INT8")
-        if d.selection:
-            notes.append(f"INT8 graph chosen by measurement: {d.selection}")
-        if d.budget_met is False:
-            notes.append(f"the drift budget {d.budget} was not met on {d.measured_on} "
-                         f"({len(d.excluded)}/{len(d.layers)} layers in FP32)")
-    return notes
 
 
 def load(dist_dir: str | Path, *, allow_failed: bool = False, threads: int = 0, key: str | Path | None = None,

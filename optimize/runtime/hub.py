@@ -54,6 +54,7 @@ def snapshot(source: str) -> HubSnapshot:
     repo, revision = match["repo"], match["revision"] or "main"
     try:
         from huggingface_hub import snapshot_download
+        from huggingface_hub.constants import HF_HUB_CACHE
         from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
     except ImportError as exc:
         raise EnvironmentProblem("Hugging Face model ids need huggingface_hub", fix="pip install 'infopt[llm]'") from exc
@@ -62,7 +63,7 @@ def snapshot(source: str) -> HubSnapshot:
     except LocalEntryNotFoundError as exc:
         why = "HF_HUB_OFFLINE is set" if offline() else "the hub could not be reached"
         raise EnvironmentProblem(f"{repo}@{revision} is not in the Hugging Face cache and {why}",
-                                 where=_cache_dir(),
+                                 where=str(HF_HUB_CACHE),
                                  fix=f"fetch it once where the hub is reachable (hf download {repo} --revision {revision}), "
                                      "point HF_HUB_CACHE at a cache that has it, or pass a local folder") from exc
     except RevisionNotFoundError as exc:
@@ -72,11 +73,3 @@ def snapshot(source: str) -> HubSnapshot:
                              fix="check the id on huggingface.co, or log in with `hf auth login` for a private one") from exc
     return HubSnapshot(repo, revision, folder.name, folder)
 
-
-def _cache_dir() -> str:
-    try:
-        from huggingface_hub.constants import HF_HUB_CACHE
-
-        return str(HF_HUB_CACHE)
-    except ImportError:
-        return "the Hugging Face cache"

@@ -64,7 +64,7 @@ def test_a_stall_over_a_whole_block_does_not_make_a_speedup_and_is_reported_as_n
 
 
 def test_the_build_says_when_the_machine_was_noisy():
-    from infopt.api.builder import noise_notes
+    from infopt.api.build_notes import noise_notes
     from infopt.validators.latency import summarize
 
     quiet = summarize("eager", 1, [0.001] * 10, [0.001, 0.001, 0.001, 0.001, 0.005])
