@@ -29,7 +29,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -n 2 --dist loadgroup tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=30 tests
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_fp32_eager_vs_ort.py --markdown benchmarks/results/fp32_eager_vs_ort.md
