@@ -50,3 +50,27 @@ class Hangs(nn.Module):
 
         super().__init__()
         time.sleep(3600)
+
+
+class KillsItsWorker(nn.Module):
+    """A model whose loading kills the process that started the build (a sweep's Ray worker: a worker
+    lost mid-cell), the first ``times`` times any build loads it; ``log`` counts the attempts."""
+
+    def __init__(self, log: str, times: int = 1):
+        import fcntl
+        import os
+        import signal
+
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+        with open(log, "a+") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.seek(0)
+            attempts = len(f.read().splitlines())
+            f.write(f"{os.getppid()}\n")
+        if attempts < times:
+            os.kill(os.getppid(), signal.SIGKILL)
+            os._exit(3)
+
+    def forward(self, x):
+        return self.lin(x)

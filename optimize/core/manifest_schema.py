@@ -59,6 +59,8 @@ class TargetInfo(_Open):
     memory_bandwidth_gbs: float | None = None
     peak_tflops: dict[str, float] = Field(default_factory=dict)
     price_per_hour: float | None = None
+    accelerator_type: str | None = None
+    """the GPU's name as Ray labels a node (``infopt sweep --ray``)"""
     measured: str | None = None
     """how the bandwidth and peak were measured on the build machine (the ``cpu`` target)"""
 

@@ -16,6 +16,7 @@ ordinary build. This module reads the file and lays out the cells; ``api/sweep.p
     max_drift: cosine_mean=0.99      # and any threshold flag: max_abs, min_cosine, min_top1, ...
     batch_sizes: [1, 8]
     timeout_s: 1800                  # a cell still running then is stopped and reported
+    cpus_per_cell: 2                 # cores one build takes (local pool size, CPUs of a Ray task)
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ class SweepSpec(BaseModel):
     min_sqnr_db: Optional[float] = None
     max_p99_ms: Optional[float] = None
     timeout_s: float = Field(1800, gt=0)
+    cpus_per_cell: int = Field(2, ge=1)
+    """cores one build takes: the local pool's default size, and a cell's CPUs on Ray"""
 
 
 @dataclass

@@ -24,6 +24,8 @@ class Target(BaseModel):
     device: Literal["cpu", "cuda"]
     arch: str
     description: str = ""
+    accelerator_type: str | None = Field(None, description="the GPU's name as Ray labels a node with it "
+                                                           "(`accelerator_type:H100`); sweep cells on Ray need such a node")
     precisions: tuple[Precision, ...]
     backends: tuple[BackendName, ...]
     memory_bandwidth_gbs: float | None = Field(None, description="peak memory bandwidth, GB/s")

@@ -1,0 +1,211 @@
+"""``infopt sweep --ray auto|ADDRESS``: each cell of a sweep as a Ray task on a cluster.
+
+A cell's task asks for what its target needs: ``cpus_per_cell`` CPUs for ``cpu``; one GPU (and one
+CPU) for a GPU target, with the target's ``accelerator_type`` (``recipes/targets.yaml``: ``H100``,
+``A100``, ``L4``, ``T4``...) so that Ray places it only on a node labelled with that GPU
+(``accelerator_type:H100``, which Ray sets on nodes it finds such a GPU on). A cell no node of the
+cluster can hold is reported, not queued forever.
+
+Inputs travel through Ray's object store: every local file or folder a cell's command names (model,
+``--val``, ``--calib``, tokenizer) is put once and shared by the cells that name it; the worker
+unpacks them into a folder of its own, runs the same ``infopt build`` a local cell runs (with the
+cell's timeout), and sends the finished output folder back, which lands in the cell's place whole
+(unpacked beside it, then renamed). A task whose worker is lost (the process or its node died) is
+retried once by Ray, then reported as an error. Workers need infopt installed, as the driver has it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import shutil
+import socket
+import sys
+import tarfile
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from infopt.api.sweep_cell import BuildRun, CellResult, Progress, cell_result, conclude, run_build
+from infopt.core.errors import EnvironmentProblem
+from infopt.core.sweep_spec import Cell
+from infopt.core.target import Target, get_target
+
+
+def task_options(target: Target, cpus_per_cell: int) -> dict[str, Any]:
+    """The Ray resources a cell for ``target`` asks for."""
+    if target.device == "cpu":
+        return {"num_cpus": cpus_per_cell}
+    options: dict[str, Any] = {"num_cpus": 1, "num_gpus": 1}
+    if target.accelerator_type:
+        options["accelerator_type"] = target.accelerator_type
+    return options
+
+
+def unplaceable(options: dict[str, Any], nodes: list[dict[str, float]]) -> str | None:
+    """Why no node (its total resources, as ``ray.nodes()`` gives them) can run a task with these
+    options, or None when one can."""
+    wanted = {"CPU": options.get("num_cpus", 0), "GPU": options.get("num_gpus", 0)}
+    if options.get("accelerator_type"):
+        wanted[f"accelerator_type:{options['accelerator_type']}"] = 0.001
+    if any(all(node.get(k, 0) >= v for k, v in wanted.items()) for node in nodes):
+        return None
+    if "accelerator_type" in options:
+        return (f"no node of the Ray cluster has an {options['accelerator_type']} GPU (Ray resource "
+                f"accelerator_type:{options['accelerator_type']}) with {wanted['CPU']:g} CPU free to hold it")
+    if wanted["GPU"]:
+        return "no node of the Ray cluster has a GPU"
+    return f"no node of the Ray cluster has {wanted['CPU']:g} CPUs (cpus_per_cell)"
+
+
+def run_on_ray(runnable: list[tuple[int, Cell]], address: str, cpus_per_cell: int,
+               progress: Progress) -> dict[int, CellResult]:
+    """Run every cell as a Ray task and wait for all of them; results by the cells' indices."""
+    ray = _ray()
+    results: dict[int, CellResult] = {}
+    pending: dict[Any, tuple[int, Cell]] = {}
+    # Ray prints its workers' deaths and such on stdout from a thread of its own: to stderr with -v,
+    # else nowhere (each cell's result says what happened), so that stdout stays the sweep's answer
+    verbose = logging.getLogger("infopt").isEnabledFor(logging.INFO)
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(sys.stderr if verbose else devnull):
+        started_here = _connect(ray, address)
+        try:
+            _submit_and_wait(ray, runnable, cpus_per_cell, progress, results, pending)
+        finally:
+            for ref in pending:
+                ray.cancel(ref, force=True)
+            if started_here:
+                ray.shutdown()
+    return results
+
+
+def _submit_and_wait(ray, runnable: list[tuple[int, Cell]], cpus_per_cell: int, progress: Progress,
+                     results: dict[int, CellResult], pending: dict[Any, tuple[int, Cell]]) -> None:
+    """Each cell a task (or an error, where no node can hold it), then their results as they end."""
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    largest = max((n.get("CPU", 0) for n in nodes), default=0)
+    task = ray.remote(max_retries=1, retry_exceptions=False)(build_cell)
+    shipped: dict[str, Any] = {}
+    progress.say(f"Ray: {len(nodes)} node(s), {sum(n.get('CPU', 0) for n in nodes):g} CPUs, "
+                 f"{sum(n.get('GPU', 0) for n in nodes):g} GPUs")
+    for i, cell in runnable:
+        options = task_options(get_target(cell.target), max(1, min(cpus_per_cell, int(largest))))
+        reason = unplaceable(options, nodes)
+        if reason is not None:
+            results[i] = cell_result(cell, "error", error=reason)
+            continue
+        paths = _inputs(cell)
+        for path in paths:
+            if path not in shipped:
+                shipped[path] = ray.put(_pack(Path(path)))
+        ref = task.options(name=f"infopt {cell.model} {cell.label}", **options).remote(
+            cell.args, paths, str(cell.folder), cell.timeout_s, *(shipped[p] for p in paths))
+        pending[ref] = (i, cell)
+        progress.started(cell, " on Ray")
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        i, cell = pending.pop(ready[0])
+        results[i] = _collect(ray, ready[0], cell)
+        progress.finished(cell, results[i])
+
+
+def build_cell(args: list[str], paths: list[str], folder: str, timeout: float, *blobs: bytes) -> dict[str, Any]:
+    """On the worker: the cell's inputs unpacked, its build run, its output folder packed."""
+    import ray
+
+    work = Path(tempfile.mkdtemp(prefix="infopt-cell-"))
+    try:
+        local = {}
+        for n, (path, blob) in enumerate(zip(paths, blobs)):
+            local[path] = str(_unpack(blob, work / "in" / str(n)) / Path(path).name)
+        out = work / "out" / Path(folder).name
+        args = [local.get(a, str(out) if a == folder else a) for a in args]
+        run = run_build(args, work, timeout)
+        packed = _pack(out) if out.is_dir() and not run.timed_out else None
+        return {"run": asdict(run), "folder": packed, "host": socket.gethostname(),
+                "node": ray.get_runtime_context().get_node_id()}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _collect(ray, ref, cell: Cell) -> CellResult:
+    try:
+        answer = ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:  # the task's own code raised: not a lost worker
+        return cell_result(cell, "error", error=f"the Ray task failed: {str(exc).strip().splitlines()[-1]}")
+    except ray.exceptions.RayError as exc:  # the worker or its node died, twice
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        return cell_result(cell, "error", error=f"the Ray worker building it was lost, and again on the retry "
+                                            f"({type(exc).__name__}: {first[:200]})")
+    if answer["folder"] is not None:
+        _install(answer["folder"], cell.folder)
+    return conclude(cell, BuildRun(**answer["run"]), f"{answer['host']} (Ray node {answer['node']})")
+
+
+def _inputs(cell: Cell) -> list[str]:
+    """The local files and folders the cell's command names (not its own output folder)."""
+    found = []
+    for arg in cell.args:
+        path = Path(arg)
+        if path.is_absolute() and path.exists() and path != cell.folder and arg not in found:
+            found.append(arg)
+    return found
+
+
+def _pack(path: Path) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(path, arcname=path.name)
+    return buffer.getvalue()
+
+
+def _unpack(blob: bytes, into: Path) -> Path:
+    into.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(blob), mode="r") as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def _install(blob: bytes, folder: Path) -> None:
+    """The built folder into its place whole: unpacked beside it, then renamed over it."""
+    incoming = folder.with_name(folder.name + ".incoming")
+    old = folder.with_name(folder.name + ".replaced")
+    for stale in (incoming, old):
+        shutil.rmtree(stale, ignore_errors=True)
+    _unpack(blob, incoming)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    if folder.exists():
+        folder.rename(old)
+    (incoming / folder.name).rename(folder)
+    shutil.rmtree(incoming, ignore_errors=True)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise EnvironmentProblem("--ray runs the cells on Ray, which is not installed here",
+                                 fix="pip install 'infopt[ray]', or leave out --ray to build in a local pool") from None
+    return ray
+
+
+def _connect(ray, address: str) -> bool:
+    """Connect to the Ray the address names (``auto``: ``RAY_ADDRESS``'s or this machine's cluster, else
+    a new local one). True when this call connected, so the sweep disconnects at its end (which stops
+    a Ray that ``ray.init`` started, and leaves a cluster running)."""
+    if ray.is_initialized():
+        return False
+    # a Ray started here runs its workers (and so the builds, whose timings count) at normal priority,
+    # not at Ray's default niceness 15; a cluster's own setting stands
+    os.environ.setdefault("RAY_worker_niceness", "0")
+    try:
+        ray.init(address=None if address == "auto" else address, logging_level=logging.ERROR, log_to_driver=False)
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        raise EnvironmentProblem(f"cannot reach a Ray cluster at {address}: {str(exc).strip().splitlines()[0]}",
+                         fix="pass the head node's address (host:6379 or ray://host:10001), or --ray auto "
+                             "for a Ray on this machine") from None
+    return True
