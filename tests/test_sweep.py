@@ -102,3 +102,25 @@ def test_a_sweep_file_with_a_mistake_is_exit_2_naming_it(tmp_path):
     proc = run_cli_here("sweep", "bad.yaml", cwd=tmp_path)
     assert proc.returncode == 2 and "models.0.inptus" in proc.stderr
     assert not (tmp_path / "sweeps").exists()
+
+
+def test_a_gpu_cell_timed_on_a_cpu_is_neither_chosen_nor_on_the_front():
+    """A local sweep on a machine without the GPU validates an h100 cell on the CPU: its figures are not the
+    H100's, so the comparison shows them but picks nothing from them, and says why."""
+    from infopt.report.sweep import chosen, pareto, to_markdown
+
+    def cell(target, p50, on_target, measured_on):
+        return {"model": "m", "target": target, "precision": "fp32", "backend": "onnxruntime", "status": "passed",
+                "summary": {"passed": True, "drift": {"cosine_mean": 0.999}, "measured_on": measured_on,
+                            "measured_on_target": on_target,
+                            "latency": [{"batch": 1, "p50_ms": p50, "p99_ms": p50 * 2, "throughput": 1e3 / p50}]}}
+
+    cpu = cell("cpu", 2.0, True, "cpu (onnxruntime CPUExecutionProvider)")
+    h100 = cell("h100", 1.0, False, "cpu (onnxruntime CPUExecutionProvider)")
+    assert chosen([cpu, h100]) == {"m": {"cpu": "cpu-fp32-onnxruntime"}}
+    assert pareto([cpu, h100]) == [cpu]
+    markdown = to_markdown([cpu, h100])
+    assert "| h100-fp32-onnxruntime | passed |" in markdown  # shown, with its figures
+    assert "timed on this machine, not on the target: h100 (cpu (onnxruntime CPUExecutionProvider))" in markdown
+    h100["summary"]["measured_on_target"] = True  # timed on an H100 (a Ray node with one): it counts
+    assert chosen([cpu, h100])["m"]["h100"] == "h100-fp32-onnxruntime" and pareto([cpu, h100]) == [h100]

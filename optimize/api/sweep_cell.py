@@ -175,7 +175,10 @@ def _summary(folder: Path) -> dict[str, Any]:
     infopt = [r for r in m.validation.latency if r.runner == "infopt"]
     eager = {r.batch: r for r in m.validation.latency if r.runner == "eager"}
     worst = m.validation.drift.get("worst", {})
-    price = m.target.price_per_hour
+    # a GPU target's build validated on a machine without that GPU (a local sweep on a CPU machine) timed
+    # itself on the CPU: its latency and cost are not the target's
+    on_target = m.target.device == "cpu" or not m.validation.device.startswith("cpu")
+    price = m.target.price_per_hour if on_target else None
     return {
         "recipe": m.recipe.get("name"), "backend": m.backend, "precision": m.precision,
         "passed": m.validation.verdict.passed, "reasons": m.validation.verdict.reasons,
@@ -186,4 +189,5 @@ def _summary(folder: Path) -> dict[str, Any]:
                     for r in infopt],
         "model_bytes": m.files[m.artifacts.model].bytes if m.artifacts.model in m.files else None,
         "measured_on": m.validation.device,
+        "measured_on_target": on_target,
     }

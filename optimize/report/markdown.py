@@ -251,8 +251,8 @@ def print_sections(console, chosen: list[Section]) -> None:
 
     for section in chosen:
         table = Table(title=section.title, title_justify="left", show_header=any(section.headers))
-        for header in section.headers or ["", ""]:
-            table.add_column(header)
+        for i, header in enumerate(section.headers or ["", ""]):
+            table.add_column(header, no_wrap=i == 0)  # the row's name stays whole; the figures wrap
         for row in section.rows:
             table.add_row(*row)
         console.print(table)

@@ -2,7 +2,8 @@
 
 Per model, a row per cell (verdict, drift, p50/p99 and throughput at each measured batch size, size,
 cost per million), the chosen cell per target (the fastest at the smallest measured batch among the
-cells that passed validation: the budget is each cell's verdict), and the Pareto front of latency
+cells that passed validation: the budget is each cell's verdict; a GPU cell timed on a CPU because the
+sweep ran where there is no GPU is not chosen), and the Pareto front of latency
 against accuracy loss (1 - mean cosine to the eager model, or max_abs where a model has no cosine):
 the cells no other cell beats on both. The HTML draws the front.
 """
@@ -24,6 +25,11 @@ def _first(cell: dict[str, Any]) -> dict[str, Any] | None:
     return min(latency, key=lambda r: r["batch"]) if latency else None
 
 
+def on_target(cell: dict[str, Any]) -> bool:
+    """Whether the cell was timed on its target's device (a GPU cell built where there is no GPU was not)."""
+    return bool(cell.get("summary", {}).get("measured_on_target", True))
+
+
 def loss(cell: dict[str, Any]) -> tuple[str, float] | None:
     """(what, value): the accuracy a cell gave up, lower is better."""
     drift = cell.get("summary", {}).get("drift") or {}
@@ -39,7 +45,7 @@ def chosen(cells: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
     best: dict[str, dict[str, tuple[float, str]]] = {}
     for c in cells:
         first = _first(c)
-        if c["status"] not in BUILT or not c.get("summary", {}).get("passed") or first is None:
+        if c["status"] not in BUILT or not c.get("summary", {}).get("passed") or first is None or not on_target(c):
             continue
         label = f"{c['target']}-{c['precision']}-{c['backend']}"
         mine = best.setdefault(c["model"], {})
@@ -49,8 +55,9 @@ def chosen(cells: list[dict[str, Any]]) -> dict[str, dict[str, str]]:
 
 
 def pareto(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The built cells (of one model) that no other beats on both latency and accuracy loss."""
-    points = [(c, _first(c)["p50_ms"], loss(c)[1]) for c in cells if c["status"] in BUILT and _first(c) and loss(c)]
+    """The built cells (of one model, timed on their targets) that no other beats on both latency and accuracy loss."""
+    points = [(c, _first(c)["p50_ms"], loss(c)[1]) for c in cells
+              if c["status"] in BUILT and _first(c) and loss(c) and on_target(c)]
     return [c for c, t, e in points if not any(t2 <= t and e2 <= e and (t2, e2) != (t, e) for _, t2, e2 in points)]
 
 
@@ -72,10 +79,14 @@ def model_section(model: str, cells: list[dict[str, Any]], picks: dict[str, str]
                      f"b{first['batch']}: {first['p50_ms']:.3f} / {first['p99_ms']:.3f}" if first else "-",
                      _num(first["throughput"] if first else None, ".1f"),
                      f"{first['speedup']:.2f}x" if first and first.get("speedup") else "-",
-                     _num(s.get("model_bytes") / 2**20 if s.get("model_bytes") else None, ".1f"),
+                     _num(s.get("model_bytes") / 2**20 if s.get("model_bytes") else None, ".3g"),
                      _num(first.get("usd_per_million") if first else None, ".3g"), ", ".join(marks)])
         if c.get("error"):
             notes.append(f"{label} {c['status']}: {c['error']}")
+    off = sorted({f"{c['target']} ({c['summary'].get('measured_on')})" for c in cells if c["status"] in BUILT and not on_target(c)})
+    if off:
+        notes.append(f"timed on this machine, not on the target: {', '.join(off)}; those cells' latency and cost are not "
+                     "the target's, so they are neither chosen nor on the front (run them where the GPU is: --ray)")
     kinds = {loss(c)[0] for c in cells if loss(c)}
     notes.append(f"accuracy loss is {' or '.join(sorted(kinds)) or 'unmeasured'} against the eager model; latency is "
                  "p50 / p99 in ms at the smallest batch measured; speedup is eager p50 / the cell's; size in MiB; "
@@ -110,7 +121,7 @@ def to_markdown(cells: list[dict[str, Any]]) -> str:
 
 
 def pareto_chart(model: str, cells: list[dict[str, Any]]) -> str | None:
-    points = [(c, _first(c), loss(c)) for c in cells if c["status"] in BUILT and _first(c) and loss(c)]
+    points = [(c, _first(c), loss(c)) for c in cells if c["status"] in BUILT and _first(c) and loss(c) and on_target(c)]
     if not points:
         return None
     front = {id(c) for c in pareto(cells)}
