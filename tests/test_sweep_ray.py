@@ -15,7 +15,7 @@ import yaml
 
 from infopt.api.sweep_ray import task_options, unplaceable
 from infopt.core.target import get_target
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, run_cli_here
 
 
 def test_a_gpu_cell_asks_for_its_gpu_and_is_refused_where_no_node_has_one():
@@ -96,3 +96,14 @@ def test_a_sweep_on_ray_places_gpu_cells_on_the_gpu_node_and_reports_lost_and_hu
     report = json.loads((tmp_path / "sweeps" / "ray" / "sweep.json").read_text())
     assert report["chosen"]["mlp"] == {"cpu": "cpu-fp32-onnxruntime", "h100": "h100-fp32-onnxruntime"}
     assert 'id="pareto-mlp"' in (tmp_path / "sweeps" / "ray" / "sweep.html").read_text()
+
+
+@pytest.mark.parametrize(("address", "code", "says"), [
+    ("127.0.0.1:1", 4, "cannot reach a Ray cluster at 127.0.0.1:1"),  # nothing listens there
+    ("headnode", 2, "--ray headnode: not a Ray cluster address"),
+])
+def test_a_ray_address_that_cannot_work_is_refused_at_once(tmp_path, address, code, says):
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({"models": [{"model": "m.pt", "inputs": ["x:float32[batch,4]"]}]}))
+    proc = run_cli_here("sweep", "sweep.yaml", "--ray", address, cwd=tmp_path)
+    assert proc.returncode == code and says in proc.stderr and "fix:" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr

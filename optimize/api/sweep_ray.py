@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from infopt.api.sweep_cell import BuildRun, CellResult, Progress, cell_result, conclude, run_build
-from infopt.core.errors import EnvironmentProblem
+from infopt.core.errors import EnvironmentProblem, UsageError
 from infopt.core.sweep_spec import Cell
 from infopt.core.target import Target, get_target
 
@@ -184,6 +184,23 @@ def _install(blob: bytes, folder: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def reachable(address: str, timeout: float = 5.0) -> None:
+    """Refuse, at once, a cluster address that is malformed (exit 2) or that nothing answers on
+    (exit 4): Ray itself would retry for minutes, printing its own warnings."""
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise UsageError(f"--ray {address}: not a Ray cluster address",
+                         fix="pass auto, HOST:PORT (the head node's GCS, port 6379 by default) or ray://HOST:PORT")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise EnvironmentProblem(f"cannot reach a Ray cluster at {address}: {exc.strerror or exc}",
+                                 where="RAY_ADDRESS" if address == os.environ.get("RAY_ADDRESS") else "--ray",
+                                 fix="start the cluster (ray start --head) or pass the head node's address; "
+                                     "--ray auto starts a Ray on this machine") from None
+
+
 def _ray():
     try:
         import ray
@@ -199,13 +216,15 @@ def _connect(ray, address: str) -> bool:
     a Ray that ``ray.init`` started, and leaves a cluster running)."""
     if ray.is_initialized():
         return False
+    named = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address
+    if named and named not in ("auto", "local"):
+        reachable(named)
     # a Ray started here runs its workers (and so the builds, whose timings count) at normal priority,
     # not at Ray's default niceness 15; a cluster's own setting stands
     os.environ.setdefault("RAY_worker_niceness", "0")
     try:
         ray.init(address=None if address == "auto" else address, logging_level=logging.ERROR, log_to_driver=False)
-    except (ConnectionError, ValueError, RuntimeError) as exc:
-        raise EnvironmentProblem(f"cannot reach a Ray cluster at {address}: {str(exc).strip().splitlines()[0]}",
-                         fix="pass the head node's address (host:6379 or ray://host:10001), or --ray auto "
-                             "for a Ray on this machine") from None
+    except (ConnectionError, RuntimeError) as exc:  # reachable, but not a Ray that takes this driver
+        raise EnvironmentProblem(f"cannot connect to the Ray cluster at {address}: {str(exc).strip().splitlines()[0]}",
+                                 fix="check that the cluster runs the same Ray and Python versions as this machine") from None
     return True
