@@ -55,7 +55,7 @@ def unplaceable(options: dict[str, Any], nodes: list[dict[str, float]]) -> str |
         return None
     if "accelerator_type" in options:
         return (f"no node of the Ray cluster has an {options['accelerator_type']} GPU (Ray resource "
-                f"accelerator_type:{options['accelerator_type']}) with {wanted['CPU']:g} CPU free to hold it")
+                f"accelerator_type:{options['accelerator_type']}) with {wanted['CPU']:g} CPU to hold it")
     if wanted["GPU"]:
         return "no node of the Ray cluster has a GPU"
     return f"no node of the Ray cluster has {wanted['CPU']:g} CPUs (cpus_per_cell)"
