@@ -92,7 +92,7 @@ def test_a_sweep_on_ray_places_gpu_cells_on_the_gpu_node_and_reports_lost_and_hu
     folder = "sweeps/ray/mlp/h100-fp32-onnxruntime"
     verified = run_cli("verify", folder, cwd=tmp_path)
     assert verified.returncode == 0, verified.stdout  # the folder that came back is what the worker built
-    assert not list((tmp_path / "sweeps" / "ray" / "mlp").glob("*.incoming"))
+    assert not [p.name for p in (tmp_path / "sweeps" / "ray" / "mlp").iterdir() if p.name.startswith(".")]  # no stage or lock left
     report = json.loads((tmp_path / "sweeps" / "ray" / "sweep.json").read_text())
     # the stand-in H100 node has no GPU, so the h100 cell validated on its CPU: shown, not chosen
     assert cells[("mlp", "h100")]["summary"]["measured_on_target"] is False

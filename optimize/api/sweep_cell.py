@@ -87,12 +87,12 @@ def _record(cell: Cell) -> Path:
 
 
 def reusable(cell: Cell) -> CellResult | None:
-    record = _record(cell)
+    record, key = _record(cell), cell.key  # the key taken now, before any build, is the one recorded after it
     if not (record.is_file() and (cell.folder / MANIFEST).is_file()):
         return None
     try:
         kept = json.loads(record.read_text())
-        if kept.get("key") != cell.key():
+        if kept.get("key") != key:
             return None
         return cell_result(cell, "reused", seconds=0.0, exit_code=kept.get("exit_code"), summary=_summary(cell.folder))
     except Exception:  # noqa: BLE001 - an unreadable record or folder is simply built again
@@ -138,15 +138,15 @@ def conclude(cell: Cell, run: BuildRun, ran_on: str) -> CellResult:
     """The cell's result from how its build ended; its folder (when built) is in place."""
     if run.timed_out:
         return cell_result(cell, "timeout", ran_on=ran_on, seconds=run.seconds,
-                       error=f"still building after {cell.timeout_s:g} s (timeout_s): stopped")
+                           error=f"still building after {cell.timeout_s:g} s (timeout_s): stopped")
     answer = _json(run.out)
     if run.returncode in (0, 1) and answer.get("output_dir") and (cell.folder / MANIFEST).is_file():
         status = "passed" if run.returncode == 0 else "failed"
         summary = _summary(cell.folder)
-        _record(cell).write_text(json.dumps({"key": cell.key(), "exit_code": run.returncode}) + "\n")
+        _record(cell).write_text(json.dumps({"key": cell.key, "exit_code": run.returncode}) + "\n")
         reasons = summary.get("reasons") or []
         return cell_result(cell, status, ran_on=ran_on, seconds=run.seconds, exit_code=run.returncode, summary=summary,
-                       error="; ".join(reasons) if status == "failed" else None)
+                           error="; ".join(reasons) if status == "failed" else None)
     error = answer.get("error") or (run.err.strip().splitlines() or [f"exit {run.returncode}"])[-1]
     return cell_result(cell, "error", ran_on=ran_on, seconds=run.seconds, exit_code=run.returncode, error=error)
 

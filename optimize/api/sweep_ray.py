@@ -10,7 +10,7 @@ Inputs travel through Ray's object store: every local file or folder a cell's co
 ``--val``, ``--calib``, tokenizer) is put once and shared by the cells that name it; the worker
 unpacks them into a folder of its own, runs the same ``infopt build`` a local cell runs (with the
 cell's timeout), and sends the finished output folder back, which lands in the cell's place whole
-(unpacked beside it, then renamed). A task whose worker is lost (the process or its node died) is
+(``exporters/staging.py``, as a local build's output does). A task whose worker is lost (the process or its node died) is
 retried once by Ray, then reported as an error. Workers need infopt installed, as the driver has it.
 """
 
@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from infopt.api.sweep_cell import BuildRun, CellResult, Progress, cell_result, conclude, run_build
-from infopt.core.errors import EnvironmentProblem, UsageError
+from infopt.core.errors import EnvironmentProblem, InfoptError, UsageError
 from infopt.core.sweep_spec import Cell
 from infopt.core.target import Target, get_target
+from infopt.exporters.staging import staged_output
 
 
 def task_options(target: Target, cpus_per_cell: int) -> dict[str, Any]:
@@ -97,7 +98,7 @@ def _submit_and_wait(ray, runnable: list[tuple[int, Cell]], cpus_per_cell: int, 
         if reason is not None:
             results[i] = cell_result(cell, "error", error=reason)
             continue
-        paths = _inputs(cell)
+        paths = [str(p) for p in cell.inputs()]
         for path in paths:
             if path not in shipped:
                 shipped[path] = ray.put(_pack(Path(path)))
@@ -124,7 +125,7 @@ def build_cell(args: list[str], paths: list[str], folder: str, timeout: float, *
         out = work / "out" / Path(folder).name
         args = [local.get(a, str(out) if a == folder else a) for a in args]
         run = run_build(args, work, timeout)
-        packed = _pack(out) if out.is_dir() and not run.timed_out else None
+        packed = _pack(out, ".") if out.is_dir() and not run.timed_out else None
         return {"run": asdict(run), "folder": packed, "host": socket.gethostname(),
                 "node": ray.get_runtime_context().get_node_id()}
     finally:
@@ -139,26 +140,20 @@ def _collect(ray, ref, cell: Cell) -> CellResult:
     except ray.exceptions.RayError as exc:  # the worker or its node died, twice
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         return cell_result(cell, "error", error=f"the Ray worker building it was lost, and again on the retry "
-                                            f"({type(exc).__name__}: {first[:200]})")
+                                                f"({type(exc).__name__}: {first[:200]})")
     if answer["folder"] is not None:
-        _install(answer["folder"], cell.folder)
+        try:
+            _install(answer["folder"], cell.folder)
+        except InfoptError as exc:  # the cell's place holds a folder infopt did not write: left as it is
+            return cell_result(cell, "error", error=exc.what)
     return conclude(cell, BuildRun(**answer["run"]), f"{answer['host']} (Ray node {answer['node']})")
 
 
-def _inputs(cell: Cell) -> list[str]:
-    """The local files and folders the cell's command names (not its own output folder)."""
-    found = []
-    for arg in cell.args:
-        path = Path(arg)
-        if path.is_absolute() and path.exists() and path != cell.folder and arg not in found:
-            found.append(arg)
-    return found
-
-
-def _pack(path: Path) -> bytes:
+def _pack(path: Path, arcname: str | None = None) -> bytes:
+    """``path`` as a tar in memory, under its own name (or ``arcname``: ``"."`` for a folder's content)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:
-        tar.add(path, arcname=path.name)
+        tar.add(path, arcname=path.name if arcname is None else arcname)
     return buffer.getvalue()
 
 
@@ -171,18 +166,10 @@ def _unpack(blob: bytes, into: Path) -> Path:
 
 
 def _install(blob: bytes, folder: Path) -> None:
-    """The built folder into its place whole: unpacked beside it, then renamed over it."""
-    incoming = folder.with_name(folder.name + ".incoming")
-    old = folder.with_name(folder.name + ".replaced")
-    for stale in (incoming, old):
-        shutil.rmtree(stale, ignore_errors=True)
-    _unpack(blob, incoming)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    if folder.exists():
-        folder.rename(old)
-    (incoming / folder.name).rename(folder)
-    shutil.rmtree(incoming, ignore_errors=True)
-    shutil.rmtree(old, ignore_errors=True)
+    """The built folder into its place whole, as a local build puts its output there (staged beside it,
+    swapped in, its lock held meanwhile)."""
+    with staged_output(folder, force=True) as stage:
+        _unpack(blob, stage)
 
 
 def reachable(address: str, timeout: float = 5.0) -> None:

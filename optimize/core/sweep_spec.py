@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Optional
 
@@ -94,15 +95,23 @@ class Cell:
     def label(self) -> str:
         return f"{self.target}-{self.precision}-{self.backend}"
 
-    def key(self) -> str:
-        """sha256 over the command and the content of every input file it names (not its own output
-        folder): equal keys build the same thing."""
-        digest = hashlib.sha256(json.dumps(self.args).encode())
+    def inputs(self) -> list[Path]:
+        """The local files and folders the command names (not its own output folder), once each."""
+        found: list[Path] = []
         for arg in self.args:
             path = Path(arg)
-            if path.is_absolute() and path.exists() and path != self.folder:
-                for part in sorted(p for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file()):
-                    digest.update(part.read_bytes())
+            if path.is_absolute() and path.exists() and path != self.folder and path not in found:
+                found.append(path)
+        return found
+
+    @cached_property
+    def key(self) -> str:
+        """sha256 over the command and the content of every input file it names: equal keys build the
+        same thing. Taken once, before the cell builds, so it is the key of the inputs the build read."""
+        digest = hashlib.sha256(json.dumps(self.args).encode())
+        for path in self.inputs():
+            for part in sorted(p for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file()):
+                digest.update(part.read_bytes())
         return digest.hexdigest()
 
 
