@@ -55,3 +55,31 @@ def test_builds_killed_anywhere_leave_the_old_or_the_new_output_whole(tmp_path):
             clean_stale(tmp_path / "dist")
         assert sorted(p.name for p in (tmp_path / "dist").iterdir()) == ["tiny"], (outcomes, err[-2000:])
     assert "old" in outcomes  # the kills did land before the swap
+
+
+SIGTERM_WHILE_IMPORTING = """
+import os, signal, sys, time
+from infopt.cli.app import _on_sigterm
+
+class NothingImports:
+    def find_spec(self, name, path, target=None):
+        raise ImportError(f"the SIGTERM handler imported {name}")
+
+signal.signal(signal.SIGTERM, _on_sigterm())
+for name in [m for m in sys.modules if m.split('.')[0] == 'rich']:
+    del sys.modules[name]  # as if the signal landed before (or while) rich was imported
+sys.meta_path.insert(0, NothingImports())
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(30)
+"""
+
+
+def test_sigterm_landing_while_a_module_is_half_imported_still_stops_cleanly():
+    """The signal can land in the middle of any import (seen: rich's console, half imported, then
+    imported again by the handler, a traceback). The handler imports nothing: with every import refused,
+    it still says what happened and exits 143."""
+    proc = subprocess.run([sys.executable, "-c", SIGTERM_WHILE_IMPORTING], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 143
+    assert proc.stderr.startswith("error (interrupted): stopped by SIGTERM")

@@ -76,13 +76,13 @@ app.command()(doctor)
 
 def main() -> None:
     """Run the CLI; an ``InfoptError`` or a usage error becomes its message and exit code, never a
-    traceback. SIGTERM removes what this process staged and exits 143 at once (see ``_terminated``)."""
+    traceback. SIGTERM removes what this process staged and exits 143 at once (see ``_on_sigterm``)."""
     import signal
 
     from infopt.core.errors import InfoptError
     from infopt.core.threads import cap_torch_threads
 
-    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGTERM, _on_sigterm())
     try:
         cap_torch_threads()
         code = app(standalone_mode=False)
@@ -115,16 +115,24 @@ def _json_error(exc, code: int, kind: str | None = None) -> None:
 STOPPED = "stopped; an output folder is only ever replaced whole, so it is as it was before this build (or as the build left it if it had finished)"
 
 
-def _terminated(signum, frame) -> None:
-    """Stop now. Raising here instead would not always stop: an exception raised while a finalizer or
-    weakref callback runs is printed and dropped by Python, and the build would go on."""
+def _on_sigterm():
+    """The SIGTERM handler: remove what this process staged, say so, exit 143 at once. Raising instead
+    would not always stop: an exception raised while a finalizer or weakref callback runs is printed and
+    dropped by Python, and the build would go on. The handler imports nothing and writes plain bytes: the
+    signal can land while any module (rich's console, say) is half imported, and importing it again
+    from the handler would fail with a traceback."""
     import os
 
     from infopt.exporters.staging import stop_now
 
-    stop_now()
-    _print_error("interrupted", STOPPED.replace("stopped", "stopped by SIGTERM", 1))
-    os._exit(143)
+    message = f"error (interrupted): {STOPPED.replace('stopped', 'stopped by SIGTERM', 1)}\n".encode()
+
+    def terminated(signum, frame) -> None:
+        stop_now()
+        os.write(2, message)
+        os._exit(143)
+
+    return terminated
 
 
 def _usage_errors() -> tuple[type[Exception], ...]:
