@@ -1,7 +1,8 @@
 """Question: is infopt's INT8 faster than what a user gets from ONNX Runtime or Optimum, and at what accuracy?
 
-For the real all-MiniLM-L6-v2 sentence encoder (seq 64 and 128) and the example DigitsCNN, times in one
-run, each runner in its own warm-up and timed block at batch 1 and 32:
+For the real all-MiniLM-L6-v2 sentence encoder (held-out sentences padded to seq 64 and to 128, and
+rows of 128 real tokens with no padding) and the example DigitsCNN, times in one run, each runner in
+its own warm-up and timed block at batch 1 and 32:
 
 1. eager FP32 PyTorch (the baseline);
 2. ONNX Runtime FP32: the model of ``infopt.build(recipe="fp32-onnxruntime")``;
@@ -14,14 +15,20 @@ run, each runner in its own warm-up and timed block at batch 1 and 32:
    u8 activations, symmetric s8 weights per tensor, every op ONNX Runtime's integer registry knows),
    written out here with ONNX Runtime's own quantizer because ``optimum-onnx`` does not install beside
    this project's pinned versions;
-4. infopt INT8 static (calibrated) and 5. infopt INT8 dynamic (no calibration data), each as the build
+4. for MiniLM, not a peer: Optimum's configuration on the plain export after infopt's
+   ``attention_mask_fill`` pass alone (the attention mask filled with -40 instead of float32's lowest),
+   to show how much of infopt's lead that one pass is;
+5. infopt INT8 static (calibrated) and 6. infopt INT8 dynamic (no calibration data), each as the build
    shipped it (the INT8 variant it measured fastest, or FP32 when no INT8 graph was faster here).
 
 Accuracy: MiniLM, mean (and min) cosine similarity of the embeddings to eager FP32 over the held-out
 evaluation sentences at seq 64, which no build sees (calibration and validation use the calibration
 sentences); DigitsCNN, top-1 accuracy on the held-out digits (builds see training images only). Every
 ONNX Runtime session has the same options (all graph optimizations, ``intra_op_num_threads`` = cores),
-so the infopt models are run from their ``model/model.onnx`` rather than through ``result.load()``.
+so the infopt models are run from their ``model/model.onnx`` rather than through ``result.load()``;
+every session's threads stop spinning between runs (``session.intra_op.allow_spinning=0``), since
+the runners take turns on the same cores and an idle session's spinning pool slows the one running
+(with spinning, batch-1 head-to-heads on 2 cores had 95% bounds like 0.78-2.44; without, 1.19-1.27).
 "vs fastest peer" is the fastest peer's p50 over this row's (above 1: this row is faster).
 
 The blocks above run one after the other, so a machine whose speed drifts over the run skews them. The
@@ -53,10 +60,11 @@ from infopt.runtime.backends.onnxruntime import OrtRunner  # noqa: E402
 from infopt.runtime.runner import TorchRunner  # noqa: E402
 from infopt.validators.side_by_side import compare  # noqa: E402
 
-EAGER, ORT32, ORTQ, ORTS, OPTIMUM, STATIC, DYNAMIC = (
+EAGER, ORT32, ORTQ, ORTS, OPTIMUM, OPTIMUM_FILLED, STATIC, DYNAMIC = (
     "eager fp32", "onnxruntime fp32 (infopt build)", "ORT quantize_dynamic defaults", "ORT quantize_static defaults",
-    "Optimum avx512_vnni config", "infopt int8 static", "infopt int8 dynamic")
+    "Optimum avx512_vnni config", "Optimum config + infopt's mask fill", "infopt int8 static", "infopt int8 dynamic")
 PEERS = (ORTQ, ORTS, OPTIMUM)
+FULL_128 = "128, no padding"
 
 
 def plain_export(module, example: tuple, names: list[str], dynamic: dict, path: Path) -> Path:
@@ -115,6 +123,19 @@ def optimum_avx512_vnni(plain: Path, out: Path) -> Path:
     return out
 
 
+def mask_filled(plain: Path, out: Path) -> Path:
+    """The plain export with infopt's ``attention_mask_fill`` applied (and nothing else): which part of
+    infopt's lead is that pass alone, when a peer quantizes the result."""
+    import onnx
+
+    from infopt.passes.onnx.attention_mask_fill import fill
+
+    model = onnx.load(str(plain))
+    fill(model)
+    onnx.save(model, str(out))
+    return out
+
+
 def int8_note(result) -> str:
     """What the build says about its INT8 pass, read off the manifest (layers, fallback, budget, variant)."""
     text = "no quantize_int8 pass in the manifest"
@@ -154,11 +175,17 @@ def minilm_case(work: Path, quick: bool, notes: list[str]):
     paths[ORTQ] = ort_defaults(plain, work / "minilm_ort_dynamic.onnx", "MiniLM", notes)
     paths[ORTS] = ort_static_defaults(plain, work / "minilm_ort_static.onnx", {k: v[:32 if quick else 128] for k, v in calib.items()})
     paths[OPTIMUM] = optimum_avx512_vnni(plain, work / "minilm_optimum.onnx")
+    filled = mask_filled(plain, work / "minilm_plain_mask_filled.onnx")
+    paths[OPTIMUM_FILLED] = optimum_avx512_vnni(filled, work / "minilm_optimum_mask_filled.onnx")
     at_128 = tokenize(ev.eval_text[:32], 128)
+    # every row 128 real tokens (held-out sentences run together): no padding, so no masked score
+    text = ev.eval_text
+    full_128 = tokenize([" ".join(text[(row * 12 + i) % len(text)] for i in range(12)) for row in range(32)], 128)
+    assert full_128["attention_mask"].all(), "the run-together sentences are shorter than 128 tokens"
+    sources = {64: ev.evaluation, 128: at_128, FULL_128: full_128}
 
-    def feeds(seq: int, batch: int):
-        source = ev.evaluation if seq == 64 else at_128
-        return {k: np.ascontiguousarray(v[:batch]) for k, v in source.items()}
+    def feeds(seq, batch: int):
+        return {k: np.ascontiguousarray(v[:batch]) for k, v in sources[seq].items()}
 
     def accuracy(run):
         cos = ev.cosine(run)
@@ -166,7 +193,7 @@ def minilm_case(work: Path, quick: bool, notes: list[str]):
 
     notes.append(f"MiniLM accuracy: over {len(ev.eval_text)} held-out evaluation sentences (seq 64), "
                  f"none used by any build ({len(ev.calib_text)} calibration sentences calibrate and validate)")
-    return "all-MiniLM-L6-v2", ev.model, ev.names, paths, {64: feeds, 128: feeds}, accuracy
+    return "all-MiniLM-L6-v2", ev.model, ev.names, paths, {64: feeds, 128: feeds, FULL_128: feeds}, accuracy
 
 
 def cnn_case(work: Path, quick: bool, notes: list[str]):
@@ -211,9 +238,9 @@ def main() -> None:
         for key in args.models.split(","):
             label, module, names, paths, feeds, accuracy = makers[key](work, args.quick, notes)
             runners = {EAGER: TorchRunner(module.eval(), names).run}
-            for name in (ORT32, *PEERS, STATIC, DYNAMIC):
+            for name in (ORT32, *PEERS, OPTIMUM_FILLED, STATIC, DYNAMIC):
                 if name in paths:
-                    runners[name] = OrtRunner(paths[name], threads=threads).run
+                    runners[name] = OrtRunner(paths[name], threads=threads, spinning=False).run
             acc = {name: accuracy(run) for name, run in runners.items()}
             for seq, feed in feeds.items():
                 for b in (1, 32):
@@ -237,7 +264,8 @@ def main() -> None:
                                      f"{r.baseline_p50_ms:.3f} | {1 / r.ratio:.2f}x ({1 / r.upper:.2f}-{1 / r.lower:.2f}) |")
     elapsed = time.perf_counter() - started
     text = "\n".join(lines + [""] + duels + [""] + [f"- {e}" for e in environment()] + [
-        f"- every ONNX Runtime session: CPUExecutionProvider, all graph optimizations, intra_op_num_threads={threads}",
+        f"- every ONNX Runtime session: CPUExecutionProvider, all graph optimizations, intra_op_num_threads={threads}, "
+        "allow_spinning=0 (the runners take turns on the same cores: a spinning idle pool slows the one running)",
         "- peers run on this script's own `torch.onnx.export(dynamo=True)` FP32 export",
         f"- {args.iterations} timed runs per row at batch 1 and {max(args.iterations // 10, 10)} at batch 32, after "
         f"warm-up runs, in 5 blocks a runner, taking turns "

@@ -10,11 +10,19 @@ from infopt.core.registry import register
 from infopt.exporters import torch_export
 from infopt.passes.fx import cast_precision, fold_batchnorm, int4_kernels, quantize_int4, remove_noops
 from infopt.passes.lower import aoti_compile, onnx_export, tensorrt_build
-from infopt.passes.onnx import fuse_matmuls, ort_optimize, quantize_int4_graph, quantize_int8, smoothquant, transformer_fusion
+from infopt.passes.onnx import (
+    attention_mask_fill,
+    fuse_matmuls,
+    ort_optimize,
+    quantize_int4_graph,
+    quantize_int8,
+    smoothquant,
+    transformer_fusion,
+)
 
 BUNDLED = (torch_export, remove_noops, fold_batchnorm, cast_precision, quantize_int4, int4_kernels, onnx_export,
-           aoti_compile, tensorrt_build, ort_optimize, transformer_fusion, quantize_int4_graph, smoothquant, fuse_matmuls,
-           quantize_int8)
+           aoti_compile, tensorrt_build, ort_optimize, transformer_fusion, attention_mask_fill, quantize_int4_graph,
+           smoothquant, fuse_matmuls, quantize_int8)
 
 for _module in BUNDLED:
     register(_module.PASS)

@@ -44,7 +44,9 @@ def test_cnn_layout_and_manifest(cnn_dist):
     manifest = json.loads((out / "manifest.json").read_text())
     assert printed["name"] == manifest["name"] == "digits"
     assert manifest["target"]["name"] == "cpu" and manifest["precision"] == "fp32"
-    assert [p["name"] for p in manifest["passes"]] == ["capture", "remove_noops", "fold_batchnorm", "onnx_export", "ort_optimize"]
+    assert [p["name"] for p in manifest["passes"]] == ["capture", "remove_noops", "fold_batchnorm", "onnx_export",
+                                                          "attention_mask_fill", "ort_optimize"]
+    assert next(p for p in manifest["passes"] if p["name"] == "attention_mask_fill")["changed"] is False  # no attention
     assert all(p["seconds"] > 0 and p["size_bytes"] > 0 for p in manifest["passes"])
     assert manifest["recipe"]["name"] == "fp32-onnxruntime"
     assert set(manifest["files"]) == {"model/model.onnx", "servers/triton/digits/config.pbtxt",
@@ -88,7 +90,7 @@ def test_json_says_the_verdict_output_and_choice_first_and_stderr_has_step_lines
     assert printed["chosen"]["speedup"] > 0 and set(printed["chosen"]["p50_ms"]) == {"1", "16"}
     lines = stderr.splitlines()
     assert lines and all(re.match(r"\[ *\d+ s\] \S", line) for line in lines), stderr[-2000:]
-    assert any(line.endswith("pass capture (1/5)") for line in lines)
+    assert any(line.endswith("pass capture (1/6)") for line in lines)
     assert any(line.endswith("pass ort_optimize done") for line in lines)
     assert any("validating: drift against the eager reference: done" in line for line in lines)
 

@@ -52,6 +52,8 @@ def test_int8_build_from_a_hub_id_ships_the_sentence_embedding(hub, tmp_path):
     assert manifest["inputs"]["dims"]["seq"] == {"min": 1, "opt": 128, "max": 256}  # sentence_bert_config's max_seq_length
     details = next(p for p in manifest["passes"] if p["name"] == "quantize_int8")["details"]
     assert details["mode"] == "dynamic" and sum(r["precision"] == "int8" for r in details["layers"]) >= 20
+    mask = next(p for p in manifest["passes"] if p["name"] == "attention_mask_fill")
+    assert mask["changed"] and mask["details"]["softmax"] == 6  # the one mask all six layers add
     assert f"commit {COMMIT}" in (dist / "report.md").read_text()
 
     from sentence_transformers import SentenceTransformer

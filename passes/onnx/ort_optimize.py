@@ -5,6 +5,10 @@ keeps standard ONNX ops; ``extended`` adds ONNX Runtime's fusions (contrib ops s
 FusedConv, FusedGemm, SkipLayerNormalization), which are tied to the execution provider they were
 made for; ``all`` adds layout changes tied to the machine it ran on. ``auto`` picks ``extended``
 for CPU targets and ``basic`` for GPU targets, whose server builds its own fusions.
+
+On a CPU target the fused SkipLayerNormalization nodes are then timed against Sum +
+LayerNormalization on this machine and taken back apart when the pair is faster
+(``skip_layernorm.py``).
 """
 
 from __future__ import annotations
@@ -17,10 +21,14 @@ from pydantic import Field
 from infopt.core.artifact import Artifact
 from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
 from infopt.core.threads import ort_session_options
+from infopt.passes.onnx import skip_layernorm
 
 
 class OrtOptimizeOptions(PassOptions):
     level: Literal["auto", "basic", "extended", "all"] = Field("auto", description="ONNX Runtime graph optimization level")
+    skip_layernorm: Literal["measure", "keep", "unfuse"] = Field(
+        "measure", description="CPU targets: SkipLayerNormalization kept, unfused into Sum + LayerNormalization, or "
+                               "whichever times faster here")
 
 
 def op_histogram(path) -> Counter:
@@ -44,17 +52,48 @@ def optimize(source, target_path, level: str) -> None:
     onnx.checker.check_model(str(target_path))
 
 
+def unfuse_skip_layernorm(path, measure: bool) -> list[str]:
+    """Unfuse the model's SkipLayerNormalization nodes in place when told to or when the pair times faster
+    here; the notes say what was measured and done."""
+    import onnx
+
+    from infopt.quantize.onnx_int8 import save_model
+
+    model = onnx.load(str(path))
+    nodes = skip_layernorm.fused_nodes(model)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if not nodes:
+        return []
+    if opset < 17:
+        return [f"{len(nodes)} {skip_layernorm.FUSED} kept: LayerNormalization needs opset 17, the model has {opset}"]
+    timing = None
+    if measure:
+        hidden = skip_layernorm.hidden_size(model, nodes[0])
+        if hidden is None:
+            return [f"{len(nodes)} {skip_layernorm.FUSED} kept: the normalized size is not a constant, nothing to time"]
+        timing = skip_layernorm.measure(hidden, skip_layernorm.node_epsilon(nodes[0]))
+        if not timing.unfuse:
+            return [f"{len(nodes)} {skip_layernorm.FUSED} kept: {timing}"]
+    count = skip_layernorm.unfuse(model)
+    onnx.checker.check_model(model)
+    save_model(model, path)
+    return [f"{count} {skip_layernorm.FUSED} unfused into Sum + LayerNormalization" + (f": {timing}" if timing else "")]
+
+
 def run(artifact: Artifact, options: OrtOptimizeOptions, context: PassContext) -> PassOutcome:
     level = options.level
     if level == "auto":
         level = "extended" if context.target.device == "cpu" else "basic"
     path = context.workdir / "optimized.onnx"
     optimize(artifact.path, path, level)
+    notes = []
+    if context.target.device == "cpu" and options.skip_layernorm != "keep":
+        notes += unfuse_skip_layernorm(path, options.skip_layernorm == "measure")
     before, after = op_histogram(artifact.path), op_histogram(path)
     gained = {op: n for op, n in (after - before).items()}
-    notes = [f"level {level}: {sum(before.values())} -> {sum(after.values())} nodes"]
+    notes.insert(0, f"level {level}: {sum(before.values())} -> {sum(after.values())} nodes")
     if gained:
-        notes.append("new ops: " + ", ".join(f"{op} x{n}" for op, n in sorted(gained.items())))
+        notes.insert(1, "new ops: " + ", ".join(f"{op} x{n}" for op, n in sorted(gained.items())))
     changed = before != after
     return PassOutcome(artifact.derive("onnx", path=path), changed, notes)
 

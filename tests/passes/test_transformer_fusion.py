@@ -36,7 +36,9 @@ def test_minilm_attention_fused_in_every_layer_outputs_unchanged(tmp_path):
     assert record["details"]["fusions"]["attention"] == 6
     assert record["details"]["fusions"]["skip_layer_normalization"] == 12
     ops = [n.op_type for n in onnx.load(str(result.output_dir / "model/model.onnx")).graph.node]
-    assert ops.count("Attention") == 6 and ops.count("SkipLayerNormalization") == 12
+    # ort_optimize times SkipLayerNormalization against Sum + LayerNormalization here and keeps the faster
+    unfused = any("unfused into Sum + LayerNormalization" in n for n in result.manifest.pass_record("ort_optimize").notes)
+    assert ops.count("Attention") == 6 and ops.count("Sum" if unfused else "SkipLayerNormalization") == 12
     assert ops.count("MatMul") < 24  # the Q/K/V projections and score matmuls went into Attention
     with torch.inference_mode():
         reference = encoder(*(torch.from_numpy(held_out[k]) for k in ("input_ids", "attention_mask"))).numpy()

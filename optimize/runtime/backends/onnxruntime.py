@@ -14,17 +14,21 @@ from infopt.runtime.runner import Runner
 
 
 class OrtRunner(Runner):
-    """An ONNX Runtime session on a file; ``optimize=False`` runs the graph exactly as written."""
+    """An ONNX Runtime session on a file; ``optimize=False`` runs the graph exactly as written.
+    ``spinning=False`` stops its threads from spinning between runs: set it where two sessions are timed
+    in turn on the same cores, or the idle one's spinning pool slows the other."""
 
     kind = "onnxruntime"
 
     def __init__(self, path: str | Path, providers: Sequence[str] = ("CPUExecutionProvider",),
-                 optimize: bool = True, threads: int = 0):
+                 optimize: bool = True, threads: int = 0, spinning: bool = True):
         try:
             import onnxruntime as ort
         except ImportError as exc:  # pragma: no cover - a core dependency
             raise EnvironmentProblem("onnxruntime is not installed", fix="pip install onnxruntime") from exc
         options = ort_session_options(optimize, threads)
+        if not spinning:
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         available = ort.get_available_providers()
         missing = [p for p in providers if p not in available]
         if missing:
