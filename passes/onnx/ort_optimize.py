@@ -22,6 +22,7 @@ from infopt.core.artifact import Artifact
 from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
 from infopt.core.threads import ort_session_options
 from infopt.passes.onnx import skip_layernorm
+from infopt.quantize import onnx_int8
 
 
 class OrtOptimizeOptions(PassOptions):
@@ -57,8 +58,6 @@ def unfuse_skip_layernorm(path, measure: bool) -> list[str]:
     here; the notes say what was measured and done."""
     import onnx
 
-    from infopt.quantize.onnx_int8 import save_model
-
     model = onnx.load(str(path))
     nodes = skip_layernorm.fused_nodes(model)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
@@ -76,7 +75,7 @@ def unfuse_skip_layernorm(path, measure: bool) -> list[str]:
             return [f"{len(nodes)} {skip_layernorm.FUSED} kept: {timing}"]
     count = skip_layernorm.unfuse(model)
     onnx.checker.check_model(model)
-    save_model(model, path)
+    onnx_int8.save_model(model, path)
     return [f"{count} {skip_layernorm.FUSED} unfused into Sum + LayerNormalization" + (f": {timing}" if timing else "")]
 
 

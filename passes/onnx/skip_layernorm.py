@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from infopt.core.threads import ort_session_options
+
 FUSED = "SkipLayerNormalization"
 CONTRIB = "com.microsoft"
 DEFAULT_EPSILON = 1e-12
@@ -80,8 +82,6 @@ def unfuse(model) -> int:
 def _session(nodes, hidden: int):
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
-
-    from infopt.core.threads import ort_session_options
 
     weights = [numpy_helper.from_array(np.ones(hidden, np.float32), "gamma"),
                numpy_helper.from_array(np.zeros(hidden, np.float32), "beta")]
