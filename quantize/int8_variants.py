@@ -129,14 +129,6 @@ def try_variants(variants: list[Variant], workdir: Path, batches: list[dict], re
     return tried
 
 
-def speed_sizes(spec) -> list[int]:
-    """Batch 1 and the largest of the batch dim's range up to 8 (the variants' order rarely changes above it)."""
-    if spec.batch_symbol is None:
-        return [1]
-    largest = min(spec.dims[spec.batch_symbol].max, 8)
-    return sorted({1, largest})
-
-
 def timing_feeds(batches: list[dict], sizes: list[int]) -> dict[int, dict[str, np.ndarray]]:
     """Inputs at each batch size, cut from (and, when there are too few samples, repeating) ``batches``."""
     joined = {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}

@@ -79,6 +79,15 @@ def module_path(node) -> str:
     return ""
 
 
+def consumers(graph) -> dict[str, list]:
+    """Tensor name -> the nodes that read it."""
+    found: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            found.setdefault(name, []).append(node)
+    return found
+
+
 def ensure_node_names(model) -> None:
     seen: set[str] = set()
     for i, node in enumerate(model.graph.node):

@@ -3,12 +3,12 @@
 A transformer masks padded keys by adding a large negative number to their attention scores before
 the Softmax: ``where(mask, 0, finfo.min)`` or ``(1 - mask) * -10000``. Every masked score then
 reaches ONNX Runtime's CPU Softmax as an exponent below about -80, where its exp kernel leaves the
-fast path (denormal or clamped results): on all-MiniLM-L6-v2 at sequence 128 with 22 real tokens a
-row, Softmax took 30% of the whole model, 12x what it takes on the same shape unmasked
-(benchmarks/README.md).
+fast path on some CPUs: on an Intel Xeon (onnxruntime 1.32, 2026-11-24), with all-MiniLM-L6-v2 at
+sequence 128 and 22 real tokens a row, Softmax took 30% of the whole model, 12x what it takes on the
+same shape unmasked; on an AMD EPYC (2026-11-25) the fill made no difference (benchmarks/README.md).
 
 -40 masks as well: a masked key's weight is at most exp(-40 + d) of the strongest real key's, d being
-how far its raw score is above that key's (exp(-40) is 4e-18; d would have to pass 20 for the
+how far its raw score is above that key's (exp(-40) is 4e-18; d would have to pass 24 for the
 weight to reach float32's rounding, 1e-7), and the exponents stay clear of the slow range for
 scores spread over up to 40. One thing does change: a row with no real key at all (an empty
 sequence) attended uniformly to its padding, because float32's lowest swallows the scores it is
@@ -40,16 +40,8 @@ PASS_THROUGH = {"Expand", "Unsqueeze", "Squeeze", "Reshape", "Cast", "Slice", "I
 """Ops that carry a mask to its Add without changing its values (shape or dtype only)."""
 
 
-def _consumers(graph) -> dict[str, list]:
-    found: dict[str, list] = {}
-    for node in graph.node:
-        for name in node.input:
-            found.setdefault(name, []).append(node)
-    return found
-
-
-def _scalar_constants(graph) -> dict[str, float]:
-    """Scalar (or one-element) float initializers and Constant outputs: name -> value."""
+def _scalar_constants(graph) -> dict[str, np.ndarray]:
+    """Scalar (or one-element) float initializers and Constant outputs: name -> the value, 0-d."""
     from onnx import numpy_helper
 
     found = {}
@@ -57,7 +49,7 @@ def _scalar_constants(graph) -> dict[str, float]:
     tensors += [(n.output[0], a.t) for n in graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"]
     for name, tensor in tensors:
         if tensor.data_type in (1, 10, 11) and int(np.prod(tensor.dims)) == 1:  # float, float16, double
-            found[name] = float(numpy_helper.to_array(tensor).reshape(()))
+            found[name] = numpy_helper.to_array(tensor).reshape(())
     return found
 
 
@@ -71,7 +63,7 @@ def masks(model) -> list[tuple[object, int, int]]:
     Softmax nodes the mask reaches)."""
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    consumers = _consumers(graph)
+    consumers = onnx_int8.consumers(graph)
     producers = {o: n for n in graph.node for o in n.output}
     scalars = _scalar_constants(graph)
     outputs = {o.name for o in graph.output}
@@ -109,7 +101,8 @@ def masks(model) -> list[tuple[object, int, int]]:
             if node is None or id(node) in seen or node.op_type not in ("Where", "Mul"):
                 continue
             candidates = (1, 2) if node.op_type == "Where" else (0, 1)
-            index = next((i for i in candidates if scalars.get(node.input[i], 0.0) <= LARGE_NEGATIVE), None)
+            index = next((i for i in candidates if node.input[i] in scalars and scalars[node.input[i]] <= LARGE_NEGATIVE),
+                         None)
             reached = softmax_reached(node.output[0]) if index is not None else 0
             if reached:
                 seen.add(id(node))
@@ -121,20 +114,17 @@ def fill(model) -> tuple[list[float], int]:
     """Write ``FILL`` in place of each mask's large negative constant in ``model`` (in place); returns the
     values replaced and how many Softmax nodes the masks reach. A constant shared with other nodes is
     left to them: the mask gets its own."""
-    from onnx import helper, numpy_helper
+    from onnx import numpy_helper
 
     graph = model.graph
     scalars = _scalar_constants(graph)
-    dtypes = {i.name: helper.tensor_dtype_to_np_dtype(i.data_type) for i in graph.initializer}
-    dtypes.update({n.output[0]: helper.tensor_dtype_to_np_dtype(a.t.data_type)
-                   for n in graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"})
     replaced, softmax = [], 0
     for node, index, reached in masks(model):
-        old = node.input[index]
-        name = f"{node.name or old}_mask_fill"
-        graph.initializer.append(numpy_helper.from_array(np.array(FILL, dtype=dtypes[old]), name))
+        old = scalars[node.input[index]]
+        name = f"{node.name or node.input[index]}_mask_fill"
+        graph.initializer.append(numpy_helper.from_array(np.array(FILL, dtype=old.dtype), name))
         node.input[index] = name
-        replaced.append(scalars[old])
+        replaced.append(float(old))
         softmax += reached
     return replaced, softmax
 

@@ -28,10 +28,7 @@ def siblings(model) -> list[tuple[list, list]]:
     Add): (matmuls, adds or Nones)."""
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
-    consumers: dict[str, list] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    consumers = onnx_int8.consumers(graph)
     outputs = {o.name for o in graph.output}
 
     def bias_add(mm):

@@ -60,9 +60,9 @@ def unfuse_skip_layernorm(path, measure: bool) -> list[str]:
 
     model = onnx.load(str(path))
     nodes = skip_layernorm.fused_nodes(model)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if not nodes:
         return []
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if opset < 17:
         return [f"{len(nodes)} {skip_layernorm.FUSED} kept: LayerNormalization needs opset 17, the model has {opset}"]
     timing = None
@@ -85,14 +85,15 @@ def run(artifact: Artifact, options: OrtOptimizeOptions, context: PassContext) -
         level = "extended" if context.target.device == "cpu" else "basic"
     path = context.workdir / "optimized.onnx"
     optimize(artifact.path, path, level)
-    notes = []
+    unfused = []
     if context.target.device == "cpu" and options.skip_layernorm != "keep":
-        notes += unfuse_skip_layernorm(path, options.skip_layernorm == "measure")
+        unfused = unfuse_skip_layernorm(path, options.skip_layernorm == "measure")
     before, after = op_histogram(artifact.path), op_histogram(path)
     gained = {op: n for op, n in (after - before).items()}
-    notes.insert(0, f"level {level}: {sum(before.values())} -> {sum(after.values())} nodes")
+    notes = [f"level {level}: {sum(before.values())} -> {sum(after.values())} nodes"]
     if gained:
-        notes.insert(1, "new ops: " + ", ".join(f"{op} x{n}" for op, n in sorted(gained.items())))
+        notes.append("new ops: " + ", ".join(f"{op} x{n}" for op, n in sorted(gained.items())))
+    notes += unfused
     changed = before != after
     return PassOutcome(artifact.derive("onnx", path=path), changed, notes)
 

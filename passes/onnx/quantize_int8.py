@@ -177,7 +177,7 @@ def _fastest(mode, src, model, layers, int8_nodes, ranges, confirmed, batches, r
     first = int8_variants.Tried(variants[0].name, variants[0].why, int8_nodes, confirmed[0], confirmed[1],
                                 budget.holds(confirmed[1]))
     tried = [first] + int8_variants.try_variants(variants[1:], context.workdir, batches, reference, budget, context.say)
-    sizes = options.speed_batch_sizes or int8_variants.speed_sizes(spec)
+    sizes = options.speed_batch_sizes or _speed_sizes(spec)
     feeds = int8_variants.timing_feeds(batches, sizes)
     int8_variants.time_against_fp32(tried, src, feeds, options.speed_trials, context.say)
     best, why = int8_variants.choose(tried, options.require_int8)
@@ -187,12 +187,20 @@ def _fastest(mode, src, model, layers, int8_nodes, ranges, confirmed, batches, r
 def _layer_savings(build, src, layers, batches, spec, context) -> dict[str, float]:
     """Milliseconds each layer's INT8 form saves over FP32 per run, from ONNX Runtime's profiler on the
     FP32 model and on the model with every layer in INT8, at the largest batch the variants are timed at."""
-    size = max(int8_variants.speed_sizes(spec))
+    size = max(_speed_sizes(spec))
     context.say(f"timing each layer in FP32 and INT8 at batch {size} (ONNX Runtime's profiler)")
     nodes = [layer.node for layer in layers]
     every = build(nodes, context.workdir / "every-layer-int8.onnx")
     feed = int8_variants.timing_feeds(batches, [size])[size]
     return layer_timing.savings(src, every, nodes, feed)
+
+
+def _speed_sizes(spec) -> list[int]:
+    """Batch 1 and the largest of the batch dim's range up to 8 (the variants' order rarely changes above it)."""
+    if spec.batch_symbol is None:
+        return [1]
+    largest = min(spec.dims[spec.batch_symbol].max, 8)
+    return sorted({1, largest})
 
 
 class Int8Details(PassDetails):

@@ -29,9 +29,7 @@ def ops(program) -> Counter:
 
 
 def run_pass(name: str, artifact: Artifact, tmp_path: Path, **options):
-    """Run one pass for the cpu target with ``options``, its scratch folder ``tmp_path`` (made if missing)."""
     definition = get_pass(name)
-    tmp_path.mkdir(parents=True, exist_ok=True)
     return definition.run(artifact, definition.parse_options(options), PassContext(get_target("cpu"), tmp_path))
 
 

@@ -76,7 +76,6 @@ def test_a_node_whose_mean_output_is_used_stays_fused(tmp_path):
 def test_the_timing_compares_the_two_forms_at_the_hidden_size():
     timing = skip_layernorm.measure(HIDDEN, runs=3)
     assert timing.shape == (8, 128, HIDDEN) and timing.fused_ms > 0 and timing.unfused_ms > 0
-    assert timing.unfuse == (timing.unfused_ms <= skip_layernorm.FASTER_BY * timing.fused_ms)
     assert f"on [8, 128, {HIDDEN}] here" in str(timing)
 
 
