@@ -1,8 +1,10 @@
 """Question: do infopt's GPU builds (``--target h100`` at fp16, bf16 and int4 through Inductor) beat
 eager fp16 PyTorch on the same GPU, and what do CUDA graphs add?
 
-Three models: the example DigitsCNN (trained on scikit-learn's digits) and TinyEncoder (trained on
-its token task), and an LLM-shaped MLP (8 Linear layers of 4096 x 4096 with ReLU, random weights).
+The models: the example DigitsCNN (trained on scikit-learn's digits) and TinyEncoder (trained on its
+token task), an LLM-shaped MLP (8 Linear layers of 4096 x 4096 with ReLU, random weights) and
+(``--models llama``) transformers' LlamaForCausalLM with a small random config (4 layers, hidden 1024,
+grouped KV heads), logits over 32 tokens.
 Each is built with ``infopt.build(model, target=TARGET, precision=P, backend="inductor")`` for P in
 fp16, bf16, int4 (the build validates drift against eager fp32 and times on the GPU with CUDA
 events), then loaded with ``infopt.load(dist, cuda_graphs=False)`` and ``cuda_graphs=True`` and timed
@@ -52,6 +54,16 @@ def models(chosen: list[str]) -> dict:
         x = np.random.default_rng(0).standard_normal((16, 4096)).astype(np.float32)
         found["LLM-shaped MLP (8 x 4096^2)"] = (model, ["x:float32[batch,4096]"], ["batch=1:1:16"],
                                                 {b: {"x": x[:b]} for b in (1, 16)})
+    if "llama" in chosen:
+        import transformers
+
+        torch.manual_seed(0)
+        config = transformers.LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
+                                          num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=256)
+        model = transformers.LlamaForCausalLM(config).eval()
+        ids = np.random.default_rng(0).integers(0, config.vocab_size, (8, 32)).astype(np.int64)
+        found["Llama-shaped LM (4 x 1024, random)"] = (model, ["input_ids:int64[batch,32]"], ["batch=1:1:8"],
+                                                      {b: {"input_ids": ids[:b]} for b in (1, 8)})
     return found
 
 
@@ -102,7 +114,7 @@ def build_rows(args, name, entry, workdir: Path, notes: list[str]) -> list[str]:
 
 
 def main() -> None:
-    args = arguments(__doc__, "gpu_builds.md", "cnn,encoder,mlp", "a fast check: 20 iterations; writes no results file",
+    args = arguments(__doc__, "gpu_builds.md", "cnn,encoder,mlp,llama", "a fast check: 20 iterations; writes no results file",
                      extra=lambda parser: parser.add_argument("--target", default="h100", help="a CUDA target"))
     if not torch.cuda.is_available():
         print("bench_gpu_builds needs a CUDA GPU and torch sees none (torch.cuda.is_available() is False)")

@@ -20,6 +20,8 @@ import functools
 import torch
 from torch import nn
 
+from infopt.kernels.launcher import Relauncher, specialization
+
 try:
     import triton
     import triton.language as tl
@@ -155,8 +157,17 @@ def _check(name: str, x: torch.Tensor, **params: torch.Tensor | None) -> None:
                          "(or set TRITON_INTERPRET=1 before triton is imported to run it on CPU)")
 
 
+def _direct(kernel):
+    return kernel
+
+
+_RELAUNCH = {} if triton is None or _INTERPRETING else {
+    k.fn.__name__: Relauncher(k) for k in (_rms_norm_kernel, _layer_norm_kernel)}
+"""Direct launches skip Triton's argument binding on repeat calls (:mod:`infopt.kernels.launcher`)."""
+
+
 def _launch(kernel, x: torch.Tensor, params: list[torch.Tensor | None], flags: dict, eps: float,
-            wrapper=lambda kernel: kernel) -> torch.Tensor:
+            wrapper=_direct) -> torch.Tensor:
     """Allocate ``y`` and launch one program per row; nothing is checked here (see :func:`_check`)."""
     hidden = x.shape[-1]
     x2 = x.reshape(-1, hidden)
@@ -164,8 +175,13 @@ def _launch(kernel, x: torch.Tensor, params: list[torch.Tensor | None], flags: d
         x2 = x2.contiguous()
     y = torch.empty((x2.shape[0], hidden), dtype=x.dtype, device=x.device)
     config = norm_config(hidden, _INTERPRETING)
-    args = [x2 if p is None else p for p in params]
-    wrapper(kernel)[(x2.shape[0],)](x2, *args, y, hidden, x2.stride(0), y.stride(0), eps, **flags, **config)
+    args = [x2, *[x2 if p is None else p for p in params], y, hidden, x2.stride(0), y.stride(0), eps]
+    rows = x2.shape[0]
+    if wrapper is _direct and _RELAUNCH:
+        key = (kernel.fn.__name__, hidden, x.device.index, *flags.values(), specialization(args))
+        _RELAUNCH[kernel.fn.__name__](key, lambda meta: (rows,), args, dict(flags, **config))
+    else:
+        wrapper(kernel)[(rows,)](*args, **flags, **config)
     return y.reshape(x.shape)
 
 

@@ -5,10 +5,16 @@ with ``qweight`` uint8 ``[N, K // 2]`` in the layout of :mod:`infopt.kernels.w4a
 halves of each group split across the nibbles; act-order as a permutation ``perm`` of the input
 features), ``scales`` float ``[N, K // g]`` and ``zeros`` uint8 ``[N, K // g]``.
 
-**The kernel** computes ``y.T`` tile by tile: one program per ``BLOCK_N`` output features and
-``BLOCK_M`` rows of ``x``, the whole ``K`` in one program (no split-K partials and no second launch;
-small ``BLOCK_N`` gives a decoding-shaped problem enough programs for every SM). For each group it
-loads the group's ``g / 2`` bytes per row (contiguous, 16 bytes per thread), and for each half:
+**The kernel** computes ``y.T`` tile by tile: one program per ``BLOCK_N`` output features,
+``BLOCK_M`` rows of ``x`` and one of ``SPLIT_K`` runs of ``K``'s groups. Split-K is what gives a
+decoding-shaped problem enough bytes in flight: on an H100 (2026-11-25, ``benchmarks/tune_w4a16.py``)
+whole-``K`` programs read the weight at 20-34% of the copy bandwidth, split over 2 to 16 programs at
+36-50%. The output is zeroed first and each program adds its part with an atomic add in ``x.dtype``
+(one kernel after the zeroing, no fp32 partials, no epilogue op). So the parts are summed in no
+fixed order, two runs can differ in the last bit, and each part is rounded to ``x.dtype`` before it
+is added: the max error to the fp32 result measured up to 3.7x torch fp16's and 2.5x torch bf16's on
+the same weight (``benchmarks/results/w4a16.md``). For each group a program loads the group's
+``g / 2`` bytes per row (contiguous), and for each half:
 
 - the codes become exact fp16/bf16 integers without an integer-to-float conversion: ``code | 0x6400``
   read as fp16 is ``1024 + code`` (``0x4300``, bf16: ``128 + code``), and one subtraction of
@@ -18,13 +24,14 @@ loads the group's ``g / 2`` bytes per row (contiguous, 16 bytes per thread), and
 
 then the group's two products are scaled once per output (``acc += s * (P_lo + P_hi)``) instead of
 once per weight. The weight tile is the left operand (``W @ x.T``), which Hopper's warpgroup MMA
-may take from registers where it was dequantized. ``y`` is rounded once to ``x.dtype``, bias added
-in fp32. Tiles, groups per loop step, warps and stages are autotuned per ``(M bucket, N, K)``: one
+may take from registers where it was dequantized. The bias is added in fp32 by the first split.
+Tiles, groups per loop step, splits, warps and stages are autotuned per ``(M bucket, N, K)``: one
 set of configs for ``M <= 16`` (decoding; ``BLOCK_M = 16``, the tensor core's least) and one above.
 
 **Calls.** ``torch.ops.infopt.w4a16_linear`` is a ``triton_op``: ``torch.compile`` and AOTInductor
 see the Triton kernel itself and put it into the compiled code (no call back into Python at run
-time). On eager CUDA tensors :func:`w4a16_linear` skips the dispatcher and launches directly; the op
+time). On eager CUDA tensors :func:`w4a16_linear` skips the dispatcher and launches directly, a
+repeat call through the compiled kernel its first call got (:mod:`infopt.kernels.launcher`); the op
 checks nothing per call beyond what torch does, so shapes are checked once, where the weight is put
 into the kernel layout (:class:`W4A16Linear`, the ``int4_kernels`` pass) and by the op's fake
 (trace-time) implementation. Off CUDA the op runs :func:`w4a16_linear_torch`, the reference.
@@ -39,6 +46,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from infopt.kernels.launcher import Relauncher, specialization
 from infopt.kernels.w4a16_layout import from_kernel_layout, to_kernel_layout, unsupported
 from infopt.quantize.int4_format import Int4Linear, int4_linear_torch, replace_module
 
@@ -72,8 +80,9 @@ def _exact_codes(nibbles, zero, ACT: tl.constexpr, DOT: tl.constexpr):
 @_jit
 def _w4a16_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_ptr, M, N, K, stride_qn, stride_xm, M_BUCKET,
                   GROUP: tl.constexpr, HALF: tl.constexpr, HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, DOT_FP32: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, GROUPS_PER_STEP: tl.constexpr):
-    """Program ``(n, m)``: ``y[m-tile, n-tile] = (W[n-tile] @ x[m-tile].T).T``, every group of ``K``."""
+                  BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, GROUPS_PER_STEP: tl.constexpr, SPLIT_K: tl.constexpr):
+    """Program ``(n, m, s)``: ``y[m-tile, n-tile] = (W[n-tile] @ x[m-tile].T).T`` over the ``s``-th of
+    ``SPLIT_K`` runs of ``K``'s groups (stored with ``SPLIT_K = 1``, else added into a zeroed ``y``)."""
     act = x_ptr.dtype.element_ty
     dot = tl.float32 if DOT_FP32 else act
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -81,18 +90,22 @@ def _w4a16_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_
     offs_h = tl.arange(0, HALF)
     n_mask = offs_n < N
     m_mask = offs_m < M
+    split = tl.program_id(2)
     groups = K // GROUP
+    per_split = tl.cdiv(groups, SPLIT_K)
+    begin = split * per_split
+    end = tl.minimum(begin + per_split, groups)
     qw_rows = qw_ptr + offs_n[:, None].to(tl.int64) * stride_qn
     x_cols = x_ptr + offs_m[None, :].to(tl.int64) * stride_xm
     group_at = offs_n.to(tl.int64) * groups
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for first in range(0, groups, GROUPS_PER_STEP):
+    for first in range(begin, end, GROUPS_PER_STEP):
         for step in tl.static_range(GROUPS_PER_STEP):
             group = first + step
             k_lo = group * GROUP + offs_h
             k_hi = k_lo + HALF
-            live_k = k_lo < K
-            live_n = n_mask & (tl.zeros_like(offs_n) + group * GROUP < K)
+            live_k = tl.zeros_like(offs_h) + group < end
+            live_n = n_mask & (tl.zeros_like(offs_n) + group < end)
             packed = tl.load(qw_rows + group * HALF + offs_h[None, :], mask=n_mask[:, None] & live_k[None, :], other=0)
             zero = tl.load(zeros_ptr + group_at + group, mask=live_n, other=0).to(dot)
             scale = tl.load(scales_ptr + group_at + group, mask=live_n, other=0.0).to(tl.float32)
@@ -106,9 +119,12 @@ def _w4a16_kernel(x_ptr, qw_ptr, scales_ptr, zeros_ptr, perm_ptr, bias_ptr, out_
             part = tl.dot(_exact_codes(packed >> 4, zero, act, dot), x_hi, part)
             acc += part * scale[:, None]
     if HAS_BIAS:
-        acc += tl.load(bias_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        acc += tl.load(bias_ptr + offs_n, mask=n_mask & (tl.zeros_like(offs_n) + split == 0), other=0.0).to(tl.float32)[:, None]
     out = out_ptr + offs_m[None, :].to(tl.int64) * N + offs_n[:, None]
-    tl.store(out, acc.to(act), mask=n_mask[:, None] & m_mask[None, :])
+    if SPLIT_K == 1:
+        tl.store(out, acc.to(act), mask=n_mask[:, None] & m_mask[None, :])
+    else:
+        tl.atomic_add(out, acc.to(act), mask=n_mask[:, None] & m_mask[None, :], sem="relaxed")
 
 
 def interpreting() -> bool:
@@ -121,24 +137,27 @@ def interpreting() -> bool:
     return isinstance(_w4a16_kernel, InterpretedFunction)
 
 
-INTERPRETER_CONFIG = dict(BLOCK_N=16, BLOCK_M=16, GROUPS_PER_STEP=2, num_warps=4, num_stages=1)
+INTERPRETER_CONFIG = dict(BLOCK_N=16, BLOCK_M=16, GROUPS_PER_STEP=2, SPLIT_K=1, num_warps=4, num_stages=1)
 
-DECODE_CONFIGS = [  # (BLOCK_N, GROUPS_PER_STEP, warps, stages); BLOCK_M = 16
-    (16, 1, 2, 4), (16, 2, 2, 3), (16, 4, 4, 2), (32, 1, 4, 4), (32, 2, 4, 3), (32, 4, 4, 2),
-    (64, 1, 4, 3), (64, 2, 8, 3),
+DECODE_CONFIGS = [  # (BLOCK_N, GROUPS_PER_STEP, SPLIT_K, warps, stages); BLOCK_M = 16
+    (64, 2, 2, 4, 3), (64, 2, 4, 4, 3), (64, 2, 8, 4, 3), (64, 2, 16, 4, 3), (64, 1, 8, 4, 4), (128, 1, 4, 8, 4),
+    (128, 1, 8, 8, 4), (32, 2, 8, 4, 3),
 ]
-GEMM_CONFIGS = [  # (BLOCK_N, BLOCK_M, GROUPS_PER_STEP, warps, stages)
-    (32, 64, 1, 4, 4), (64, 32, 1, 4, 3), (64, 64, 1, 4, 3), (64, 128, 1, 4, 3), (128, 64, 1, 8, 3),
-    (128, 128, 1, 8, 3), (128, 32, 1, 4, 3), (64, 64, 2, 4, 2),
+GEMM_CONFIGS = [  # (BLOCK_N, BLOCK_M, GROUPS_PER_STEP, SPLIT_K, warps, stages)
+    (64, 32, 1, 4, 4, 3), (64, 64, 1, 2, 4, 3), (64, 64, 1, 4, 4, 3), (128, 64, 1, 4, 8, 3), (64, 128, 1, 2, 4, 3),
+    (64, 128, 1, 4, 4, 3), (128, 128, 1, 2, 8, 3), (128, 128, 1, 1, 8, 3),
 ]
+"""Chosen from ``benchmarks/tune_w4a16.py`` on an H100 (2026-11-25): the fastest configs at M = 1, 16,
+64 and 256 on Llama-7B's layer shapes split ``K`` over 2 to 16 programs per output tile."""
 
 
 def kernel_configs(small_m: bool) -> list[dict]:
     """The tile configs autotuned over, for ``M <= 16`` or above; the key is ``(M_BUCKET, N, K)``."""
     if small_m:
-        return [dict(BLOCK_N=n, BLOCK_M=SMALL_M, GROUPS_PER_STEP=s, num_warps=w, num_stages=st)
-                for n, s, w, st in DECODE_CONFIGS]
-    return [dict(BLOCK_N=n, BLOCK_M=m, GROUPS_PER_STEP=s, num_warps=w, num_stages=st) for n, m, s, w, st in GEMM_CONFIGS]
+        return [dict(BLOCK_N=n, BLOCK_M=SMALL_M, GROUPS_PER_STEP=s, SPLIT_K=k, num_warps=w, num_stages=st)
+                for n, s, k, w, st in DECODE_CONFIGS]
+    return [dict(BLOCK_N=n, BLOCK_M=m, GROUPS_PER_STEP=s, SPLIT_K=k, num_warps=w, num_stages=st)
+            for n, m, s, k, w, st in GEMM_CONFIGS]
 
 
 def _autotuned(small_m: bool):
@@ -147,13 +166,15 @@ def _autotuned(small_m: bool):
         meta = dict(config)
         warps, stages = meta.pop("num_warps"), meta.pop("num_stages")
         configs.append(triton.Config(meta, num_warps=warps, num_stages=stages))
-    return triton.autotune(configs=configs, key=["M_BUCKET", "N", "K"])(_w4a16_kernel)
+    # a split-K config adds into y: the autotuner zeroes it before each trial and before the chosen run
+    return triton.autotune(configs=configs, key=["M_BUCKET", "N", "K"], reset_to_zero=["out_ptr"])(_w4a16_kernel)
 
 
 _INTERPRETING = interpreting()
 if triton is not None and not _INTERPRETING:
     _DECODE = _autotuned(small_m=True)
     _GEMM = _autotuned(small_m=False)
+    _RELAUNCH = {True: Relauncher(_DECODE), False: Relauncher(_GEMM)}
 
 
 def _hint(size) -> int:
@@ -185,7 +206,8 @@ def _launch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros:
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     M = x2.shape[0]
-    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    # zeroed: a split-K tile adds its part of the sum into y (every GPU config may split K)
+    out = (torch.empty if _INTERPRETING else torch.zeros)((M, N), dtype=x.dtype, device=x.device)
     flags = dict(GROUP=group_size, HALF=group_size // 2, HAS_PERM=perm is not None, HAS_BIAS=bias is not None,
                  DOT_FP32=_INTERPRETING and x.dtype == torch.bfloat16)
     m_hint = M if isinstance(M, int) else _hint(M)
@@ -193,13 +215,20 @@ def _launch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros:
             M, N, K, K // 2, x2.stride(0), _bucket(m_hint))
     if _INTERPRETING:
         config = dict(INTERPRETER_CONFIG)
-        meta = {k: config.pop(k) for k in ("BLOCK_N", "BLOCK_M", "GROUPS_PER_STEP")}
-        grid = (triton.cdiv(N, meta["BLOCK_N"]), triton.cdiv(M, meta["BLOCK_M"]))
+        meta = {k: config.pop(k) for k in ("BLOCK_N", "BLOCK_M", "GROUPS_PER_STEP", "SPLIT_K")}
+        grid = (triton.cdiv(N, meta["BLOCK_N"]), triton.cdiv(M, meta["BLOCK_M"]), meta["SPLIT_K"])
         _w4a16_kernel[grid](*args, **flags, **meta, **config)
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], N)
+
+    def grid(meta):
+        return triton.cdiv(N, meta["BLOCK_N"]), triton.cdiv(M, meta["BLOCK_M"]), meta["SPLIT_K"]
+
+    small = m_hint <= SMALL_M
+    if kernel_wrapper is _direct:
+        key = (small, x.device.index, args[-1], N, K, *flags.values(), specialization(args))
+        _RELAUNCH[small](key, grid, args, flags)
     else:
-        kernel = _DECODE if m_hint <= SMALL_M else _GEMM
-        kernel_wrapper(kernel)[lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), triton.cdiv(M, meta["BLOCK_M"]))](
-            *args, **flags)
+        kernel_wrapper(_DECODE if small else _GEMM)[grid](*args, **flags)
     return out if x.dim() == 2 else out.reshape(*x.shape[:-1], N)
 
 

@@ -86,7 +86,9 @@ def run(artifact: Artifact, options: InductorOptions, context: PassContext) -> P
     if device == "cuda":
         from torch.export.passes import move_to_device_pass
 
-        program = move_to_device_pass(program, "cuda")
+        # with its index: the graph's device arguments (``_assert_tensor_metadata`` among them) must
+        # name the device the tensors report, cuda:0, or Inductor's fake run rejects the graph
+        program = move_to_device_pass(program, torch.device("cuda", torch.cuda.current_device()))
 
     program, int4_layers = decompose_int4(program)
     path = context.workdir / "model.pt2"

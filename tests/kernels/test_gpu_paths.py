@@ -41,11 +41,14 @@ def test_direct_launch_op_and_reference_agree(dtype, M):
     x = torch.randn(M, 256, device="cuda", dtype=dtype)
     args = (layer.qweight, layer.scales, layer.zeros, layer.perm, layer.bias, layer.group_size)
     with torch.inference_mode():
-        direct = w4a16_linear(x, *args)
+        first = w4a16_linear(x, *args)  # through Triton's launcher and the autotuner
+        direct = w4a16_linear(x, *args)  # the remembered compiled kernel (kernels/launcher.py)
         through_op = torch.ops.infopt.w4a16_linear(x, *args)
     reference = w4a16_linear_torch(x.cpu(), *[a.cpu() if isinstance(a, torch.Tensor) else a for a in args])
-    torch.testing.assert_close(direct, through_op, atol=0, rtol=0)
-    torch.testing.assert_close(direct.cpu().float(), reference.float(), **TOLERANCE[dtype])
+    # split-K tiles add their parts atomically, in no fixed order: the paths agree to rounding, not bit for bit
+    for out in (first, direct, through_op):
+        torch.testing.assert_close(out.cpu().float(), reference.float(), **TOLERANCE[dtype])
+    torch.testing.assert_close(direct.float(), through_op.float(), **TOLERANCE[dtype])
 
 
 def test_torch_compile_sees_the_kernel_and_matches_eager():
