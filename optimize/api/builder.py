@@ -155,7 +155,8 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
           allow_pickle: bool = False, max_val_samples: int = DEFAULT_MAX_VAL_SAMPLES,
           calibration: Any = None, calib_samples: int | None = 128, calib_seed: int = 0, tokenizer: str | None = None,
           max_drift: str | None = None, pass_options: dict[str, dict[str, Any]] | None = None,
-          allow_partial: bool = False, require_precision: bool = False, progress: bool | Any = True,
+          allow_partial: bool = True, strict: bool = False, require_precision: bool = False,
+          progress: bool | Any = True,
           command: Sequence[str] | None = None, dry_run: bool = False,
           price_per_hour: float | None = None) -> BuildResult | dict[str, Any]:
     """Build, validate and emit a deployable artifact.
@@ -167,8 +168,10 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     ``calibration`` (a path, an iterable or DataLoader, or ``"module:function"``) makes INT8
     static; ``max_drift`` (``"cosine_mean=0.995"``) is the budget the INT8 fallback holds and the
     verdict checks; ``pass_options`` overrides recipe options by pass name. When one of several
-    candidates fails to build, the build stops (``BuildError``, naming each failure) unless
-    ``allow_partial``: then the others are judged and the failures are listed. INT8 on a CPU target
+    candidates fails to build or to run, the others are judged, the best that passes ships and the
+    failures are listed (the manifest's and report's candidate tables, a warning from the CLI);
+    ``strict`` (or ``allow_partial=False``) stops the build instead (``BuildError``, naming each
+    failure). When every candidate fails, the build stops either way. INT8 on a CPU target
     ships FP32 when no INT8 graph is faster here, unless ``require_precision``. ``command`` is the
     command line that asked for the build (the CLI passes it); the manifest records it, or else the
     Python call. ``price_per_hour`` (USD) replaces the target's for the report's cost figures; a
@@ -216,7 +219,7 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     target_obj = _with_measured_roof(target_obj)
     with claim_output(out, force):
         return _build_claimed(loaded, spec, recipes, target_obj, name, out, force, val, max_val_samples, console,
-                              _BuildContext(command, call, None, budget, allow_partial), calibration, calib_samples,
+                              _BuildContext(command, call, None, budget, allow_partial and not strict), calibration, calib_samples,
                               calib_seed, tokenizer)
 
 
@@ -483,14 +486,16 @@ def _run_candidate(candidate, work):
 
 
 def _survivors(candidates, allow_partial: bool) -> list:
-    """The built candidates; a failed one stops the build (every failure named) unless ``allow_partial``."""
+    """The built candidates; a failed one stops the build (every failure named) when every one
+    failed, or unless ``allow_partial`` (the default; ``--strict`` turns it off)."""
     failed = [c for c in candidates if c.status == "failed"]
     built = [c for c in candidates if c.status == "built"]
     if failed and (not built or not allow_partial):
         total = len([c for c in candidates if c.status != "skipped"])
         raise BuildError(f"{len(failed)} of {total} candidates failed: " + "; ".join(f"{c.label}: {c.reason}" for c in failed),
-                         fix="fix the cause, keep to the backends that build with --backend, or ship the others "
-                             "anyway with --allow-partial (the report lists the failures)")
+                         fix="fix the cause, or keep to the backends that build with --backend" +
+                             ("" if not built else "; without --strict the best of the others ships and the "
+                              "report lists the failures"))
     return built
 
 

@@ -52,7 +52,8 @@ def build(
     int4_checkpoint: Annotated[Optional[str], typer.Option("--int4-checkpoint", help="INT4: auto, gptq, awq or none: the 4-bit checkpoint written to servers/vllm/ for a Hugging Face model (auto: GPTQ layout; none after AWQ).")] = None,
     max_drift: Annotated[Optional[str], typer.Option("--max-drift", help="INT8 drift budget METRIC=VALUE, e.g. cosine_mean=0.995 or top1=0.99; sensitive layers fall back to FP32 until it holds.")] = None,
     require_precision: Annotated[bool, typer.Option("--require-precision", metavar="", help="Ship the precision asked for even when a faster one was measured (INT8 on a CPU where FP32 is faster).")] = False,
-    allow_partial: Annotated[bool, typer.Option("--allow-partial", metavar="", help="With several candidates, ship the best of those that built when others failed (default: exit 3 naming the failures).")] = False,
+    strict: Annotated[bool, typer.Option("--strict", metavar="", help="Exit 3 when any candidate fails to build or run, even if others passed (default: ship the best that passed and warn).")] = False,
+    allow_partial: Annotated[bool, typer.Option("--allow-partial", metavar="", hidden=True, help="The default now: ship the best candidate that passed when others failed.")] = False,
     price_per_hour: Annotated[Optional[float], typer.Option("--price-per-hour", help="USD per hour of the machine you deploy on, for the report's cost per million predictions (replaces the target's).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", metavar="", help="Load the model and show what would be built (candidates, passes, inputs, output folder); write nothing.")] = False,
     as_json: o.Json = False,
@@ -83,12 +84,16 @@ def build(
         allow_pickle=allow_pickle, progress=False if quiet else stderr(), calibration=calib, calib_samples=calib_samples, tokenizer=tokenizer,
         max_drift=max_drift, pass_options={**api_flags.calibration_options(calib_method, calib_percentile, calib_bins, smoothquant_alpha),
                                            **api_flags.int4_options(int4_method, group_size, act_order, int4_checkpoint)},
-        allow_partial=allow_partial, require_precision=require_precision, command=["infopt", *sys.argv[1:]],
+        strict=strict, require_precision=require_precision, command=["infopt", *sys.argv[1:]],
         dry_run=dry_run, price_per_hour=price_per_hour,
     )
     if dry_run:
         _print_plan(result, as_json)
         return
+    for row in result.manifest.candidates:
+        if row.get("status") == "failed":
+            print(f"warning: candidate {row['recipe']} failed and was left out: {row.get('reason')} "
+                  f"(shipped {result.manifest.recipe['name']}; --strict makes this exit 3)", file=sys.stderr)
     if as_json:
         m = result.manifest
         chosen = next((c for c in m.candidates if c.get("chosen")), None)

@@ -28,6 +28,7 @@ import numpy as np
 
 from infopt.core.artifact import Artifact
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.passes.onnx.checks import check_for_onnxruntime
 from infopt.quantize import onnx_int8
 
 FILL = -40.0
@@ -140,7 +141,7 @@ def run(artifact: Artifact, options: PassOptions, context: PassContext) -> PassO
     replaced, softmax = fill(model)
     if not replaced:
         return PassOutcome(artifact, False, ["no additive attention mask with a large negative fill feeds a Softmax"])
-    onnx.checker.check_model(model)
+    check_for_onnxruntime(model)
     path = onnx_int8.save_model(model, context.workdir / "attention-mask-fill.onnx")
     values = sorted({f"{v:.3g}" for v in replaced})
     return PassOutcome(artifact.derive("onnx", path=path), True,

@@ -17,6 +17,7 @@ import numpy as np
 
 from infopt.core.artifact import Artifact
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.passes.onnx.checks import check_for_onnxruntime
 from infopt.quantize import onnx_int8
 
 SCOPES = "pkg.torch.onnx.name_scopes"
@@ -71,6 +72,7 @@ def fuse(model) -> int:
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
     replaced: dict[int, list] = {}
     dropped: set[int] = set()
+    unused: set[str] = set()
     groups = siblings(model)
     for mms, adds in groups:
         head = mms[0].name
@@ -97,17 +99,19 @@ def fuse(model) -> int:
         graph.initializer.extend(new_inits)
         replaced[id(mms[0])] = nodes
         dropped |= {id(n) for n in (*mms, *adds) if n is not None}
-        for mm in mms:
-            graph.initializer.remove(inits[mm.input[1]])
-        for add in adds if adds[0] is not None else []:
-            bias = next(i for i in add.input if i in inits)
-            graph.initializer.remove(inits[bias])
+        unused |= {mm.input[1] for mm in mms}
+        unused |= {next(i for i in add.input if i in inits) for add in adds if add is not None}
     if groups:
         kept = []
         for node in graph.node:
             kept.extend(replaced.get(id(node), [] if id(node) in dropped else [node]))
         del graph.node[:]
         graph.node.extend(kept)
+        # an exporter stores equal constants once (every all-zero bias of a fresh model is one
+        # initializer): drop the old weights and biases only where no node reads them any more
+        unused -= {name for node in kept for name in node.input} | {o.name for o in graph.output}
+        for name in unused:
+            graph.initializer.remove(inits[name])
         del graph.value_info[:]
     return len(groups)
 
@@ -120,7 +124,7 @@ def run(artifact: Artifact, options: PassOptions, context: PassContext) -> PassO
     groups = fuse(model)
     if not groups:
         return PassOutcome(artifact, False, ["no MatMuls share an activation; nothing to fuse"])
-    onnx.checker.check_model(model)
+    check_for_onnxruntime(model)
     path = onnx_int8.save_model(model, context.workdir / "fused-matmuls.onnx")
     return PassOutcome(artifact.derive("onnx", path=path), True,
                        [f"fused {groups} groups of MatMuls that share an activation (e.g. query/key/value)"],

@@ -22,6 +22,7 @@ from infopt.core.artifact import Artifact
 from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
 from infopt.core.threads import ort_session_options
 from infopt.passes.onnx import skip_layernorm
+from infopt.passes.onnx.checks import check_for_onnxruntime
 from infopt.quantize import onnx_int8
 
 
@@ -40,7 +41,6 @@ def op_histogram(path) -> Counter:
 
 
 def optimize(source, target_path, level: str) -> None:
-    import onnx
     import onnxruntime as ort
 
     levels = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -50,7 +50,7 @@ def optimize(source, target_path, level: str) -> None:
     options.graph_optimization_level = levels[level]
     options.optimized_model_filepath = str(target_path)
     ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
-    onnx.checker.check_model(str(target_path))
+    check_for_onnxruntime(target_path)
 
 
 def unfuse_skip_layernorm(path, measure: bool) -> list[str]:
@@ -74,7 +74,7 @@ def unfuse_skip_layernorm(path, measure: bool) -> list[str]:
         if not timing.unfuse:
             return [f"{len(nodes)} {skip_layernorm.FUSED} kept: {timing}"]
     count = skip_layernorm.unfuse(model)
-    onnx.checker.check_model(model)
+    check_for_onnxruntime(model)
     onnx_int8.save_model(model, path)
     return [f"{count} {skip_layernorm.FUSED} unfused into Sum + LayerNormalization" + (f": {timing}" if timing else "")]
 

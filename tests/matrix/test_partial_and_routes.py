@@ -9,7 +9,7 @@ import onnx
 import pytest
 
 from infopt.core.errors import BuildError
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_cli_here
 from tests.matrix import models as M
 from tests.test_bad_input import assert_clean_failure
 
@@ -21,8 +21,9 @@ def mlp_files(tmp_path):
     return tmp_path
 
 
-def test_a_failed_candidate_stops_the_build_unless_allow_partial(tmp_path, monkeypatch):
-    """The fused-ONNX candidate is made to fail: exit 3 naming it; with --allow-partial the others ship."""
+def test_a_failed_candidate_is_left_out_and_listed_unless_strict(tmp_path, monkeypatch):
+    """The fused-ONNX candidate is made to fail: the best of the others ships and the manifest lists the
+    failure; with strict the build stops naming it and writes nothing."""
     import dataclasses
 
     import infopt
@@ -40,12 +41,37 @@ def test_a_failed_candidate_stops_the_build_unless_allow_partial(tmp_path, monke
     monkeypatch.chdir(tmp_path)
     model = M.make("OddMLP")
     with pytest.raises(BuildError, match="1 of 3 candidates failed: fp32-onnxruntime-fused: fusion broke") as info:
-        infopt.build(model, inputs=M.OddMLP.inputs, dims=["batch=1:2:4"], backend="auto", progress=False)
-    assert "--allow-partial" in info.value.fix and not (tmp_path / "dist" / "oddmlp").exists()
-    result = infopt.build(model, inputs=M.OddMLP.inputs, dims=["batch=1:2:4"], allow_partial=True, progress=False)
+        infopt.build(model, inputs=M.OddMLP.inputs, dims=["batch=1:2:4"], backend="auto", strict=True, progress=False)
+    assert "without --strict" in info.value.fix and not (tmp_path / "dist" / "oddmlp").exists()
+    result = infopt.build(model, inputs=M.OddMLP.inputs, dims=["batch=1:2:4"], progress=False)
     rows = {c["recipe"]: c for c in result.manifest.candidates}
     assert rows["fp32-onnxruntime-fused"]["status"] == "failed" and "fusion broke" in rows["fp32-onnxruntime-fused"]["reason"]
     assert result.passed and rows[result.manifest.recipe["name"]]["chosen"]
+    assert "fp32-onnxruntime-fused" in (result.output_dir / "report.md").read_text()
+
+
+def test_the_cli_warns_of_a_failed_candidate_and_strict_exits_3(mlp_files, monkeypatch):
+    """The same failure through the CLI's own entry point: one warning line on stderr and exit 0; with
+    --strict, exit 3 naming the candidate, no traceback and no output folder."""
+    import dataclasses
+
+    import infopt.core.pipeline
+    from infopt.core.registry import get_pass
+
+    def broken(artifact, options, context):
+        raise BuildError("fusion broke on purpose")
+
+    monkeypatch.setattr(infopt.core.pipeline, "get_pass", lambda name: dataclasses.replace(get_pass(name), run=broken)
+                        if name == "transformer_fusion" else get_pass(name))
+    args = ["build", "OddMLP.onnx", "-q", "-o", "out"]
+    proc = run_cli_here(*args, cwd=mlp_files)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning: candidate")]
+    assert len(warnings) == 1 and "fp32-onnxruntime-fused failed" in warnings[0] and "--strict" in warnings[0]
+    assert (mlp_files / "out" / "manifest.json").exists()
+    proc = run_cli_here(*args[:-2], "-o", "strict", "--strict", cwd=mlp_files)
+    assert proc.returncode == 3 and "fp32-onnxruntime-fused: fusion broke on purpose" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (mlp_files / "strict").exists()
 
 
 @pytest.mark.parametrize("source", ["OddMLP_ts.pt", "OddMLP.onnx"])

@@ -13,9 +13,12 @@ from infopt.quantize import onnx_int8
 from infopt.runtime.backends.onnxruntime import OrtRunner
 
 
-def attention_like(path, *, bias: bool = True, shared_weight: bool = False, opset: int = 17):
+def attention_like(path, *, bias: bool = True, shared_weight: bool = False, shared_zero_bias: bool = False,
+                   opset: int = 17):
     """x[batch, seq, 32] -> three projections (q, k, v, each with a bias Add unless ``bias`` is off),
-    summed pairwise so every projection reaches the outputs; plus an unrelated MatMul on its own."""
+    summed pairwise so every projection reaches the outputs; plus an unrelated MatMul on its own.
+    ``shared_zero_bias``: q and k add one all-zero bias initializer, as an exporter stores the equal
+    biases of a freshly initialised model, and the lone MatMul's output adds it too."""
     rng = np.random.default_rng(0)
     inits, nodes, outs = [], [], []
     for name, width in (("q", 16), ("k", 16), ("v", 24)):
@@ -25,17 +28,24 @@ def attention_like(path, *, bias: bool = True, shared_weight: bool = False, opse
         nodes.append(helper.make_node("MatMul", ["x", w], [f"{name}_mm"], name=f"proj_{name}"))
         out = f"{name}_mm"
         if bias:
-            inits.append(numpy_helper.from_array(rng.standard_normal(width).astype(np.float32), f"b{name}"))
-            nodes.append(helper.make_node("Add", [out, f"b{name}"], [f"{name}_out"], name=f"bias_{name}"))
+            b = "zeros16" if shared_zero_bias and name in "qk" else f"b{name}"
+            if b not in {i.name for i in inits}:
+                value = np.zeros(width) if b == "zeros16" else rng.standard_normal(width)
+                inits.append(numpy_helper.from_array(value.astype(np.float32), b))
+            nodes.append(helper.make_node("Add", [out, b], [f"{name}_out"], name=f"bias_{name}"))
             out = f"{name}_out"
         outs.append(out)
     nodes.append(helper.make_node("Relu", [outs[0]], ["q_relu"], name="relu_q"))
-    inits.append(numpy_helper.from_array(rng.standard_normal((16, 8)).astype(np.float32), "w_alone"))
-    nodes.append(helper.make_node("MatMul", ["q_relu", "w_alone"], ["alone"], name="alone"))
+    width = 16 if shared_zero_bias else 8
+    inits.append(numpy_helper.from_array(rng.standard_normal((16, width)).astype(np.float32), "w_alone"))
+    nodes.append(helper.make_node("MatMul", ["q_relu", "w_alone"], ["alone_mm" if shared_zero_bias else "alone"],
+                                  name="alone"))
+    if shared_zero_bias:
+        nodes.append(helper.make_node("Add", ["alone_mm", "zeros16"], ["alone"], name="alone_bias"))
     graph = helper.make_graph(
         nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 32])],
         [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["batch", "seq", w])
-         for n, w in (("alone", 8), (outs[1], 16), (outs[2], 24))], inits)
+         for n, w in (("alone", width), (outs[1], 16), (outs[2], 24))], inits)
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), str(path))
     return path
 
@@ -52,6 +62,20 @@ def test_fused_projections_compute_the_same_outputs(tmp_path, bias, opset):
     onnx.checker.check_model(model)
     ops = [n.op_type for n in model.graph.node]
     assert ops.count("MatMul") == 2 and ops.count("Split") == 1 and ops.count("Add") == (1 if bias else 0)
+    onnx.save(model, str(tmp_path / "fused.onnx"))
+    x = np.random.default_rng(1).standard_normal((2, 5, 32)).astype(np.float32)
+    for a, b in zip(outputs(src, x), outputs(tmp_path / "fused.onnx", x)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_bias_initializer_shared_with_other_nodes_is_kept_where_still_read(tmp_path):
+    src = attention_like(tmp_path / "m.onnx", shared_zero_bias=True)
+    model = onnx.load(str(src))
+    assert fuse(model) == 1
+    onnx.checker.check_model(model)
+    names = {i.name for i in model.graph.initializer}
+    assert "zeros16" in names, "the lone MatMul's Add still reads the shared bias"
+    assert not {"wq", "wk", "wv", "bv"} & names, "the fused members' own constants are gone"
     onnx.save(model, str(tmp_path / "fused.onnx"))
     x = np.random.default_rng(1).standard_normal((2, 5, 32)).astype(np.float32)
     for a, b in zip(outputs(src, x), outputs(tmp_path / "fused.onnx", x)):

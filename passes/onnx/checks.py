@@ -1,0 +1,48 @@
+"""The check an ONNX Runtime graph gets after each rewrite: onnx's checker, and ONNX Runtime itself
+where onnx's checker cannot judge.
+
+ONNX Runtime registers some of its own ops in the default ONNX domain (``SimplifiedLayerNormalization``
+and ``SkipSimplifiedLayerNormalization``, which its fusions and onnxscript's write for the RMSNorm of
+Llama-family models), and its optimizer writes graphs whose ops onnx's shape inference holds to the
+standard's stricter rules (a ``Gemm`` fed a rank-3 tensor after a fusion). onnx's checker rejects
+those though ONNX Runtime, the graph's consumer, runs them. So where the checker names an op it has no
+schema for, or a rank it did not expect, the graph is loaded into an ONNX Runtime session instead (no
+optimizations, CPU): if that session opens, the graph passes; if not, the error says both.
+"""
+
+from __future__ import annotations
+
+from infopt.core.threads import ort_session_options
+
+UNJUDGED = ("No Op registered for", "expected to have rank")
+"""Checker messages about what onnx's schemas do not cover, where ONNX Runtime's word counts."""
+
+
+def check_for_onnxruntime(model) -> None:
+    """Raise ValueError when ``model`` (a ModelProto or a path) is not a graph ONNX Runtime loads."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(model if isinstance(model, onnx.ModelProto) else str(model))
+        return
+    except onnx.checker.ValidationError as exc:
+        if not any(marker in str(exc) for marker in UNJUDGED):
+            raise
+        checker_said = str(exc).strip().splitlines()[0]
+    refused = onnxruntime_refuses(model)
+    if refused:
+        raise ValueError(f"onnx's checker: {checker_said}; ONNX Runtime: {refused}")
+
+
+def onnxruntime_refuses(model, optimize: bool = False) -> str | None:
+    """Why ONNX Runtime will not open ``model`` (a ModelProto or a path) in a quiet CPU session, with
+    no graph optimizations or (``optimize``) all of them, or None when it opens."""
+    import onnx
+    import onnxruntime as ort
+
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    try:
+        ort.InferenceSession(source, ort_session_options(optimize=optimize), providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - ONNX Runtime's own word on the graph
+        return str(exc).strip().splitlines()[0]
+    return None
