@@ -244,6 +244,23 @@ def quantizable_linears(model: nn.Module, keep: LinearFilter = default_filter) -
             yield name, module
 
 
+def conv1d_as_linear(model: nn.Module) -> list[str]:
+    """Replace, in place, each of transformers' ``Conv1D`` layers (GPT-2's projections: a Linear whose
+    weight is stored ``[in, out]``) with the ``nn.Linear`` that computes the same; returns their paths."""
+    found = [(name, m) for name, m in model.named_modules()
+             if type(m).__name__ == "Conv1D" and getattr(m, "weight", None) is not None and m.weight.dim() == 2
+             and getattr(m, "nf", None) == m.weight.shape[1]]
+    for name, conv in found:
+        linear = nn.Linear(conv.weight.shape[0], conv.weight.shape[1], bias=conv.bias is not None,
+                           device=conv.weight.device, dtype=conv.weight.dtype)
+        with torch.no_grad():
+            linear.weight.copy_(conv.weight.T)
+            if conv.bias is not None:
+                linear.bias.copy_(conv.bias)
+        replace_module(model, name, linear)
+    return [name for name, _ in found]
+
+
 def replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
     parent_name, _, child = name.rpartition(".")
     parent = model.get_submodule(parent_name) if parent_name else model

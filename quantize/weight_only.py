@@ -101,8 +101,13 @@ def group_size_for(in_features: int, wanted: int) -> int | None:
     return None
 
 
-def plan_layers(model: nn.Module, config: Int4MethodConfig, keep: LinearFilter = default_filter) -> LayerPlan:
-    """The Linears to quantize with their group sizes; a clear error when the model has none at all."""
+def plan_layers(model: nn.Module, config: Int4MethodConfig, keep: LinearFilter = default_filter,
+                uniform: bool = False) -> LayerPlan:
+    """The Linears to quantize with their group sizes; a clear error when the model has none at all.
+
+    Each layer gets the largest size of the group-size rule that divides its input features; with
+    ``uniform`` (a checkpoint whose config holds one group size), every quantized layer gets the
+    largest size that divides them all (SmolLM-135M's 576-wide layers: 64 for the whole model)."""
     plan = LayerPlan({}, {})
     linears = list(quantizable_linears(model, keep))
     for name, module in linears:
@@ -113,6 +118,12 @@ def plan_layers(model: nn.Module, config: Int4MethodConfig, keep: LinearFilter =
                                "divides them")
         else:
             plan.group_sizes[name] = size
+    if uniform and plan.group_sizes:
+        widths = {model.get_submodule(name).in_features for name in plan.group_sizes}
+        sizes = (config.group_size, *(g for g in FALLBACK_GROUP_SIZES if g < config.group_size))
+        common = next((size for size in sizes if all(width % size == 0 for width in widths)), None)
+        if common is not None:  # else the layers keep their own sizes, and the checkpoint says it cannot hold them
+            plan.group_sizes = dict.fromkeys(plan.group_sizes, common)
     if not linears:
         kinds = sorted({type(m).__name__ for m in model.modules() if next(m.children(), None) is None})
         raise UsageError("the model has no nn.Linear layers to quantize to INT4",
@@ -146,7 +157,7 @@ def layer_groups(model: nn.Module, names: Sequence[str]) -> list[tuple[nn.Module
 def calibrate_int4(model: nn.Module, config: Int4MethodConfig | Int4Config,
                    batches: Iterable[Sequence[torch.Tensor]] | None = None, *,
                    keep: LinearFilter = default_filter, progress: Callable[[str], None] | None = None,
-                   inplace: bool = False) -> Int4Result:
+                   inplace: bool = False, uniform_group_size: bool = False) -> Int4Result:
     """Packed INT4 weights for every quantizable Linear of ``model``.
 
     ``batches`` are tuples of input tensors in the model's argument order; a method that
@@ -156,7 +167,7 @@ def calibrate_int4(model: nn.Module, config: Int4MethodConfig | Int4Config,
     """
     config = as_method_config(config)
     method = handler_for(config)
-    plan = plan_layers(model, config, keep)
+    plan = plan_layers(model, config, keep, uniform=uniform_group_size)
     names = list(plan.group_sizes)
     result = Int4Result(config, {}, kept=dict(plan.kept))
     if not names:
@@ -240,9 +251,11 @@ def apply_int4(model: nn.Module, weights: dict[str, Int4Weight]) -> nn.Module:
 
 def quantize_int4(model: nn.Module, config: Int4MethodConfig | Int4Config | None = None,
                   batches: Iterable[Sequence[torch.Tensor]] | None = None, *, keep: LinearFilter = default_filter,
-                  progress: Callable[[str], None] | None = None) -> Int4Result:
-    """Calibrate in place: ``model`` ends with its quantizable Linears as INT4."""
-    return calibrate_int4(model, as_method_config(config), batches, keep=keep, progress=progress, inplace=True)
+                  progress: Callable[[str], None] | None = None, uniform_group_size: bool = False) -> Int4Result:
+    """Calibrate in place: ``model`` ends with its quantizable Linears as INT4 (one group size for all
+    with ``uniform_group_size``)."""
+    return calibrate_int4(model, as_method_config(config), batches, keep=keep, progress=progress, inplace=True,
+                          uniform_group_size=uniform_group_size)
 
 
 def _outputs(model: nn.Module, batches) -> list:

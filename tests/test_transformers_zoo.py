@@ -4,7 +4,8 @@ holds it, with a relative path.
 
 This is the first slice of the zoo: the families whose default ONNX Runtime build failed before
 (Llama, Qwen2 and Mistral on ONNX Runtime's RMSNorm op that onnx's checker does not know, GPT-2 on a
-fusion ONNX Runtime refused, BERT-family ``--int8`` on bias initializers the exporter shares). Each
+fusion ONNX Runtime refused, ELECTRA's token-classification head on an output name, BERT-family
+``--int8`` on bias initializers the exporter shares), and INT4 of Llama and GPT-2. Each
 cell asserts exit 0, every candidate built, no traceback, and the drift the manifest measured.
 ``--backend onnxruntime`` keeps each build to seconds (the AOTInductor candidate's C++ compile is
 what the default adds; the CPU matrix covers it)."""
@@ -31,12 +32,14 @@ FAMILIES = {
                                                                          n_layer=2, n_head=4, bos_token_id=0,
                                                                          eos_token_id=0)),
     "bert": lambda: transformers.BertModel(transformers.BertConfig(**SMALL, **ENCODER)),
+    "electra-tokens": lambda: transformers.ElectraForTokenClassification(transformers.ElectraConfig(
+        **SMALL, embedding_size=64, **ENCODER, num_labels=5)),
     "distilbert": lambda: transformers.DistilBertModel(transformers.DistilBertConfig(
         vocab_size=512, max_position_embeddings=64, dim=64, hidden_dim=128, n_layers=2, n_heads=4)),
 }
 
-CELLS = [("llama", "fp32"), ("qwen2", "fp32"), ("mistral", "fp32"), ("gpt2", "fp32"), ("bert", "int8"),
-         ("distilbert", "int8"), ("qwen2", "int8")]
+CELLS = [("llama", "fp32"), ("qwen2", "fp32"), ("mistral", "fp32"), ("gpt2", "fp32"), ("electra-tokens", "fp32"),
+         ("bert", "int8"), ("distilbert", "int8"), ("qwen2", "int8")]
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +68,46 @@ def test_a_transformers_folder_builds_from_the_command_line(zoo, family, precisi
     worst = manifest["validation"]["drift"]["worst"]
     assert manifest["validation"]["verdict"]["passed"]
     assert worst["cosine_min"] >= (0.9999 if precision == "fp32" else 0.95), worst
+
+
+def build_int4(zoo, family):
+    out = f"dist-{family}-int4"
+    proc = run_cli("build", f"tiny-{family}", "--int4", "--backend", "onnxruntime", "--dim", "batch=1:2:4",
+                   "--dim", "seq=1:16:32", "--batch-sizes", "1,4", "-o", out, "--json", "-q", "--strict",
+                   cwd=zoo, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    manifest = json.loads((zoo / out / "manifest.json").read_text())
+    assert manifest["validation"]["verdict"]["passed"] and manifest["precision"] == "int4"
+    return zoo / out, next(p for p in manifest["passes"] if p["name"] == "quantize_int4")
+
+
+@pytest.mark.slow
+def test_int4_of_a_model_no_layer_of_which_128_divides_takes_one_group_size_its_checkpoint_holds(zoo):
+    """Llama at hidden 64 (as SmolLM-135M at 576): 128 divides no layer; the whole model takes 64, and
+    transformers (through gptqmodel) loads the GPTQ checkpoint and computes what the model does."""
+    import torch
+
+    out, quantized = build_int4(zoo, "llama")
+    assert {row["group_size"] for row in quantized["details"]["layers"]} == {64}
+    assert len(quantized["details"]["layers"]) == 14 and quantized["details"]["checkpoint"]["format"] == "gptq"
+    loaded, info = transformers.AutoModelForCausalLM.from_pretrained(
+        out / "servers" / "vllm", dtype=torch.float32, device_map="cpu", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    source = transformers.AutoModelForCausalLM.from_pretrained(zoo / "tiny-llama").eval()
+    ids = torch.randint(0, 512, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got, want = loaded(ids).logits.float(), source(ids).logits
+    assert torch.nn.functional.cosine_similarity(got.flatten(1), want.flatten(1)).min() >= 0.98
+
+
+@pytest.mark.slow
+def test_int4_of_gpt2_quantizes_its_conv1d_layers(zoo):
+    """GPT-2's projections are transformers' Conv1D (a Linear with its weight transposed): all eight go
+    to INT4; no checkpoint, since transformers cannot load a GPTQ GPT-2, and the note says so."""
+    out, quantized = build_int4(zoo, "gpt2")
+    names = {row["name"] for row in quantized["details"]["layers"]}
+    assert len(names) == 8 and any(name.endswith("attn.c_attn") for name in names)
+    assert any("Conv1D layers quantized" in note for note in quantized["notes"])
+    assert any(note.startswith("no 4-bit checkpoint: transformers") for note in quantized["notes"])
+    assert not (out / "servers" / "vllm").exists()

@@ -79,9 +79,11 @@ def _wrapper_class():
             self.model = model
             self.source_dir = source_dir
             self.head = head
+            # a model with a task head (transformers names them *For<Task>: CausalLM, MaskedLM,
+            # SequenceClassification, TokenClassification...) answers logits; a bare encoder its tokens
             has_head = hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is not None
-            classifier = "ForSequenceClassification" in type(model).__name__
-            self.output_key = "logits" if (has_head or classifier) and head is None else "last_hidden_state"
+            task_head = "For" in type(model).__name__
+            self.output_key = "logits" if (has_head or task_head) and head is None else "last_hidden_state"
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
             kwargs = {"use_cache": False} if getattr(self.model.config, "use_cache", None) is not None else {}

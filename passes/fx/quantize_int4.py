@@ -31,6 +31,7 @@ from infopt.core.errors import UsageError
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.exporters.int4_checkpoint import CHECKPOINT_PRODUCT, CheckpointSource, checkpoint_format
 from infopt.quantize.int4_config import Int4Config, Int4MethodConfig
+from infopt.quantize.int4_format import conv1d_as_linear
 from infopt.quantize.sensitivity import Budget
 from infopt.quantize.weight_only import fall_back_to_budget, quantize_int4
 
@@ -150,7 +151,11 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
         return PassOutcome(artifact, False, [note], asked)
     batches = calibration_batches(context.calibration, artifact.spec) if config.needs_data and context.calibration else None
     model = copy.deepcopy(module).eval()
-    result = quantize_int4(model, config, batches, progress=context.say)
+    conv1d = conv1d_as_linear(model)  # GPT-2's Conv1D projections are Linears with the weight transposed
+    # a checkpoint's config holds one group size: decided before calibrating, for every layer
+    checkpoint = options.checkpoint in ("gptq", "awq") or (options.checkpoint == "auto" and method != "awq" and not conv1d)
+    uniform = checkpoint and hf_model(model) is not None
+    result = quantize_int4(model, config, batches, progress=context.say, uniform_group_size=uniform)
     fallback = _fall_back(module, model, result, options, context, artifact.spec)
     layers = [row.to_json() for row in result.layers]
     errors = [row["error"] for row in layers if row["error"] is not None]
@@ -161,7 +166,10 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
     restored = set(fallback["restored"]) if fallback else set()
     notes += [f"kept {name} in float: {why}" for name, why in result.kept.items() if name not in restored]
     smaller = [row["name"] for row in layers if row["group_size"] != config.group_size]
-    if smaller:
+    if smaller and uniform and len(sizes) == 1:
+        notes.append(f"group size {sizes[0]} for every layer: {config.group_size} does not divide the input features "
+                     f"of {len(smaller)} of them, and the 4-bit checkpoint's config holds one group size")
+    elif smaller:
         notes.append(f"group size below {config.group_size} where {config.group_size} does not divide the input "
                      f"features: {', '.join(smaller)}")
     if not layers:
@@ -171,6 +179,8 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
         metric = fallback["budget"].split()[0]
         notes.append(f"{len(fallback['restored'])} most sensitive layer(s) back in float to hold {fallback['budget']}: "
                      f"{metric} {before.get(metric):.4g} -> {after.get(metric):.4g} (the INT4 layers table names them)")
+    if conv1d:
+        notes.append(f"{len(conv1d)} transformers Conv1D layers quantized as the Linears they are (weight transposed)")
     if options.method == "auto" and method == "rtn":
         notes.append("no calibration data: round-to-nearest; pass --calib for GPTQ")
     if errors:
@@ -181,6 +191,11 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
                           kept=result.kept, fallback=fallback)
     result_artifact = artifact.derive("torch", obj=model)
     layout = options.checkpoint
+    if layout == "auto" and conv1d:
+        layout = "none"
+        notes.append(f"no 4-bit checkpoint: transformers ({_version('transformers')}) does not load a GPTQ checkpoint "
+                     "of a model with Conv1D layers (GPT-2's weight initialisation reads c_proj.weight, which a "
+                     "quantized layer does not have); --int4-checkpoint gptq writes one anyway")
     if layout == "auto":
         layout = "none" if any(w.input_scale is not None for w in result.weights.values()) else "gptq"
         if layout == "none":
@@ -189,6 +204,15 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
     if layout != "none" and layers:
         notes.append(_plan_checkpoint(model, layout, result_artifact, details))
     return PassOutcome(result_artifact, True, notes, details)
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
 
 
 def _method_config(options: QuantizeInt4Options, method: str) -> Int4MethodConfig:
