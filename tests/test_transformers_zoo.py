@@ -5,7 +5,8 @@ holds it, with a relative path.
 This is the first slice of the zoo: the families whose default ONNX Runtime build failed before
 (Llama, Qwen2 and Mistral on ONNX Runtime's RMSNorm op that onnx's checker does not know, GPT-2 on a
 fusion ONNX Runtime refused, ELECTRA's token-classification head on an output name, BERT-family
-``--int8`` on bias initializers the exporter shares), and INT4 of Llama and GPT-2. Each
+``--int8`` on bias initializers the exporter shares), INT4 of Llama and GPT-2, image and audio models
+built from the input they read (ViT, ResNet, wav2vec2), and an encoder-decoder refused with what to do. Each
 cell asserts exit 0, every candidate built, no traceback, and the drift the manifest measured.
 ``--backend onnxruntime`` keeps each build to seconds (the AOTInductor candidate's C++ compile is
 what the default adds; the CPU matrix covers it)."""
@@ -34,12 +35,26 @@ FAMILIES = {
     "bert": lambda: transformers.BertModel(transformers.BertConfig(**SMALL, **ENCODER)),
     "electra-tokens": lambda: transformers.ElectraForTokenClassification(transformers.ElectraConfig(
         **SMALL, embedding_size=64, **ENCODER, num_labels=5)),
+    "vit": lambda: transformers.ViTForImageClassification(transformers.ViTConfig(
+        image_size=32, patch_size=8, num_labels=10, **ENCODER)),
+    "resnet": lambda: transformers.ResNetModel(transformers.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32],
+                                                                         depths=[1, 1])),
+    "wav2vec2": lambda: transformers.Wav2Vec2ForCTC(transformers.Wav2Vec2Config(
+        vocab_size=32, **ENCODER, conv_dim=(32, 32), conv_stride=(5, 4), conv_kernel=(10, 4),
+        num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4)),
+    "bart": lambda: transformers.BartModel(transformers.BartConfig(
+        **SMALL, d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=128, decoder_ffn_dim=128)),
     "distilbert": lambda: transformers.DistilBertModel(transformers.DistilBertConfig(
         vocab_size=512, max_position_embeddings=64, dim=64, hidden_dim=128, n_layers=2, n_heads=4)),
 }
 
 CELLS = [("llama", "fp32"), ("qwen2", "fp32"), ("mistral", "fp32"), ("gpt2", "fp32"), ("electra-tokens", "fp32"),
-         ("bert", "int8"), ("distilbert", "int8"), ("qwen2", "int8")]
+         ("vit", "fp32"), ("resnet", "fp32"), ("wav2vec2", "fp32"), ("bert", "int8"), ("distilbert", "int8"),
+         ("qwen2", "int8"), ("vit", "int8")]
+INPUT = {"vit": ("pixel_values", ["batch", 3, 32, 32], "logits"), "resnet": ("pixel_values", ["batch", 3, 224, 224], "pooler_output"),
+         "wav2vec2": ("input_values", ["batch", "samples"], "logits")}
+"""what the image and audio models read (from the config) and answer"""
 
 
 @pytest.fixture(scope="module")
@@ -57,14 +72,18 @@ def zoo(tmp_path_factory):
 @pytest.mark.parametrize(("family", "precision"), CELLS, ids=[f"{f}-{p}" for f, p in CELLS])
 def test_a_transformers_folder_builds_from_the_command_line(zoo, family, precision):
     out = f"dist-{family}-{precision}"
+    dims = {"vit": [], "resnet": [], "wav2vec2": ["--dim", "samples=4000:8000:16000"]}.get(family, ["--dim", "seq=1:16:32"])
     proc = run_cli("build", f"tiny-{family}", f"--{precision}", "--backend", "onnxruntime", "--dim", "batch=1:2:4",
-                   "--dim", "seq=1:16:32", "--batch-sizes", "1,4", "-o", out, "--json", "-q", "--strict",
-                   cwd=zoo, timeout=600)
+                   *dims, "--batch-sizes", "1,4", "-o", out, "--json", "-q", "--strict", cwd=zoo, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     manifest = json.loads((zoo / out / "manifest.json").read_text())
     statuses = {c["recipe"]: c["status"] for c in manifest["candidates"]}
     assert "failed" not in statuses.values(), statuses
+    if family in INPUT:
+        name, shape, output = INPUT[family]
+        assert [(i["name"], i["shape"]) for i in manifest["inputs"]["inputs"]] == [(name, shape)]
+        assert [o["name"] for o in manifest["outputs"]] == [output]
     worst = manifest["validation"]["drift"]["worst"]
     assert manifest["validation"]["verdict"]["passed"]
     assert worst["cosine_min"] >= (0.9999 if precision == "fp32" else 0.95), worst
@@ -111,3 +130,10 @@ def test_int4_of_gpt2_quantizes_its_conv1d_layers(zoo):
     assert any("Conv1D layers quantized" in note for note in quantized["notes"])
     assert any(note.startswith("no 4-bit checkpoint: transformers") for note in quantized["notes"])
     assert not (out / "servers" / "vllm").exists()
+
+
+def test_an_encoder_decoder_folder_is_refused_with_what_to_build(zoo):
+    proc = run_cli("build", "tiny-bart", "-q", cwd=zoo)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "encoder-decoder model (BartModel)" in proc.stderr and "get_encoder()" in proc.stderr
+    assert not (zoo / "dist").exists()

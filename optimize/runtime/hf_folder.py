@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infopt.core.errors import EnvironmentProblem, ModelLoadError
+from infopt.core.errors import EnvironmentProblem, ModelLoadError, UsageError
 from infopt.core.inputspec import DimRange, InputSpec
+from infopt.runtime.hf_media import media_input, media_spec, media_wrapper_class
 
 INPUTS = ("input_ids:int64[batch,seq]", "attention_mask:int64[batch,seq]")
 SEQ_OPT = 128
@@ -205,6 +206,15 @@ def load_hf_folder(path: Path) -> HFSource:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"transformers cannot load {path} as {cls.__name__}: {first}",
                              fix="check that config.json and the safetensors files belong together") from exc
+    if config.get("is_encoder_decoder") and hasattr(model, "get_decoder"):
+        raise UsageError(f"{path} is an encoder-decoder model ({cls.__name__}), which infopt does not build as one "
+                         "graph: its decoder needs decoder inputs and a generation loop",
+                         fix="build its encoder: save model.get_encoder() (e.g. T5EncoderModel) with save_pretrained "
+                             "and build that folder; text encoders, decoder-only LMs, image and audio encoders build as they are")
+    medium = media_input(model)
+    if medium is not None:
+        module = media_wrapper_class()(model.eval(), str(path), medium).eval()
+        return HFSource(module, media_spec(medium, config), module.output_key, _default_name(path, config))
     head = sentence_head(path)
     module = _wrapper_class()(model.eval(), str(path), head).eval()
     output = "sentence_embedding" if head else module.output_key
