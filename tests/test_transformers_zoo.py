@@ -45,15 +45,48 @@ FAMILIES = {
     "bart": lambda: transformers.BartModel(transformers.BartConfig(
         **SMALL, d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4,
         encoder_ffn_dim=128, decoder_ffn_dim=128)),
+    "gptneox": lambda: transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**SMALL, **ENCODER)),
+    "opt": lambda: transformers.OPTForCausalLM(transformers.OPTConfig(
+        **SMALL, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4, word_embed_proj_dim=64)),
+    "gemma": lambda: transformers.GemmaForCausalLM(transformers.GemmaConfig(**SMALL, **DECODER, head_dim=16)),
+    "qwen3": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**SMALL, **DECODER, head_dim=16)),
+    "phi3": lambda: transformers.Phi3ForCausalLM(transformers.Phi3Config(**SMALL, **DECODER, pad_token_id=0)),
+    "smollm": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(  # SmolLM-135M's widths, 2 layers
+        **SMALL, hidden_size=576, intermediate_size=1536, num_hidden_layers=2, num_attention_heads=9,
+        num_key_value_heads=3)),
+    "roberta": lambda: transformers.RobertaModel(transformers.RobertaConfig(vocab_size=512, max_position_embeddings=66,
+                                                                            **ENCODER)),
+    "xlmr-classifier": lambda: transformers.XLMRobertaForSequenceClassification(transformers.XLMRobertaConfig(
+        vocab_size=512, max_position_embeddings=66, **ENCODER, num_labels=3)),
+    "debertav2": lambda: transformers.DebertaV2Model(transformers.DebertaV2Config(**SMALL, **ENCODER)),
+    "modernbert-mlm": lambda: transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(
+        **SMALL, **ENCODER, pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)),
+    "t5-encoder": lambda: transformers.T5EncoderModel(transformers.T5Config(
+        vocab_size=512, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4)),
+    "convnext": lambda: transformers.ConvNextForImageClassification(transformers.ConvNextConfig(
+        num_stages=2, hidden_sizes=[16, 32], depths=[1, 1], image_size=32, num_labels=5)),
+    "swin": lambda: transformers.SwinModel(transformers.SwinConfig(
+        image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4)),
+    "clip-vision": lambda: transformers.CLIPVisionModel(transformers.CLIPVisionConfig(image_size=32, patch_size=8,
+                                                                                       **ENCODER)),
+    "whisper-encoder": lambda: transformers.WhisperForAudioClassification(transformers.WhisperConfig(
+        vocab_size=512, d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, num_mel_bins=16, max_source_positions=32)),
     "distilbert": lambda: transformers.DistilBertModel(transformers.DistilBertConfig(
         vocab_size=512, max_position_embeddings=64, dim=64, hidden_dim=128, n_layers=2, n_heads=4)),
 }
 
 CELLS = [("llama", "fp32"), ("qwen2", "fp32"), ("mistral", "fp32"), ("gpt2", "fp32"), ("electra-tokens", "fp32"),
          ("vit", "fp32"), ("resnet", "fp32"), ("wav2vec2", "fp32"), ("bert", "int8"), ("distilbert", "int8"),
-         ("qwen2", "int8"), ("vit", "int8")]
+         ("qwen2", "int8"), ("vit", "int8"), ("gptneox", "fp32"), ("opt", "fp32"), ("gemma", "fp32"), ("qwen3", "fp32"),
+         ("phi3", "fp32"), ("roberta", "fp32"), ("xlmr-classifier", "int8"), ("debertav2", "fp32"),
+         ("modernbert-mlm", "fp32"), ("t5-encoder", "fp32"), ("convnext", "fp32"), ("swin", "fp32"),
+         ("clip-vision", "fp32"), ("whisper-encoder", "fp32")]
 INPUT = {"vit": ("pixel_values", ["batch", 3, 32, 32], "logits"), "resnet": ("pixel_values", ["batch", 3, 224, 224], "pooler_output"),
-         "wav2vec2": ("input_values", ["batch", "samples"], "logits")}
+         "wav2vec2": ("input_values", ["batch", "samples"], "logits"), "convnext": ("pixel_values", ["batch", 3, 32, 32], "logits"),
+         "swin": ("pixel_values", ["batch", 3, 32, 32], "last_hidden_state"),
+         "clip-vision": ("pixel_values", ["batch", 3, 32, 32], "last_hidden_state"),
+         "whisper-encoder": ("input_features", ["batch", 16, 64], "logits")}
 """what the image and audio models read (from the config) and answer"""
 
 
@@ -72,7 +105,8 @@ def zoo(tmp_path_factory):
 @pytest.mark.parametrize(("family", "precision"), CELLS, ids=[f"{f}-{p}" for f, p in CELLS])
 def test_a_transformers_folder_builds_from_the_command_line(zoo, family, precision):
     out = f"dist-{family}-{precision}"
-    dims = {"vit": [], "resnet": [], "wav2vec2": ["--dim", "samples=4000:8000:16000"]}.get(family, ["--dim", "seq=1:16:32"])
+    media = {"wav2vec2": ["--dim", "samples=4000:8000:16000"]}
+    dims = media.get(family, [] if family in INPUT else ["--dim", "seq=1:16:32"])
     proc = run_cli("build", f"tiny-{family}", f"--{precision}", "--backend", "onnxruntime", "--dim", "batch=1:2:4",
                    *dims, "--batch-sizes", "1,4", "-o", out, "--json", "-q", "--strict", cwd=zoo, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -137,3 +171,11 @@ def test_an_encoder_decoder_folder_is_refused_with_what_to_build(zoo):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "encoder-decoder model (BartModel)" in proc.stderr and "get_encoder()" in proc.stderr
     assert not (zoo / "dist").exists()
+
+
+@pytest.mark.slow
+def test_int4_of_smollm_widths_takes_group_size_64(zoo):
+    """SmolLM-135M's layers are 576 and 1536 wide: 128 divides neither 576 nor the checkpoint's one size."""
+    _, quantized = build_int4(zoo, "smollm")
+    assert {row["group_size"] for row in quantized["details"]["layers"]} == {64}
+    assert quantized["details"]["checkpoint"]["format"] == "gptq"

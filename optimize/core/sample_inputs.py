@@ -15,7 +15,8 @@ NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "float64": np.floa
 
 def random_feed(spec: InputSpec, *, seed: int = 0, int_high: int = 2, pick: str = "opt",
                 **dims: int) -> dict[str, np.ndarray]:
-    """One batch of seeded random inputs: floats ~ N(0, 1), integers in [0, int_high)."""
+    """One batch of seeded random inputs: floats ~ N(0, 1), integers in [0, int_high), an integer input
+    named ``*mask`` all ones."""
     rng = np.random.default_rng(seed)
     feed = {}
     for tensor in spec.inputs:
@@ -27,6 +28,10 @@ def random_feed(spec: InputSpec, *, seed: int = 0, int_high: int = 2, pick: str 
                                  fix="declare it float32 in --input and cast inside the model")
         elif tensor.dtype == "bool":
             feed[tensor.name] = rng.integers(0, 2, shape).astype(np.bool_)
+        elif tensor.name.endswith("mask"):
+            # an attention mask is 0/1, and some models compute positions from it (OPT: its cumulative
+            # sum), so random ids there index past their tables: every position attended
+            feed[tensor.name] = np.ones(shape, NUMPY_DTYPES[tensor.dtype])
         else:
             feed[tensor.name] = rng.integers(0, int_high, shape).astype(NUMPY_DTYPES[tensor.dtype])
     return feed

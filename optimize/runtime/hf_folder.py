@@ -180,6 +180,16 @@ def _spec(config: dict, head: SentenceHead | None) -> InputSpec:
     return spec
 
 
+def _has_decoder(model) -> bool:
+    """Whether the model runs a decoder (BART, T5, Whisper's seq2seq): transformers' ``get_decoder``
+    answers the model itself for one that keeps only the encoder (WhisperForAudioClassification)."""
+    try:
+        decoder = model.get_decoder()
+    except (AttributeError, NotImplementedError):
+        return False
+    return decoder is not None and decoder is not model
+
+
 def load_hf_folder(path: Path) -> HFSource:
     """The wrapped module, its InputSpec, output name and default name for the folder at ``path``."""
     config_file = path / "config.json"
@@ -206,7 +216,7 @@ def load_hf_folder(path: Path) -> HFSource:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"transformers cannot load {path} as {cls.__name__}: {first}",
                              fix="check that config.json and the safetensors files belong together") from exc
-    if config.get("is_encoder_decoder") and hasattr(model, "get_decoder"):
+    if config.get("is_encoder_decoder") and _has_decoder(model):
         raise UsageError(f"{path} is an encoder-decoder model ({cls.__name__}), which infopt does not build as one "
                          "graph: its decoder needs decoder inputs and a generation loop",
                          fix="build its encoder: save model.get_encoder() (e.g. T5EncoderModel) with save_pretrained "

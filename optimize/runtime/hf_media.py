@@ -2,11 +2,13 @@
 
 transformers names each model's input (``main_input_name``): ``pixel_values`` for vision models
 (ViT, DeiT, BEiT, Swin, DINOv2, ConvNeXt, ResNet...), ``input_values`` for raw-audio encoders
-(wav2vec2, HuBERT, WavLM). Such a model is built from that one input, not from tokens:
+(wav2vec2, HuBERT, WavLM), ``input_features`` for Whisper's encoder. Such a model is built from that one input, not from tokens:
 
 - ``pixel_values: float32[batch, num_channels, image_size, image_size]`` (the config's sizes; 3 and
   224 where it has none);
-- ``input_values: float32[batch, samples]``, 1 to 4 seconds at 16 kHz by default (``--dim samples=``).
+- ``input_values: float32[batch, samples]``, 1 to 4 seconds at 16 kHz by default (``--dim samples=``);
+- ``input_features: float32[batch, num_mel_bins, 2 * max_source_positions]`` (Whisper's encoder, as in
+  WhisperForAudioClassification: log-mel frames, the length its positions fix).
 
 The output is ``logits`` for a model with a task head (``*For<Task>``), else ``pooler_output`` for a
 convolutional backbone (ConvNeXt, ResNet: its last state is a feature map), else ``last_hidden_state``. Text models keep the token inputs of
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from infopt.core.inputspec import DimRange, InputSpec
 
-MEDIA_INPUTS = ("pixel_values", "input_values")
+MEDIA_INPUTS = ("pixel_values", "input_values", "input_features")
 AUDIO_RATE = 16000
 
 
@@ -34,6 +36,9 @@ def media_spec(name: str, config: dict) -> InputSpec:
         size = config.get("image_size") or 224
         side = int(size[0] if isinstance(size, (list, tuple)) else size)
         return InputSpec.parse([f"pixel_values:float32[batch,{channels},{side},{side}]"])
+    if name == "input_features":  # Whisper's encoder: log-mel frames, exactly twice its source positions
+        mels, frames = int(config.get("num_mel_bins") or 80), 2 * int(config.get("max_source_positions") or 1500)
+        return InputSpec.parse([f"input_features:float32[batch,{mels},{frames}]"])
     spec = InputSpec.parse(["input_values:float32[batch,samples]"])
     return spec.with_dims({"samples": DimRange(AUDIO_RATE, AUDIO_RATE, 4 * AUDIO_RATE)})
 
