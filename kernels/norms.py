@@ -178,7 +178,7 @@ def _launch(kernel, x: torch.Tensor, params: list[torch.Tensor | None], flags: d
     args = [x2, *[x2 if p is None else p for p in params], y, hidden, x2.stride(0), y.stride(0), eps]
     rows = x2.shape[0]
     if wrapper is _direct and _RELAUNCH:
-        key = (kernel.fn.__name__, hidden, x.device.index, *flags.values(), specialization(args))
+        key = (hidden, x.device.index, *flags.values(), specialization(args))
         _RELAUNCH[kernel.fn.__name__](key, lambda meta: (rows,), args, dict(flags, **config))
     else:
         wrapper(kernel)[(rows,)](*args, **flags, **config)

@@ -225,7 +225,7 @@ def _launch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros:
 
     small = m_hint <= SMALL_M
     if kernel_wrapper is _direct:
-        key = (small, x.device.index, args[-1], N, K, *flags.values(), specialization(args))
+        key = (x.device.index, args[-1], N, K, *flags.values(), specialization(args))  # args[-1]: M_BUCKET
         _RELAUNCH[small](key, grid, args, flags)
     else:
         kernel_wrapper(_DECODE if small else _GEMM)[grid](*args, **flags)

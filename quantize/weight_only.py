@@ -92,10 +92,15 @@ class LayerPlan:
     """layer path -> why it stays in the activation precision"""
 
 
+def group_sizes_tried(wanted: int) -> tuple[int, ...]:
+    """``wanted``, then the sizes of :data:`FALLBACK_GROUP_SIZES` below it, largest first."""
+    return (wanted, *(g for g in FALLBACK_GROUP_SIZES if g < wanted))
+
+
 def group_size_for(in_features: int, wanted: int) -> int | None:
     """``wanted`` if it divides ``in_features``, else the largest of :data:`FALLBACK_GROUP_SIZES`
     below it that does, else None (the layer stays unquantized)."""
-    for size in (wanted, *(g for g in FALLBACK_GROUP_SIZES if g < wanted)):
+    for size in group_sizes_tried(wanted):
         if not check_group_size("", in_features, size):
             return size
     return None
@@ -113,15 +118,15 @@ def plan_layers(model: nn.Module, config: Int4MethodConfig, keep: LinearFilter =
     for name, module in linears:
         size = group_size_for(module.in_features, config.group_size)
         if size is None:
-            tried = sorted({config.group_size, *(g for g in FALLBACK_GROUP_SIZES if g < config.group_size)}, reverse=True)
+            tried = group_sizes_tried(config.group_size)
             plan.kept[name] = (f"{module.in_features} input features: no group size of {', '.join(map(str, tried))} "
                                "divides them")
         else:
             plan.group_sizes[name] = size
     if uniform and plan.group_sizes:
         widths = {model.get_submodule(name).in_features for name in plan.group_sizes}
-        sizes = (config.group_size, *(g for g in FALLBACK_GROUP_SIZES if g < config.group_size))
-        common = next((size for size in sizes if all(width % size == 0 for width in widths)), None)
+        common = next((size for size in group_sizes_tried(config.group_size)
+                       if all(width % size == 0 for width in widths)), None)
         if common is not None:  # else the layers keep their own sizes, and the checkpoint says it cannot hold them
             plan.group_sizes = dict.fromkeys(plan.group_sizes, common)
     if not linears:

@@ -25,7 +25,7 @@ AUDIO_RATE = 16000
 
 
 def media_input(model) -> str | None:
-    """``pixel_values`` or ``input_values`` when ``model`` reads an image or raw audio, else None."""
+    """The name of the one input ``model`` reads when it is an image or audio model, else None."""
     name = getattr(model, "main_input_name", None)
     return name if name in MEDIA_INPUTS else None
 
@@ -48,7 +48,7 @@ def media_wrapper_class():
     from torch import nn
 
     class HFMediaModel(nn.Module):
-        """``pixel_values`` or ``input_values`` -> one tensor (see the module docstring)."""
+        """The model's one image or audio input -> one tensor (see the module docstring)."""
 
         def __init__(self, model: nn.Module, source_dir: str, input_name: str):
             super().__init__()

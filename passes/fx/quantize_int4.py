@@ -34,6 +34,7 @@ from infopt.quantize.int4_config import Int4Config, Int4MethodConfig
 from infopt.quantize.int4_format import conv1d_as_linear
 from infopt.quantize.sensitivity import Budget
 from infopt.quantize.weight_only import fall_back_to_budget, quantize_int4
+from infopt.runtime.backend import package_version
 
 CHECKPOINT_DIR = "servers/vllm"
 
@@ -193,7 +194,8 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
     layout = options.checkpoint
     if layout == "auto" and conv1d:
         layout = "none"
-        notes.append(f"no 4-bit checkpoint: transformers ({_version('transformers')}) does not load a GPTQ checkpoint "
+        transformers = package_version("transformers") or "not installed"
+        notes.append(f"no 4-bit checkpoint: transformers ({transformers}) does not load a GPTQ checkpoint "
                      "of a model with Conv1D layers (GPT-2's weight initialisation reads c_proj.weight, which a "
                      "quantized layer does not have); --int4-checkpoint gptq writes one anyway")
     if layout == "auto":
@@ -204,15 +206,6 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
     if layout != "none" and layers:
         notes.append(_plan_checkpoint(model, layout, result_artifact, details))
     return PassOutcome(result_artifact, True, notes, details)
-
-
-def _version(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(package)
-    except PackageNotFoundError:
-        return "not installed"
 
 
 def _method_config(options: QuantizeInt4Options, method: str) -> Int4MethodConfig:

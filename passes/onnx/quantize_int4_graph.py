@@ -22,7 +22,7 @@ from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
 from infopt.passes.fx.quantize_int4 import Int4Details
 from infopt.passes.lower.onnx_int4 import replace_with_nbits
 from infopt.quantize.rtn import rtn_quantize
-from infopt.quantize.weight_only import FALLBACK_GROUP_SIZES, group_size_for
+from infopt.quantize.weight_only import group_size_for, group_sizes_tried
 
 MODULE_PASS = "quantize_int4"
 
@@ -95,7 +95,7 @@ def run(artifact: Artifact, options: GraphInt4Options, context: PassContext) -> 
         label = node.name or f"{node.op_type} {list(node.inputs)[1].name}"
         size = group_size_for(k, wanted)
         if size is None:
-            tried = sorted({wanted, *(g for g in FALLBACK_GROUP_SIZES if g < wanted)}, reverse=True)
+            tried = group_sizes_tried(wanted)
             kept[label] = f"{k} input features: no group size of {', '.join(map(str, tried))} divides them"
             continue
         packed = rtn_quantize(torch.from_numpy(np.ascontiguousarray(weight)), size, symmetric)

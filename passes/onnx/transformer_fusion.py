@@ -23,7 +23,7 @@ from collections import Counter
 
 from infopt.core.artifact import Artifact
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
-from infopt.passes.onnx.checks import check_for_onnxruntime, onnxruntime_refuses
+from infopt.passes.onnx.checks import onnxruntime_refuses
 
 HEADLINE = ("attention", "skip_layer_normalization", "bias_gelu", "gelu", "erf_gelu", "rotary_embedding")
 
@@ -51,13 +51,12 @@ def run(artifact: Artifact, options: PassOptions, context: PassContext) -> PassO
     context.say("matching attention, norm and GELU patterns")
     counts = fuse(artifact.path, path)
     fired = {k: v for k, v in counts.items() if v}
-    # with all of ONNX Runtime's optimizations, as ort_optimize and the server will open it
+    # the check: ONNX Runtime opens it with all its optimizations, as ort_optimize and the server will
     refused = onnxruntime_refuses(path, optimize=True) if fired else None
     if refused:  # a rewrite whose pattern did not really hold (GPT-2's Conv1D Gemm lost its 2-D reshape)
         notes = [f"fusions not applied: ONNX Runtime refuses the fused graph ({refused[:300]}); the graph stays "
                  f"unfused (matched: {', '.join(f'{k} x{v}' for k, v in fired.items())})"]
         return PassOutcome(artifact, False, notes, FusionDetails(fusions=counts, ops=dict(op_counts(artifact.path))))
-    check_for_onnxruntime(path)
     missed = [k for k in HEADLINE if k in counts and not counts[k]]
     notes = ["fused: " + (", ".join(f"{k} x{v}" for k, v in fired.items()) or "nothing")]
     if missed:
