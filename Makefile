@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test zoo bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=30 tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=30 -m "not zoo" tests
+
+# every transformers family of tests/test_transformers_zoo.py at every precision (about 100 builds)
+zoo: $(STAMP)
+	$(PY) -m pytest -q -n 2 --dist loadgroup tests/test_transformers_zoo.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_fp32_eager_vs_ort.py --markdown benchmarks/results/fp32_eager_vs_ort.md

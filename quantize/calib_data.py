@@ -1,7 +1,9 @@
 """Calibration data: samples that match the InputSpec, read from disk or taken from user code.
 
-A source is a folder or file of ``.npy``/``.npz``/``.pt`` samples (as for ``--val``), a text
-file of one example per line with a Hugging Face ``tokenizer`` (the ``llm`` extra), any iterable
+A source is a folder or file of ``.npy``/``.npz``/``.pt`` samples (as for ``--val``), raw files
+a ``reader`` turns into samples (a Hugging Face folder's task: text lines, images, ``.wav`` files
+through its tokenizer, image processor or feature extractor), a text file of one example per line
+with a Hugging Face ``tokenizer`` (the ``llm`` extra), any iterable
 or ``DataLoader`` yielding dicts, tuples or tensors, or ``"module:function"`` naming a function
 that returns one. Every sample is checked against the spec (dtype, shape, NaN, Inf)
 and an error names the one that does not fit. Samples of different lengths along a symbolic
@@ -15,19 +17,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from infopt.core.errors import EnvironmentProblem, InputSpecError, UsageError
+from infopt.core.errors import InputSpecError, UsageError
 from infopt.core.inputspec import InputSpec
 from infopt.core.manifest import data_sha256
 from infopt.runtime.loading import import_named
+from infopt.runtime.tasks.text import read_text
 from infopt.validators.data import check_sample, read_file, sample_files
 
 DEFAULT_SAMPLES = 128
 DEFAULT_BATCH = 16
 MAX_HELD_OUT = 64
+RawReader = Callable[[Any, InputSpec], "Iterator[tuple[str, dict[str, np.ndarray]]] | None"]
 
 
 @dataclass
@@ -47,14 +51,20 @@ class CalibrationSet:
 
 def load_calibration(source: Any, spec: InputSpec, *, samples: int | None = DEFAULT_SAMPLES, seed: int = 0,
                      batch_size: int = DEFAULT_BATCH, tokenizer: str | None = None,
-                     hold_out: bool = False) -> CalibrationSet:
+                     hold_out: bool = False, reader: RawReader | None = None) -> CalibrationSet:
     """Read ``source`` into a :class:`CalibrationSet` of at most ``samples`` samples. With
     ``hold_out``, a seeded quarter of the samples (1 to :data:`MAX_HELD_OUT`) is set aside first,
-    for validating on data the calibration never saw."""
+    for validating on data the calibration never saw. ``reader(source, spec)`` gives samples from
+    raw files it knows, or None for a source it does not."""
     if samples is not None and samples < 1:
         raise UsageError(f"--calib-samples is {samples}; it must be at least 1", fix="pass --calib-samples 128, say")
-    if isinstance(source, (str, Path)) and Path(source).suffix == ".txt":
-        items, label = _text(Path(source), spec, tokenizer), str(source)
+    raw = reader(source, spec) if reader is not None else None
+    if raw is not None:
+        items, label = raw, str(source)
+    elif isinstance(source, (str, Path)) and Path(source).suffix == ".txt":
+        if not Path(source).is_file():
+            raise UsageError(f"calibration data not found: {source}", fix="pass a text file with one example per line")
+        items, label = read_text([Path(source)], spec, tokenizer), str(source)
     else:
         items, label = _items(source, spec)
 
@@ -96,42 +106,6 @@ def _items(source: Any, spec: InputSpec) -> tuple[Iterable[tuple[str, dict[str, 
         return ((f"calibration item {i}", _as_feed(item, spec, i)) for i, item in enumerate(source)), type(source).__name__
     raise UsageError(f"cannot read calibration data from a {type(source).__name__}",
                      fix="pass a path, an iterable or DataLoader, or 'module:function'")
-
-
-def _text(path: Path, spec: InputSpec, tokenizer: str | None):
-    """One sample per non-empty line, tokenized to the spec's sequence length."""
-    if tokenizer is None:
-        raise UsageError(f"calibration text {path} needs the model's tokenizer",
-                         fix="pass --tokenizer PATH_OR_NAME (a Hugging Face tokenizer folder)")
-    if not path.is_file():
-        raise UsageError(f"calibration data not found: {path}", fix="pass a text file with one example per line")
-    try:
-        from transformers import AutoTokenizer
-    except ImportError as exc:
-        raise EnvironmentProblem("text calibration needs transformers", fix="pip install 'infopt[llm]'") from exc
-    try:
-        tok = AutoTokenizer.from_pretrained(tokenizer)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot load tokenizer {tokenizer!r}: {str(exc).splitlines()[0]}",
-                         fix="pass a local Hugging Face tokenizer folder (nothing is downloaded)") from exc
-    seq = next((d for t in spec.inputs for d in t.shape[1:] if isinstance(d, str)), None)
-    length = spec.dims[seq].opt if seq else None
-    lines = path.read_text(encoding="utf-8").splitlines()
-    special = set(getattr(tok, "all_special_ids", []) or [])
-    found = 0
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        encoded = tok(line, truncation=length is not None, max_length=length, return_tensors="np")
-        if not any(int(t) not in special for t in encoded["input_ids"].reshape(-1)):
-            continue
-        found += 1
-        feed = {name: encoded[name].astype(np.int64) for name in spec.names if name in encoded}
-        yield f"{path} line {i + 1}", feed
-    if not found:
-        raise UsageError(f"calibration text {path} tokenizes to nothing: none of its {len(lines)} lines gives a "
-                         f"token beyond the tokenizer's special tokens", where=str(path),
-                         fix="give a text file with one real example per line (a few hundred lines is typical)")
 
 
 def _from_function(text: str) -> Any:

@@ -21,7 +21,7 @@ from typing import Callable
 
 import numpy as np
 
-from infopt.core.pipeline import _first_line
+from infopt.core.errors import first_line
 from infopt.quantize import onnx_int8
 from infopt.quantize.onnx_int8 import Layer
 from infopt.quantize.sensitivity import Budget, output_drift
@@ -124,7 +124,7 @@ def try_variants(variants: list[Variant], workdir: Path, batches: list[dict], re
             entry.drift = output_drift(reference, [np.concatenate([o[i] for o in outs]) for i in range(len(reference))])
             entry.holds = budget.holds(entry.drift)
         except Exception as exc:  # noqa: BLE001 - a variant ONNX Runtime cannot quantize or run is skipped
-            entry.error = f"{type(exc).__name__}: {_first_line(exc)}"
+            entry.error = f"{type(exc).__name__}: {first_line(exc)}"
         tried.append(entry)
     return tried
 

@@ -83,6 +83,10 @@ configured group size does not divide (Hugging Face models' widths are multiples
 classifier head's often are not)."""
 
 
+CHECKPOINT_PACK = 8
+"""GPTQ and AWQ checkpoints pack eight 4-bit codes or zero points per int32 along a layer's inputs and outputs"""
+
+
 @dataclass
 class LayerPlan:
     """Which Linears become INT4 and with what group size, and why the others stay in float."""
@@ -112,12 +116,16 @@ def plan_layers(model: nn.Module, config: Int4MethodConfig, keep: LinearFilter =
 
     Each layer gets the largest size of the group-size rule that divides its input features; with
     ``uniform`` (a checkpoint whose config holds one group size), every quantized layer gets the
-    largest size that divides them all (SmolLM-135M's 576-wide layers: 64 for the whole model)."""
+    largest size that divides them all (SmolLM-135M's 576-wide layers: 64 for the whole model), and a
+    layer whose inputs or outputs are not a multiple of :data:`CHECKPOINT_PACK` stays in float."""
     plan = LayerPlan({}, {})
     linears = list(quantizable_linears(model, keep))
     for name, module in linears:
         size = group_size_for(module.in_features, config.group_size)
-        if size is None:
+        if uniform and (module.out_features % CHECKPOINT_PACK or module.in_features % CHECKPOINT_PACK):
+            plan.kept[name] = (f"{module.in_features} inputs, {module.out_features} outputs: the 4-bit checkpoint's "
+                               f"layout packs {CHECKPOINT_PACK} per int32 along both (a classifier head's labels seldom are)")
+        elif size is None:
             tried = group_sizes_tried(config.group_size)
             plan.kept[name] = (f"{module.in_features} input features: no group size of {', '.join(map(str, tried))} "
                                "divides them")

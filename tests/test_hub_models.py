@@ -20,7 +20,7 @@ pytest.importorskip("sentence_transformers")
 
 from examples.minilm import model_dir, sentences, tokenize  # noqa: E402
 from infopt.core.errors import ModelLoadError  # noqa: E402
-from infopt.runtime.hf_folder import _sentence_embedding, sentence_head  # noqa: E402
+from infopt.runtime.tasks.sentence import sentence_embedding, sentence_head  # noqa: E402
 from tests.conftest import run_cli  # noqa: E402
 from tests.hub_cache import COMMIT, cache_model  # noqa: E402
 
@@ -124,7 +124,7 @@ def test_pooling_matches_sentence_transformers_own_module(tmp_path, config, mode
     tokens = torch.randn(3, 5, 8)
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]])
     theirs = Pooling(8, pooling_mode=modes)({"token_embeddings": tokens, "attention_mask": mask})["sentence_embedding"]
-    ours = _sentence_embedding(tokens, mask, head)
+    ours = sentence_embedding(tokens, mask, head)
     assert torch.allclose(ours, torch.nn.functional.normalize(theirs, dim=1), atol=1e-5)
 
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from infopt.core.errors import InputSpecError
-from infopt.core.pipeline import _first_line
+from infopt.core.errors import InputSpecError, first_line
 from infopt.core.sample_inputs import embedding_vocab, random_feed
 
 
@@ -35,7 +34,7 @@ def range_ends(spec, reference, module) -> list[tuple[str, dict, list]]:
         try:
             outputs = reference.run(feed)
         except Exception as exc:  # noqa: BLE001 - the model's own errors, of many types
-            raise InputSpecError(f"the model itself fails at {where}: {type(exc).__name__}: {_first_line(exc)}",
+            raise InputSpecError(f"the model itself fails at {where}: {type(exc).__name__}: {first_line(exc)}",
                                  where="the source model, run eagerly on random inputs at the ends of the --dim ranges",
                                  fix="give --dim ranges the model supports, e.g. --dim NAME=MIN:OPT:MAX") from exc
         ends.append((where, feed, [np.shape(o) for o in outputs]))
@@ -52,6 +51,6 @@ def check_range_ends(runner, ends) -> None:
         try:
             got = [np.shape(o) for o in runner.run(feed)]
         except Exception as exc:  # noqa: BLE001 - the runtime's own errors, of many types
-            raise RangeFailure(f"it fails to run at {where}: {type(exc).__name__}: {_first_line(exc)}") from exc
+            raise RangeFailure(f"it fails to run at {where}: {type(exc).__name__}: {first_line(exc)}") from exc
         if got != shapes:
             raise RangeFailure(f"at {where} it gives outputs of shapes {got}, eager {shapes}")

@@ -16,11 +16,11 @@ from infopt.api.emit import SAMPLES_FILE, base_manifest, read_samples, source_in
 from infopt.api.provenance import call_text, check_files, check_sealed
 from infopt.api.signing import check_signature
 from infopt.core import progress as progress_display
-from infopt.core.errors import BuildError, EnvironmentProblem, InputSpecError, UsageError, ValidationFailed
+from infopt.core.errors import BuildError, EnvironmentProblem, InputSpecError, UsageError, ValidationFailed, first_line
 from infopt.core.inputspec import InputSpec, parse_dim
 from infopt.core.manifest import data_sha256, model_bytes, read_manifest
 from infopt.core.manifest_schema import LatencyRow, Manifest
-from infopt.core.pipeline import Pipeline, SharedPrefixes, _first_line
+from infopt.core.pipeline import Pipeline, SharedPrefixes
 from infopt.core.recipe import MIN_CURVE_RUNS, Recipe, load_recipe, recipes_for
 from infopt.core.registry import get_pass
 from infopt.core.sample_inputs import capture_feed, embedding_vocab, random_feed
@@ -35,12 +35,13 @@ from infopt.quantize.calib_data import load_calibration
 from infopt.quantize.sensitivity import Budget
 from infopt.runtime.backends import manifest_runner
 from infopt.runtime.backends.onnxruntime import OrtRunner
-from infopt.runtime.hf_folder import has_tokenizer
 from infopt.runtime.loading import _from_module, check_against_onnx, load_model
 from infopt.runtime.runner import TorchRunner
+from infopt.runtime.tasks.text import has_tokenizer, read_text
 from infopt.validators import drift as drift_mod
 from infopt.validators import latency as latency_mod
 from infopt.validators import machine
+from infopt.validators.data import EXTENSIONS as SAMPLE_SUFFIXES
 from infopt.validators.data import load_batches, spec_from_samples, split_batches
 from infopt.validators.range_ends import RangeFailure, check_range_ends, range_ends
 from infopt.validators.roofline import count_work
@@ -264,12 +265,13 @@ def _build_claimed(loaded, spec, recipes, target_obj, name, out, force, val, max
     if not artifact.output_names:
         artifact.output_names = ("output",) if len(probe) == 1 else tuple(f"output_{i}" for i in range(len(probe)))
 
+    ctx.reader = raw_reader(loaded, tokenizer)
     if tokenizer is None and loaded.format == "hf-folder":
         tokenizer = str(loaded.source) if has_tokenizer(Path(loaded.source)) else None
     calib = None
     if calibration is not None:
         calib = load_calibration(calibration, spec, samples=calib_samples, seed=calib_seed, tokenizer=tokenizer,
-                                 hold_out=val is None)
+                                 hold_out=val is None, reader=ctx.reader)
     ctx.calib = calib
 
     with tempfile.TemporaryDirectory(prefix="infopt-build-") as work, removed_if_stopped(Path(work)):
@@ -311,10 +313,38 @@ def _with_overrides(recipe, thresholds, batch_sizes, pass_options=None):
     return type(recipe).from_json(data)
 
 
-def _validation_batches(spec, val, max_samples, module, calib=None):
-    """The inputs drift is measured on: ``val``; else calibration samples held out of the draw
-    (a model calibrated on real data is judged on real data, not noise); else random inputs."""
+def raw_reader(loaded, tokenizer: str | None):
+    """How raw ``--val`` and ``--calib`` files (text, images, ``.wav``) become samples: through the
+    task of a Hugging Face folder (its tokenizer, image processor or feature extractor; an explicit
+    ``--tokenizer`` wins for text), else None."""
+    task = loaded.task
+    if task is None:
+        return None
 
+    def read(source, spec):
+        files = task.raw_files(source)
+        if files is None:
+            folder = Path(source) if isinstance(source, (str, Path)) else None
+            if folder is not None and folder.is_dir() and not any(p.suffix in SAMPLE_SUFFIXES for p in folder.iterdir()):
+                raise UsageError(f"{folder} holds neither .npy/.npz/.pt samples nor the raw files this {task.name} model "
+                                 f"reads ({', '.join(task.raw_suffixes)})", where=str(folder),
+                                 fix=f"pass a folder of {', '.join(task.raw_suffixes)} files, or samples of its inputs "
+                                     f"({', '.join(spec.names)}) saved with numpy.savez")
+            return None
+        if tokenizer is not None and all(f.suffix == ".txt" for f in files):
+            return read_text(files, spec, tokenizer)
+        return task.read_raw(files, spec, Path(loaded.source))
+
+    return read
+
+
+def _validation_batches(spec, val, max_samples, module, calib=None, reader=None):
+    """The inputs drift is measured on: ``val`` (sample files, or raw files the model's task reads);
+    else calibration samples held out of the draw (a model calibrated on real data is judged on real
+    data, not noise); else random inputs."""
+
+    if val is not None and reader is not None and reader(val, spec) is not None:
+        return load_calibration(val, spec, samples=max_samples, reader=reader).batches, str(val)
     if val is not None:
         return load_batches(val, spec, max_samples), str(val)
     if calib is not None and calib.held_out:
@@ -347,12 +377,14 @@ class _BuildContext:
     calib: Any = None
     budget: Any = None
     allow_partial: bool = False
+    reader: Any = None
+    """turns raw --val and --calib files into samples (see :func:`raw_reader`)"""
 
 
 def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, out, force, val, max_samples, console,
               ctx: _BuildContext):
 
-    batches, source = _validation_batches(spec, val, max_samples, loaded.module, ctx.calib)
+    batches, source = _validation_batches(spec, val, max_samples, loaded.module, ctx.calib, ctx.reader)
     checked_on = f"{len(batches)} random batches (no --val data)" if source == "random" else source
     candidates = _build_candidates(work, artifact, recipes, target, console, ctx.calib, ctx.budget, batches, checked_on,
                                    ctx.allow_partial)
@@ -370,7 +402,7 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
                                                                       tuple(o[0] for o in c.outputs), source))
             if c.status == "built":
                 _run_candidate(c, lambda c=c: check_range_ends(c.runner, ends))
-        built = _survivors(candidates, ctx.allow_partial)
+        built = _survivors(candidates, ctx.allow_partial, target.device)
         if status:
             status.update("validating: latency" + (f" of {len(built)} candidates" if len(built) > 1 else ""))
         lat_cfg = built[0].recipe.validation.latency
@@ -412,6 +444,8 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
     origin = source_info(loaded.source, loaded.format, loaded.module if loaded.source is None else None)
     if loaded.hub is not None:
         origin["hub"] = loaded.hub.to_json()
+    if loaded.task is not None:
+        origin["task"] = {"name": loaded.task.name, "judged_by": loaded.task.judged_by}
     record = provenance.record(ctx.command, ctx.call, recipe.name, ctx.calib,
                                {"source": source,
                                 "samples": sum(int(next(iter(b.values())).shape[0]) if spec.batch_symbol else 1 for b in batches),
@@ -481,21 +515,28 @@ def _run_candidate(candidate, work):
 
         candidate.status, candidate.reason = "failed", (
             f"the built model does not take its whole dim range: {exc}" if isinstance(exc, RangeFailure)
-            else f"the built model fails to run: {type(exc).__name__}: {_first_line(exc)}")
+            else f"the built model fails to run: {type(exc).__name__}: {first_line(exc)}")
         return None
 
 
-def _survivors(candidates, allow_partial: bool) -> list:
+def _survivors(candidates, allow_partial: bool, target_device: str = "cpu") -> list:
     """The built candidates; a failed one stops the build (every failure named) when every one
-    failed, or unless ``allow_partial`` (the default; ``--strict`` turns it off)."""
+    failed, or unless ``allow_partial`` (the default; ``--strict`` turns it off). With a failure, the
+    survivors must include one that runs on the target's kind of device: a GPU build whose GPU
+    candidates failed does not ship a CPU fallback."""
     failed = [c for c in candidates if c.status == "failed"]
     built = [c for c in candidates if c.status == "built"]
+    listing = "; ".join(f"{c.label}: {c.reason}" for c in failed)
     if failed and (not built or not allow_partial):
         total = len([c for c in candidates if c.status != "skipped"])
-        raise BuildError(f"{len(failed)} of {total} candidates failed: " + "; ".join(f"{c.label}: {c.reason}" for c in failed),
+        raise BuildError(f"{len(failed)} of {total} candidates failed: {listing}",
                          fix="fix the cause, or keep to the backends that build with --backend" +
                              ("" if not built else "; without --strict the best of the others ships and the "
                               "report lists the failures"))
+    if failed and target_device != "cpu" and not any(c.runner.device == target_device for c in built):
+        raise BuildError(f"every candidate that runs on {target_device} failed ({listing}); those left "
+                         f"({', '.join(c.label for c in built)}) ran on the CPU, which says nothing of the target",
+                         fix="fix the cause, or build for --target cpu to ship a CPU model")
     return built
 
 
@@ -536,7 +577,7 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
             c.status, c.reason = "failed", str(exc).strip().splitlines()[0]
     if not any(c.status == "built" for c in candidates):
         raise errors[0]
-    _survivors(candidates, allow_partial)
+    _survivors(candidates, allow_partial, target.device)
     cand.drop_duplicates(candidates)
     return candidates
 

@@ -99,3 +99,11 @@ class EnvironmentProblem(InfoptError):
 
     exit_code = 4
     title = "environment"
+
+
+def first_line(exc: BaseException) -> str:
+    """An exception's message, for one line of a report or an error: colour codes dropped, its first line, at most 400 characters."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
+    return text.splitlines()[0][:400] if text else "(no message)"

@@ -39,6 +39,13 @@ class HubSource(_Open):
     """what the revision resolved to when the model was built"""
 
 
+class TaskInfo(_Open):
+    name: str
+    """feature-extraction, sentence-embedding, classification, question-answering, causal-lm, image or audio"""
+    judged_by: str
+    """the drift figure that tells this task's outputs apart"""
+
+
 class Source(_Open):
     path: str
     format: str
@@ -47,6 +54,8 @@ class Source(_Open):
     """a folder source: each file's sha256"""
     hub: HubSource | None = None
     """a Hugging Face model id: the repository and the commit it was built from"""
+    task: TaskInfo | None = None
+    """a Hugging Face folder: the task it was built as"""
 
 
 class TargetInfo(_Open):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import re
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -24,7 +23,7 @@ from rich.markup import escape
 
 from infopt.core import progress as progress_display
 from infopt.core.artifact import STAGE, Artifact
-from infopt.core.errors import BuildError, InfoptError, RecipeError, UsageError
+from infopt.core.errors import BuildError, InfoptError, RecipeError, UsageError, first_line
 from infopt.core.lineage import PassRecord
 from infopt.core.recipe import Recipe
 from infopt.core.registry import PassContext, PassDetails, get_pass
@@ -107,7 +106,7 @@ class Pipeline:
         except Exception as exc:  # a pass failing in a way it did not foresee is still a build error
             log.info("pass %s failed", definition.name, exc_info=True)  # the trace, with --verbose
             raise BuildError(
-                f"pass {definition.name} failed: {type(exc).__name__}: {_first_line(exc)}",
+                f"pass {definition.name} failed: {type(exc).__name__}: {first_line(exc)}",
                 where=f"pass {definition.name} ({definition.consumes} -> {definition.produces})",
                 fix="run `infopt --verbose build ...` for the full trace; try --recipe with this pass removed "
                     "to see whether the rest of the pipeline works",
@@ -194,12 +193,7 @@ def _checked_details(definition, details) -> dict:
         return definition.details.model_validate(details).model_dump(mode="json")
     except ValidationError as exc:
         raise BuildError(f"pass {definition.name} recorded details that do not fit {definition.details.__name__}: "
-                         f"{_first_line(exc)}", where=f"pass {definition.name}") from exc
-
-
-def _first_line(exc: Exception) -> str:
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
-    return text.splitlines()[0][:400] if text else "(no message)"
+                         f"{first_line(exc)}", where=f"pass {definition.name}") from exc
 
 
 def _progress(console):

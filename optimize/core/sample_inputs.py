@@ -45,7 +45,13 @@ def capture_feed(spec: InputSpec, **kwargs: Any) -> dict[str, np.ndarray]:
 
 
 def embedding_vocab(module: Any) -> int | None:
-    """The smallest ``nn.Embedding`` table size in a module: a safe upper bound for random ids."""
+    """How high random integer inputs may go: the module's own ``id_high`` where it says (a Hugging
+    Face text model: its word-embedding table, so ids span the vocabulary, not only the smallest
+    table such as BERT's two token types), else the smallest ``nn.Embedding`` table size in it, a
+    safe upper bound for any id input."""
+    own = getattr(module, "id_high", None)
+    if isinstance(own, int) and own > 0:
+        return own
     try:
         import torch
     except ImportError:  # pragma: no cover

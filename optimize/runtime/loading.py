@@ -40,6 +40,8 @@ class LoadedModel:
     """the model's own name for its output folder, where the source says one (a Hugging Face folder or id)"""
     hub: Any = None
     """the ``runtime.hub.HubSnapshot`` it came from, for a Hugging Face model id"""
+    task: Any = None
+    """the ``runtime.tasks.Task`` of a Hugging Face folder: its inputs, outputs and raw-data readers"""
 
     def with_spec(self, spec: InputSpec) -> Artifact:
         kind = "onnx" if self.format == "onnx" else "exported" if self.format == "pt2" else "torch"
@@ -131,8 +133,9 @@ def load_model(path: str | Path, *, model_class: str | None = None, model_args: 
         return _load_onnx(path)
     if fmt == "hf-folder":
         found = load_hf_folder(path)
-        art = Artifact("torch", found.spec, obj=found.module, output_names=(found.output_name,))
-        return LoadedModel(art, "hf-folder", path, found.module, found.spec.names, found.spec, name=found.default_name)
+        art = Artifact("torch", found.spec, obj=found.module, output_names=found.output_names)
+        return LoadedModel(art, "hf-folder", path, found.module, found.spec.names, found.spec, name=found.default_name,
+                           task=found.task)
     import torch
 
     if fmt == "pt2":

@@ -34,18 +34,35 @@ def retarget_float32(module, dtype) -> None:
     (``aten.zeros(..., dtype=torch.float32)``), ``x.to(x.dtype)``, a ``new_zeros``. Cast weights
     then meet float32 activations in one matmul and the compiled model fails at run time. Every
     float32 dtype argument of every graph node becomes ``dtype``, as if the model had been traced
-    in it; the drift check measures what that costs. A plain module (no graph) is left as it is.
+    in it; the drift check measures what that costs. The first capture's tensor-metadata checks
+    (``aten._assert_tensor_metadata``, which torch.export records where the model converts dtypes)
+    are dropped: a tensor the model makes in float32 by name (DeBERTa-v2's attention scale) is not
+    retargeted, and re-capture records checks of its own. float32's own limits as constants (a mask
+    filled with ``torch.finfo(torch.float32).min``, as DeBERTa-v2 does) become ``dtype``'s, which it
+    can hold. A plain module (no graph) is left as it is.
     """
     import torch
+
+    metadata_check = torch.ops.aten._assert_tensor_metadata.default
+    limits = {float(torch.finfo(torch.float32).min): float(torch.finfo(dtype).min),
+              float(torch.finfo(torch.float32).max): float(torch.finfo(dtype).max)}
+
+    def retarget(value):
+        if value is torch.float32:
+            return dtype
+        return limits.get(value, value) if isinstance(value, float) else value
 
     for graph_module in module.modules():
         if not isinstance(graph_module, torch.fx.GraphModule):
             continue
-        for node in graph_module.graph.nodes:
+        for node in list(graph_module.graph.nodes):
             if node.op != "call_function":
                 continue
-            node.args = tuple(dtype if a is torch.float32 else a for a in node.args)
-            node.kwargs = {k: dtype if v is torch.float32 else v for k, v in node.kwargs.items()}
+            if node.target is metadata_check and not node.users:
+                graph_module.graph.erase_node(node)  # the first capture's dtype check, which the cast makes untrue
+                continue
+            node.args = tuple(retarget(a) for a in node.args)
+            node.kwargs = {k: retarget(v) for k, v in node.kwargs.items()}
         graph_module.recompile()
 
 

@@ -99,3 +99,28 @@ def test_int4_methods_and_backends_that_need_the_module_are_refused(mlp_files):
     assert_clean_failure(proc, 2, "AWQ", "--int4-method rtn", out=mlp_files / "dist" / "m")
     proc = run_cli("build", "m.pt", "--input", M.OddMLP.inputs[0], "--int4", "--backend", "inductor", cwd=mlp_files)
     assert_clean_failure(proc, 2, "needs the model's Python module", "--backend onnxruntime", out=mlp_files / "dist" / "m")
+
+
+def test_a_gpu_build_whose_gpu_candidates_failed_does_not_ship_a_cpu_fallback():
+    """The decision alone (no GPU here): with a failure, a survivor must run on the target's kind of
+    device; a GPU target left with a CPU-only survivor is exit 3, a CPU target ships it."""
+    from types import SimpleNamespace
+
+    from infopt.api.builder import _survivors
+    from infopt.api.candidates import Candidate
+    from infopt.core.recipe import load_recipe
+
+    recipe = load_recipe("fp32-onnxruntime")
+
+    def candidate(status, device):
+        c = Candidate(recipe, status=status, reason="broke" if status == "failed" else "")
+        c.runner = SimpleNamespace(device=device) if status == "built" else None
+        return c
+
+    cpu_only = [candidate("failed", None), candidate("built", "cpu")]
+    assert len(_survivors(cpu_only, True, "cpu")) == 1
+    with pytest.raises(BuildError, match="every candidate that runs on cuda failed") as info:
+        _survivors(cpu_only, True, "cuda")
+    assert "--target cpu" in info.value.fix
+    assert len(_survivors([candidate("failed", None), candidate("built", "cuda"), candidate("built", "cpu")], True, "cuda")) == 2
+    assert len(_survivors([candidate("built", "cpu")], True, "cuda")) == 1  # no failure: a build for a GPU made here
