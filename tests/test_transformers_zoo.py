@@ -78,21 +78,28 @@ FAMILIES = {
         vocab_size=512, max_position_embeddings=64, dim=64, hidden_dim=128, n_layers=2, n_heads=4)),
     "clip-image-embeds": lambda: transformers.CLIPVisionModelWithProjection(transformers.CLIPVisionConfig(
         image_size=32, patch_size=8, **ENCODER, projection_dim=32)),
+    "mixtral": lambda: transformers.MixtralForCausalLM(transformers.MixtralConfig(
+        **SMALL, **DECODER, num_local_experts=4, num_experts_per_tok=2)),
     "bert-qa": lambda: transformers.BertForQuestionAnswering(transformers.BertConfig(**SMALL, **ENCODER)),
 }
 
 PRECISIONS = ("fp32", "int8", "bf16", "int4")
 NO_LINEAR = {"resnet"}
 """families with no Linear layer for weight-only INT4 to quantize"""
-CELLS = [(f, p) for p in PRECISIONS for f in FAMILIES if f != "bart" and not (p == "int4" and f in NO_LINEAR)]
-"""every family at every precision that applies: ``make zoo`` builds them all"""
+BUILT = [f for f in FAMILIES if f != "bart"]
+CELLS = [(f, p, "auto" if p == "bf16" else "onnxruntime") for p in PRECISIONS for f in BUILT
+         if not (p == "int4" and f in NO_LINEAR)] + [(f, "fp32", "auto") for f in BUILT]
+"""every family at every precision that applies, with ONNX Runtime (fp32, INT8, INT4; a build in seconds) and
+with the default backend (fp32 and bf16: every candidate, AOTInductor's C++ compile included): ``make zoo``
+builds them all"""
 EVERY_RUN = {("llama", "fp32"), ("qwen2", "fp32"), ("mistral", "fp32"), ("gpt2", "fp32"), ("electra-tokens", "fp32"),
              ("vit", "fp32"), ("resnet", "fp32"), ("wav2vec2", "fp32"), ("bert", "int8"), ("distilbert", "int8"),
              ("qwen2", "int8"), ("vit", "int8"), ("gptneox", "fp32"), ("opt", "fp32"), ("gemma", "fp32"),
              ("qwen3", "fp32"), ("phi3", "fp32"), ("roberta", "fp32"), ("xlmr-classifier", "int8"), ("debertav2", "fp32"),
              ("modernbert-mlm", "fp32"), ("t5-encoder", "fp32"), ("convnext", "fp32"), ("swin", "fp32"),
              ("clip-vision", "fp32"), ("whisper-encoder", "fp32"), ("bert-qa", "fp32"), ("llama", "bf16"), ("vit", "bf16"),
-             ("electra-tokens", "int4"), ("clip-image-embeds", "fp32")}
+             ("electra-tokens", "int4"), ("clip-image-embeds", "fp32"), ("llama", "fp32", "auto"),
+             ("mixtral", "int8")}
 """the slice ``make test`` builds (a cell of each task, the families that failed before, bf16 of a decoder and
 an image model, INT4 of a classifier whose head the checkpoint cannot pack); the INT4 tests below add Llama,
 GPT-2 and the SmolLM widths"""
@@ -120,16 +127,23 @@ def zoo(tmp_path_factory):
     return folder
 
 
+def in_every_run(family: str, precision: str, backend: str) -> bool:
+    """``(family, precision)`` in :data:`EVERY_RUN` names the cell with the precision's first backend;
+    ``(family, precision, backend)`` names one backend."""
+    first = "auto" if precision == "bf16" else "onnxruntime"
+    return (family, precision, backend) in EVERY_RUN or (backend == first and (family, precision) in EVERY_RUN)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("family", "precision"), [
-    pytest.param(f, p, id=f"{f}-{p}", marks=() if (f, p) in EVERY_RUN else pytest.mark.zoo) for f, p in CELLS])
-def test_a_transformers_folder_builds_from_the_command_line(zoo, family, precision):
-    """ONNX Runtime for fp32, INT8 and INT4 (the AOTInductor candidate's C++ compile is what the default
-    adds; the CPU matrix covers it); bf16 with the default backend, which is AOTInductor on a CPU."""
-    out = f"dist-{family}-{precision}"
+@pytest.mark.parametrize(("family", "precision", "backend"), [
+    pytest.param(f, p, b, id=f"{f}-{p}" + ("-auto" if b == "auto" and p != "bf16" else ""),
+                 marks=() if in_every_run(f, p, b) else pytest.mark.zoo) for f, p, b in CELLS])
+def test_a_transformers_folder_builds_from_the_command_line(zoo, family, precision, backend):
+    """Each cell with ``--strict``: every candidate of the backend builds and passes."""
+    out = f"dist-{family}-{precision}-{backend}"
     media = {"wav2vec2": ["--dim", "samples=4000:8000:16000"]}
     dims = media.get(family, [] if family in INPUT else ["--dim", "seq=1:16:32"])
-    backend = [] if precision == "bf16" else ["--backend", "onnxruntime"]
+    backend = [] if backend == "auto" else ["--backend", backend]
     proc = run_cli("build", f"tiny-{family}", f"--{precision}", *backend, "--dim", "batch=1:2:4",
                    *dims, "--batch-sizes", "1,4", "-o", out, "--json", "-q", "--strict", cwd=zoo, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -13,7 +13,7 @@ NOISY_LOGGERS = ("torch.onnx", "torch.export", "torch._export", "torch._dynamo",
 
 @contextlib.contextmanager
 def quiet_third_party() -> Iterator[None]:
-    """Silence torch/onnxscript logging below ERROR, Python warnings and stdout prints inside the
+    """Silence torch/onnxscript logging below ERROR, Python warnings and stdout and stderr prints inside the
     block; they are still logged at DEBUG level under ``infopt`` when ``--verbose`` is on."""
     loggers = [logging.getLogger(n) for n in NOISY_LOGGERS]
     levels = [lg.level for lg in loggers]
@@ -22,7 +22,9 @@ def quiet_third_party() -> Iterator[None]:
         lg.setLevel(logging.ERROR)
     captured = io.StringIO()
     try:
-        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(captured):
+        # stderr too: torch.export prints the partial graph of a failed capture there (a page of code)
+        with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(captured), \
+                contextlib.redirect_stderr(captured):
             warnings.simplefilter("always")
             yield
     finally:

@@ -59,6 +59,14 @@ def _has_decoder(model) -> bool:
     return decoder is not None and decoder is not model
 
 
+def _eager_experts(transformers) -> dict:
+    """Mixture-of-experts layers (Mixtral, Qwen-MoE...) as batched matmuls over every expert: transformers
+    5 runs them by default through its own custom op (``transformers.grouped_mm_fallback``), which ONNX
+    export cannot translate, and its ``eager`` form loops over the experts a batch routes to, which
+    torch.export cannot capture (the loop depends on the data)."""
+    return {"experts_implementation": "batched_mm"} if hasattr(transformers.PreTrainedModel, "get_correct_experts_implementation") else {}
+
+
 def load_hf_folder(path: Path) -> HFSource:
     """The wrapped module, its InputSpec, output name and default name for the folder at ``path``."""
     config_file = path / "config.json"
@@ -80,7 +88,8 @@ def load_hf_folder(path: Path) -> HFSource:
     names = [a for a in config.get("architectures") or [] if hasattr(transformers, a)]
     cls = getattr(transformers, names[0]) if names else transformers.AutoModel
     try:
-        model = cls.from_pretrained(str(path), use_safetensors=True, attn_implementation="eager", dtype="float32")
+        model = cls.from_pretrained(str(path), use_safetensors=True, attn_implementation="eager", dtype="float32",
+                                    **_eager_experts(transformers))
     except Exception as exc:  # noqa: BLE001 - transformers raises many types for a bad folder
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"transformers cannot load {path} as {cls.__name__}: {first}",
