@@ -363,3 +363,15 @@ def test_the_default_sequence_range_is_what_the_position_table_holds(zoo, family
     ids = torch.randint(2, 512, (1, longest), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.isfinite(source.module(ids, torch.ones_like(ids))).all()
+
+
+def test_random_ids_span_the_word_embedding_table_not_the_smallest_table(zoo):
+    """BERT's smallest table is its 2 token types: random input_ids capped by it would be 0 and 1 only,
+    and drift would be measured on two tokens."""
+    from infopt.core.sample_inputs import embedding_vocab, random_feed
+    from infopt.runtime.hf_folder import load_hf_folder
+
+    source = load_hf_folder(zoo / "tiny-bert")
+    assert embedding_vocab(source.module) == 512
+    ids = random_feed(source.spec, int_high=embedding_vocab(source.module), batch=4, seq=32)["input_ids"]
+    assert ids.max() > 100 and len(set(ids.ravel().tolist())) > 50
