@@ -11,12 +11,13 @@ from typing import Any, Sequence
 
 from infopt.api import candidates as cand
 from infopt.api import provenance
+from infopt.api.build_inputs import latency_feeds, raw_reader, validation_batches
 from infopt.api.build_notes import engine_notes, int8_notes, noise_notes, server_engine, shipped_fp32, triton_engine
 from infopt.api.emit import SAMPLES_FILE, base_manifest, read_samples, source_info, store_samples, write_output
 from infopt.api.provenance import call_text, check_files, check_sealed
 from infopt.api.signing import check_signature
 from infopt.core import progress as progress_display
-from infopt.core.errors import BuildError, EnvironmentProblem, InputSpecError, UsageError, ValidationFailed, first_line
+from infopt.core.errors import BuildError, EnvironmentProblem, InputSpecError, UsageError, ValidationFailed
 from infopt.core.inputspec import InputSpec, parse_dim
 from infopt.core.manifest import data_sha256, model_bytes, read_manifest
 from infopt.core.manifest_schema import LatencyRow, Manifest
@@ -37,13 +38,11 @@ from infopt.runtime.backends import manifest_runner
 from infopt.runtime.backends.onnxruntime import OrtRunner
 from infopt.runtime.loading import _from_module, check_against_onnx, load_model
 from infopt.runtime.runner import TorchRunner
-from infopt.runtime.tasks.text import has_tokenizer, read_text
 from infopt.validators import drift as drift_mod
 from infopt.validators import latency as latency_mod
 from infopt.validators import machine
-from infopt.validators.data import EXTENSIONS as SAMPLE_SUFFIXES
-from infopt.validators.data import load_batches, spec_from_samples, split_batches
-from infopt.validators.range_ends import RangeFailure, check_range_ends, range_ends
+from infopt.validators.data import spec_from_samples, split_batches
+from infopt.validators.range_ends import check_range_ends, range_ends
 from infopt.validators.roofline import count_work
 from infopt.validators.verdict import judge
 
@@ -265,9 +264,7 @@ def _build_claimed(loaded, spec, recipes, target_obj, name, out, force, val, max
     if not artifact.output_names:
         artifact.output_names = ("output",) if len(probe) == 1 else tuple(f"output_{i}" for i in range(len(probe)))
 
-    ctx.reader = raw_reader(loaded, tokenizer)
-    if tokenizer is None and loaded.format == "hf-folder":
-        tokenizer = str(loaded.source) if has_tokenizer(Path(loaded.source)) else None
+    ctx.reader = raw_reader(loaded, tokenizer)  # a Hugging Face folder's text goes through its own tokenizer
     calib = None
     if calibration is not None:
         calib = load_calibration(calibration, spec, samples=calib_samples, seed=calib_seed, tokenizer=tokenizer,
@@ -313,61 +310,6 @@ def _with_overrides(recipe, thresholds, batch_sizes, pass_options=None):
     return type(recipe).from_json(data)
 
 
-def raw_reader(loaded, tokenizer: str | None):
-    """How raw ``--val`` and ``--calib`` files (text, images, ``.wav``) become samples: through the
-    task of a Hugging Face folder (its tokenizer, image processor or feature extractor; an explicit
-    ``--tokenizer`` wins for text), else None."""
-    task = loaded.task
-    if task is None:
-        return None
-
-    def read(source, spec):
-        files = task.raw_files(source)
-        if files is None:
-            folder = Path(source) if isinstance(source, (str, Path)) else None
-            if folder is not None and folder.is_dir() and not any(p.suffix in SAMPLE_SUFFIXES for p in folder.iterdir()):
-                raise UsageError(f"{folder} holds neither .npy/.npz/.pt samples nor the raw files this {task.name} model "
-                                 f"reads ({', '.join(task.raw_suffixes)})", where=str(folder),
-                                 fix=f"pass a folder of {', '.join(task.raw_suffixes)} files, or samples of its inputs "
-                                     f"({', '.join(spec.names)}) saved with numpy.savez")
-            return None
-        if tokenizer is not None and all(f.suffix == ".txt" for f in files):
-            return read_text(files, spec, tokenizer)
-        return task.read_raw(files, spec, Path(loaded.source))
-
-    return read
-
-
-def _validation_batches(spec, val, max_samples, module, calib=None, reader=None):
-    """The inputs drift is measured on: ``val`` (sample files, or raw files the model's task reads);
-    else calibration samples held out of the draw (a model calibrated on real data is judged on real
-    data, not noise); else random inputs."""
-
-    if val is not None and reader is not None and reader(val, spec) is not None:
-        return load_calibration(val, spec, samples=max_samples, reader=reader).batches, str(val)
-    if val is not None:
-        return load_batches(val, spec, max_samples), str(val)
-    if calib is not None and calib.held_out:
-        return calib.held_out, f"{calib.source} (held out of calibration)"
-    vocab = embedding_vocab(module) or 2
-    return [random_feed(spec, seed=seed, int_high=vocab) for seed in range(4)], "random"
-
-
-def _latency_feeds(spec, recipe, module):
-    batch = spec.batch_symbol
-    sizes = recipe.validation.latency.batch_sizes
-    vocab = embedding_vocab(module) or 2
-    if batch is None:
-        return {0: random_feed(spec, int_high=vocab)}
-    r = spec.dims[batch]
-    sizes = sizes or sorted({r.min, r.opt})
-    bad = [b for b in sizes if not r.min <= b <= r.max]
-    if bad:
-        raise UsageError(f"batch sizes {bad} are outside the batch range {r.min}..{r.max}",
-                         fix=f"pass --batch-sizes within it, or widen it with --dim {batch}=MIN:OPT:MAX")
-    return {b: random_feed(spec, int_high=vocab, **{batch: b}) for b in sizes}
-
-
 @dataclass
 class _BuildContext:
     """What the build records and passes on besides the model: how it was asked for, calibration, budget."""
@@ -384,7 +326,7 @@ class _BuildContext:
 def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, out, force, val, max_samples, console,
               ctx: _BuildContext):
 
-    batches, source = _validation_batches(spec, val, max_samples, loaded.module, ctx.calib, ctx.reader)
+    batches, source = validation_batches(spec, val, max_samples, loaded.module, ctx.calib, ctx.reader)
     checked_on = f"{len(batches)} random batches (no --val data)" if source == "random" else source
     candidates = _build_candidates(work, artifact, recipes, target, console, ctx.calib, ctx.budget, batches, checked_on,
                                    ctx.allow_partial)
@@ -398,17 +340,17 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
         ref_out = drift_mod.run_all(reference, batches)
         ends = range_ends(spec, reference, loaded.module)
         for c in built:
-            c.drift = _run_candidate(c, lambda c=c: drift_mod.compare(ref_out, drift_mod.run_all(c.runner, batches),
+            c.drift = cand.run_candidate(c, lambda c=c: drift_mod.compare(ref_out, drift_mod.run_all(c.runner, batches),
                                                                       tuple(o[0] for o in c.outputs), source))
             if c.status == "built":
-                _run_candidate(c, lambda c=c: check_range_ends(c.runner, ends))
-        built = _survivors(candidates, ctx.allow_partial, target.device)
+                cand.run_candidate(c, lambda c=c: check_range_ends(c.runner, ends))
+        built = cand.survivors(candidates, ctx.allow_partial, target.device)
         if status:
             status.update("validating: latency" + (f" of {len(built)} candidates" if len(built) > 1 else ""))
         lat_cfg = built[0].recipe.validation.latency
         eager = gpu_eager_runner(loaded, spec, target) or reference
         timings = latency_mod.measure({"eager": eager.run, **{c.label: c.runner.run for c in built}},
-                                      _latency_feeds(spec, built[0].recipe, loaded.module), lat_cfg.warmup,
+                                      latency_feeds(spec, built[0].recipe, loaded.module), lat_cfg.warmup,
                                       lat_cfg.iterations, devices={"eager": eager.device, **{c.label: c.runner.device for c in built}})
     finally:
         if status:
@@ -507,39 +449,6 @@ def _work(module, spec, model_file: Path) -> dict[str, Any]:
     return count_work(module, feed, spec.names, weight_bytes)
 
 
-def _run_candidate(candidate, work):
-    """``work()`` on a built candidate; the artifact failing to run on valid inputs is a build error naming it."""
-    try:
-        return work()
-    except Exception as exc:  # noqa: BLE001 - the runtime's own errors, of many types
-
-        candidate.status, candidate.reason = "failed", (
-            f"the built model does not take its whole dim range: {exc}" if isinstance(exc, RangeFailure)
-            else f"the built model fails to run: {type(exc).__name__}: {first_line(exc)}")
-        return None
-
-
-def _survivors(candidates, allow_partial: bool, target_device: str = "cpu") -> list:
-    """The built candidates; a failed one stops the build (every failure named) when every one
-    failed, or unless ``allow_partial`` (the default; ``--strict`` turns it off). With a failure, the
-    survivors must include one that runs on the target's kind of device: a GPU build whose GPU
-    candidates failed does not ship a CPU fallback."""
-    failed = [c for c in candidates if c.status == "failed"]
-    built = [c for c in candidates if c.status == "built"]
-    listing = "; ".join(f"{c.label}: {c.reason}" for c in failed)
-    if failed and (not built or not allow_partial):
-        total = len([c for c in candidates if c.status != "skipped"])
-        raise BuildError(f"{len(failed)} of {total} candidates failed: {listing}",
-                         fix="fix the cause, or keep to the backends that build with --backend" +
-                             ("" if not built else "; without --strict the best of the others ships and the "
-                              "report lists the failures"))
-    if failed and target_device != "cpu" and not any(c.runner.device == target_device for c in built):
-        raise BuildError(f"every candidate that runs on {target_device} failed ({listing}); those left "
-                         f"({', '.join(c.label for c in built)}) ran on the CPU, which says nothing of the target",
-                         fix="fix the cause, or build for --target cpu to ship a CPU model")
-    return built
-
-
 def _build_candidates(work, artifact, recipes, target, console, calib, budget, check_batches, check_source,
                       allow_partial=False):
     """Run each recipe's pipeline. One this machine cannot build is recorded as skipped; one that
@@ -577,7 +486,7 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
             c.status, c.reason = "failed", str(exc).strip().splitlines()[0]
     if not any(c.status == "built" for c in candidates):
         raise errors[0]
-    _survivors(candidates, allow_partial, target.device)
+    cand.survivors(candidates, allow_partial, target.device)
     cand.drop_duplicates(candidates)
     return candidates
 
@@ -619,7 +528,7 @@ def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None
     inputs, reference = read_samples(root, manifest)
     drift = drift_mod.compare([reference], [runner.run(inputs)], manifest.output_names,
                               f"{SAMPLES_FILE} (stored at build)")
-    feeds = _latency_feeds(spec, recipe, None)
+    feeds = latency_feeds(spec, recipe, None)
     lat = recipe.validation.latency
     timings = latency_mod.measure({"infopt": runner.run}, feeds, lat.warmup, lat.iterations, devices={"infopt": runner.device})
     verdict = judge(recipe.validation, drift.worst, [t.p99_ms for t in timings])

@@ -18,12 +18,14 @@ from typing import Any
 
 from infopt.api.emit import onnx_outputs
 from infopt.core.artifact import STAGE, Artifact
+from infopt.core.errors import BuildError, first_line
 from infopt.core.manifest import model_sha256
 from infopt.core.recipe import Recipe
 from infopt.core.registry import get_pass
 from infopt.exporters.torch_export import exported_outputs
 from infopt.runtime import backends
 from infopt.runtime.runner import Runner
+from infopt.validators.range_ends import RangeFailure
 
 
 @dataclass
@@ -144,3 +146,36 @@ def table(candidates: list[Candidate], timings) -> list[dict[str, Any]]:
                         "size_bytes": c.artifact.size_bytes()})
         rows.append(row)
     return rows
+
+
+def run_candidate(candidate, work):
+    """``work()`` on a built candidate; the artifact failing to run on valid inputs is a build error naming it."""
+    try:
+        return work()
+    except Exception as exc:  # noqa: BLE001 - the runtime's own errors, of many types
+
+        candidate.status, candidate.reason = "failed", (
+            f"the built model does not take its whole dim range: {exc}" if isinstance(exc, RangeFailure)
+            else f"the built model fails to run: {type(exc).__name__}: {first_line(exc)}")
+        return None
+
+
+def survivors(candidates, allow_partial: bool, target_device: str = "cpu") -> list:
+    """The built candidates; a failed one stops the build (every failure named) when every one
+    failed, or unless ``allow_partial`` (the default; ``--strict`` turns it off). With a failure, the
+    survivors must include one that runs on the target's kind of device: a GPU build whose GPU
+    candidates failed does not ship a CPU fallback."""
+    failed = [c for c in candidates if c.status == "failed"]
+    built = [c for c in candidates if c.status == "built"]
+    listing = "; ".join(f"{c.label}: {c.reason}" for c in failed)
+    if failed and (not built or not allow_partial):
+        total = len([c for c in candidates if c.status != "skipped"])
+        raise BuildError(f"{len(failed)} of {total} candidates failed: {listing}",
+                         fix="fix the cause, or keep to the backends that build with --backend" +
+                             ("" if not built else "; without --strict the best of the others ships and the "
+                              "report lists the failures"))
+    if failed and target_device != "cpu" and not any(c.runner.device == target_device for c in built):
+        raise BuildError(f"every candidate that runs on {target_device} failed ({listing}); those left "
+                         f"({', '.join(c.label for c in built)}) ran on the CPU, which says nothing of the target",
+                         fix="fix the cause, or build for --target cpu to ship a CPU model")
+    return built

@@ -59,7 +59,7 @@ def _has_decoder(model) -> bool:
     return decoder is not None and decoder is not model
 
 
-def _eager_experts(transformers) -> dict:
+def _exportable_experts(transformers) -> dict:
     """Mixture-of-experts layers (Mixtral, Qwen-MoE...) as batched matmuls over every expert: transformers
     5 runs them by default through its own custom op (``transformers.grouped_mm_fallback``), which ONNX
     export cannot translate, and its ``eager`` form loops over the experts a batch routes to, which
@@ -89,7 +89,7 @@ def load_hf_folder(path: Path) -> HFSource:
     cls = getattr(transformers, names[0]) if names else transformers.AutoModel
     try:
         model = cls.from_pretrained(str(path), use_safetensors=True, attn_implementation="eager", dtype="float32",
-                                    **_eager_experts(transformers))
+                                    **_exportable_experts(transformers))
     except Exception as exc:  # noqa: BLE001 - transformers raises many types for a bad folder
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"transformers cannot load {path} as {cls.__name__}: {first}",

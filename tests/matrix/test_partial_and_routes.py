@@ -106,8 +106,7 @@ def test_a_gpu_build_whose_gpu_candidates_failed_does_not_ship_a_cpu_fallback():
     device; a GPU target left with a CPU-only survivor is exit 3, a CPU target ships it."""
     from types import SimpleNamespace
 
-    from infopt.api.builder import _survivors
-    from infopt.api.candidates import Candidate
+    from infopt.api.candidates import Candidate, survivors
     from infopt.core.recipe import load_recipe
 
     recipe = load_recipe("fp32-onnxruntime")
@@ -118,9 +117,9 @@ def test_a_gpu_build_whose_gpu_candidates_failed_does_not_ship_a_cpu_fallback():
         return c
 
     cpu_only = [candidate("failed", None), candidate("built", "cpu")]
-    assert len(_survivors(cpu_only, True, "cpu")) == 1
+    assert len(survivors(cpu_only, True, "cpu")) == 1
     with pytest.raises(BuildError, match="every candidate that runs on cuda failed") as info:
-        _survivors(cpu_only, True, "cuda")
+        survivors(cpu_only, True, "cuda")
     assert "--target cpu" in info.value.fix
-    assert len(_survivors([candidate("failed", None), candidate("built", "cuda"), candidate("built", "cpu")], True, "cuda")) == 2
-    assert len(_survivors([candidate("built", "cpu")], True, "cuda")) == 1  # no failure: a build for a GPU made here
+    assert len(survivors([candidate("failed", None), candidate("built", "cuda"), candidate("built", "cpu")], True, "cuda")) == 2
+    assert len(survivors([candidate("built", "cpu")], True, "cuda")) == 1  # no failure: a build for a GPU made here

@@ -1,0 +1,68 @@
+"""What a build measures on: validation batches (``--val``, raw files through the model's task,
+held-out calibration samples, or random inputs) and the inputs latency is timed with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infopt.core.errors import UsageError
+from infopt.core.sample_inputs import embedding_vocab, random_feed
+from infopt.quantize.calib_data import load_calibration
+from infopt.runtime.tasks.text import read_text
+from infopt.validators.data import EXTENSIONS as SAMPLE_SUFFIXES
+from infopt.validators.data import load_batches
+
+
+def raw_reader(loaded, tokenizer: str | None):
+    """How raw ``--val`` and ``--calib`` files (text, images, ``.wav``) become samples: through the
+    task of a Hugging Face folder (its tokenizer, image processor or feature extractor; an explicit
+    ``--tokenizer`` wins for text), else None."""
+    task = loaded.task
+    if task is None:
+        return None
+
+    def read(source, spec):
+        files = task.raw_files(source)
+        if files is None:
+            folder = Path(source) if isinstance(source, (str, Path)) else None
+            if folder is not None and folder.is_dir() and not any(p.suffix in SAMPLE_SUFFIXES for p in folder.iterdir()):
+                raise UsageError(f"{folder} holds neither .npy/.npz/.pt samples nor the raw files this {task.name} model "
+                                 f"reads ({', '.join(task.raw_suffixes)})", where=str(folder),
+                                 fix=f"pass a folder of {', '.join(task.raw_suffixes)} files, or samples of its inputs "
+                                     f"({', '.join(spec.names)}) saved with numpy.savez")
+            return None
+        if tokenizer is not None and all(f.suffix == ".txt" for f in files):
+            return read_text(files, spec, tokenizer)
+        return task.read_raw(files, spec, Path(loaded.source))
+
+    return read
+
+
+def validation_batches(spec, val, max_samples, module, calib=None, reader=None):
+    """The inputs drift is measured on: ``val`` (sample files, or raw files the model's task reads);
+    else calibration samples held out of the draw (a model calibrated on real data is judged on real
+    data, not noise); else random inputs."""
+
+    if val is not None and reader is not None and reader(val, spec) is not None:
+        return load_calibration(val, spec, samples=max_samples, reader=reader).batches, str(val)
+    if val is not None:
+        return load_batches(val, spec, max_samples), str(val)
+    if calib is not None and calib.held_out:
+        return calib.held_out, f"{calib.source} (held out of calibration)"
+    vocab = embedding_vocab(module) or 2
+    return [random_feed(spec, seed=seed, int_high=vocab) for seed in range(4)], "random"
+
+
+def latency_feeds(spec, recipe, module):
+    batch = spec.batch_symbol
+    sizes = recipe.validation.latency.batch_sizes
+    vocab = embedding_vocab(module) or 2
+    if batch is None:
+        return {0: random_feed(spec, int_high=vocab)}
+    r = spec.dims[batch]
+    sizes = sizes or sorted({r.min, r.opt})
+    bad = [b for b in sizes if not r.min <= b <= r.max]
+    if bad:
+        raise UsageError(f"batch sizes {bad} are outside the batch range {r.min}..{r.max}",
+                         fix=f"pass --batch-sizes within it, or widen it with --dim {batch}=MIN:OPT:MAX")
+    return {b: random_feed(spec, int_high=vocab, **{batch: b}) for b in sizes}
