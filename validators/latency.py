@@ -13,6 +13,12 @@ batch / p50, the same statistic as the latency beside it, so a speedup read off 
 the median already ignores it), relative to the p50; above ``NOISY_SPREAD`` the machine was too noisy
 for the figure to be trusted closely, and the build says so.
 
+Timing stops once the figure is known well enough: after ``MIN_BLOCKS`` rounds, a runner whose
+median is pinned to within ``tolerance`` of itself (the distribution-free 95% confidence interval
+of the median, from the order statistics of all its runs) runs no more blocks at that batch size;
+one that is not keeps going, up to ``iterations`` runs. Warm-up stops after ``warmup`` runs or
+``WARMUP_S`` seconds, whichever comes first (at least ``MIN_WARMUP`` runs).
+
 A runner on a CUDA device is timed with CUDA events around each run, after a synchronize, so the
 figure is the GPU's time for the call (copies in and out included), not the host's launch time.
 """
@@ -29,6 +35,12 @@ BLOCKS = 5
 """blocks each runner's timed runs are split into (fewer when there are fewer runs)"""
 NOISY_SPREAD = 0.25
 """block medians further apart than this fraction of the p50 mean the machine was noisy"""
+MIN_BLOCKS = 3
+"""rounds every runner runs before its timing may stop early"""
+TOLERANCE = 0.02
+"""stop once the median's 95% confidence interval lies within this fraction of it on either side"""
+WARMUP_S = 0.5
+MIN_WARMUP = 2
 
 
 @dataclass
@@ -43,6 +55,7 @@ class LatencyStats:
     throughput: float
     """samples per second at the p50: batch / p50"""
     iterations: int
+    """timed runs (fewer than asked when the median was pinned early)"""
     blocks: int = 1
     spread: float = 0.0
     """(slowest block median - fastest) / p50, leaving out the slowest and fastest block when there are 4
@@ -93,27 +106,50 @@ def _block_sizes(iterations: int, blocks: int) -> list[int]:
     return [iterations // count + (1 if k < iterations % count else 0) for k in range(count)]
 
 
+def median_pinned(seconds: list[float], tolerance: float, z: float = 1.96) -> bool:
+    """Whether the distribution-free confidence interval of the median (order statistics
+    ``n/2 -+ z*sqrt(n)/2``) lies within ``tolerance`` of the median on both sides."""
+    n = len(seconds)
+    if n < 5 or tolerance <= 0:
+        return False
+    ordered = sorted(seconds)
+    half = z * n**0.5 / 2
+    lo, hi = ordered[max(0, int(n / 2 - half))], ordered[min(n - 1, int(np.ceil(n / 2 + half)))]
+    middle = float(np.median(ordered))
+    return middle > 0 and (middle - lo) <= tolerance * middle and (hi - middle) <= tolerance * middle
+
+
+def _warm(fn: Callable[[dict], object], feed: dict, runs: int) -> None:
+    start = time.perf_counter()
+    for k in range(runs):
+        if k >= MIN_WARMUP and time.perf_counter() - start >= WARMUP_S:
+            return
+        fn(feed)
+
+
 def measure(runners: dict[str, Callable[[dict], object]], feeds: dict[int, dict[str, np.ndarray]],
             warmup: int = 10, iterations: int = 50, devices: dict[str, str] | None = None,
             seconds: float | None = None, min_iterations: int = 5, *, blocks: int = BLOCKS,
+            tolerance: float = TOLERANCE,
             timer: Callable[[Callable[[dict], object], dict], float] | None = None) -> list[LatencyStats]:
     """Time every runner (name -> callable taking a feed) at every batch size in ``feeds``, in
     interleaved blocks (see the module doc); ``devices`` names the runners that run on ``cuda``
-    (timed with CUDA events; the rest on the host clock), ``timer(fn, feed)`` replaces both. With
-    ``seconds``, a runner's timing at one batch size stops early once that long is spent and at
-    least ``min_iterations`` runs are in (``LatencyStats.iterations`` says how many)."""
+    (timed with CUDA events; the rest on the host clock), ``timer(fn, feed)`` replaces both. A
+    runner whose median is pinned within ``tolerance`` after ``MIN_BLOCKS`` blocks stops there (0:
+    never early). With ``seconds``, a runner's timing at one batch size also stops once that long
+    is spent and at least ``min_iterations`` runs are in (``LatencyStats.iterations`` says how many)."""
     names = list(runners)
     sizes = _block_sizes(iterations, blocks)
     floor = -(-min_iterations // len(sizes))  # runs every block keeps under a time budget
     results = []
     for batch, feed in feeds.items():
         for name in names:
-            for _ in range(warmup):
-                runners[name](feed)
+            _warm(runners[name], feed, warmup)
         times: dict[str, list[float]] = {n: [] for n in names}
         medians: dict[str, list[float]] = {n: [] for n in names}
+        active = list(names)
         for k, size in enumerate(sizes):
-            for name in names if k % 2 == 0 else reversed(names):
+            for name in active if k % 2 == 0 else list(reversed(active)):
                 clock = timer or (cuda_timer if (devices or {}).get(name) == "cuda" else host_timer)
                 block: list[float] = []
                 start = time.perf_counter()
@@ -123,5 +159,9 @@ def measure(runners: dict[str, Callable[[dict], object]], feeds: dict[int, dict[
                         break
                 times[name] += block
                 medians[name].append(float(np.median(block)))
+            if k + 1 >= MIN_BLOCKS:
+                active = [n for n in active if not median_pinned(times[n], tolerance)]
+                if not active:
+                    break
         results += [summarize(name, batch, times[name], medians[name]) for name in names]
     return results

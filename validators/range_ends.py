@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from infopt.core.errors import InputSpecError, first_line
-from infopt.core.sample_inputs import embedding_vocab, random_feed
+from infopt.core.sample_inputs import id_high, random_feed
 
 
 def range_ends(spec, reference, module) -> list[tuple[str, dict, list]]:
@@ -21,7 +21,7 @@ def range_ends(spec, reference, module) -> list[tuple[str, dict, list]]:
 
     if not spec.dims:
         return []
-    vocab = embedding_vocab(module) or 2
+    high = id_high(module)
     batch = spec.batch_symbol
     points = [{name: r.min for name, r in spec.dims.items()},
               {name: r.min if name == batch else r.max for name, r in spec.dims.items()}]
@@ -29,7 +29,7 @@ def range_ends(spec, reference, module) -> list[tuple[str, dict, list]]:
         points.append({name: r.max if name == batch else r.opt for name, r in spec.dims.items()})
     ends = []
     for dims in [p for i, p in enumerate(points) if p not in points[:i]]:
-        feed = random_feed(spec, seed=7, int_high=vocab, **dims)
+        feed = random_feed(spec, seed=7, int_high=high, **dims)
         where = ", ".join(f"{name}={size}" for name, size in dims.items())
         try:
             outputs = reference.run(feed)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from infopt.core.errors import UsageError
-from infopt.core.sample_inputs import embedding_vocab, random_feed
+from infopt.core.sample_inputs import id_high, random_feed
 from infopt.quantize.calib_data import load_calibration
 from infopt.runtime.tasks.text import read_text
 from infopt.validators.data import EXTENSIONS as SAMPLE_SUFFIXES
@@ -49,20 +49,20 @@ def validation_batches(spec, val, max_samples, module, calib=None, reader=None):
         return load_batches(val, spec, max_samples), str(val)
     if calib is not None and calib.held_out:
         return calib.held_out, f"{calib.source} (held out of calibration)"
-    vocab = embedding_vocab(module) or 2
-    return [random_feed(spec, seed=seed, int_high=vocab) for seed in range(4)], "random"
+    high = id_high(module)
+    return [random_feed(spec, seed=seed, int_high=high) for seed in range(4)], "random"
 
 
 def latency_feeds(spec, recipe, module):
     batch = spec.batch_symbol
     sizes = recipe.validation.latency.batch_sizes
-    vocab = embedding_vocab(module) or 2
+    high = id_high(module)
     if batch is None:
-        return {0: random_feed(spec, int_high=vocab)}
+        return {0: random_feed(spec, int_high=high)}
     r = spec.dims[batch]
     sizes = sizes or sorted({r.min, r.opt})
     bad = [b for b in sizes if not r.min <= b <= r.max]
     if bad:
         raise UsageError(f"batch sizes {bad} are outside the batch range {r.min}..{r.max}",
                          fix=f"pass --batch-sizes within it, or widen it with --dim {batch}=MIN:OPT:MAX")
-    return {b: random_feed(spec, int_high=vocab, **{batch: b}) for b in sizes}
+    return {b: random_feed(spec, int_high=high, **{batch: b}) for b in sizes}

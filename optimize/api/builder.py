@@ -24,7 +24,8 @@ from infopt.core.manifest_schema import LatencyRow, Manifest
 from infopt.core.pipeline import Pipeline, SharedPrefixes
 from infopt.core.recipe import MIN_CURVE_RUNS, Recipe, load_recipe, recipes_for
 from infopt.core.registry import get_pass
-from infopt.core.sample_inputs import capture_feed, embedding_vocab, random_feed
+from infopt.core.sample_inputs import capture_feed, id_high, random_feed
+from infopt.core.step_times import StepTimes
 from infopt.core.target import get_target
 from infopt.core.threads import ENV as THREADS_ENV
 from infopt.core.threads import thread_cap
@@ -127,7 +128,7 @@ def gpu_eager_runner(loaded, spec, target) -> TorchRunner | None:
 
 
 def check_forward(reference, spec: InputSpec, module) -> list:
-    feed = capture_feed(spec, int_high=embedding_vocab(module) or 2)
+    feed = capture_feed(spec, int_high=id_high(module))
     try:
         return reference.run(feed)
     except Exception as exc:  # noqa: BLE001 - the user's forward
@@ -180,6 +181,7 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     candidates and their passes, inputs, output folder), write nothing, and return that plan.
     """
 
+    times = StepTimes()
     defaults = build.__kwdefaults__
     call = call_text(model, {k: v for k, v in locals().items() if k in defaults and k not in ("progress", "command")
                              and v is not None and v != defaults[k]})
@@ -202,11 +204,12 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     for each in recipes:
         _check_int8_inputs(each, target_obj, calibration)
 
-    if isinstance(model, (str, Path)):
-        loaded = load_model(model, model_class=model_class, model_args=model_args, allow_pickle=allow_pickle)
-    else:
-        loaded = _from_module(model.eval(), "module", None)
-        loaded.source = None
+    with times.step("load"):
+        if isinstance(model, (str, Path)):
+            loaded = load_model(model, model_class=model_class, model_args=model_args, allow_pickle=allow_pickle)
+        else:
+            loaded = _from_module(model.eval(), "module", None)
+            loaded.source = None
     spec = resolve_spec(loaded, inputs, dims, example_inputs, val)
     name = _safe_name(name or loaded.name or (Path(loaded.source).stem if loaded.source else type(model).__name__.lower()))
     # absolute from here on: servers' packagers and compilers run in other working directories
@@ -216,11 +219,12 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
         target_obj = target_obj.model_copy(update={"price_per_hour": price_per_hour})
     if dry_run:
         return _plan(loaded, spec, recipes, target_obj, name, out, force, val, calibration, budget)
-    target_obj = _with_measured_roof(target_obj)
+    with times.step("machine roof"):
+        target_obj = _with_measured_roof(target_obj)
     with claim_output(out, force):
         return _build_claimed(loaded, spec, recipes, target_obj, name, out, force, val, max_val_samples, console,
-                              _BuildContext(command, call, None, budget, allow_partial and not strict), calibration, calib_samples,
-                              calib_seed, tokenizer)
+                              _BuildContext(command, call, None, budget, allow_partial and not strict, times=times),
+                              calibration, calib_samples, calib_seed, tokenizer)
 
 
 def _with_measured_roof(target):
@@ -260,15 +264,17 @@ def _build_claimed(loaded, spec, recipes, target_obj, name, out, force, val, max
     """The build proper, with the output folder's lock held."""
     artifact = loaded.with_spec(spec)
     reference = reference_runner(loaded, spec)
-    probe = check_forward(reference, spec, loaded.module)
+    with ctx.times.step("forward check"):
+        probe = check_forward(reference, spec, loaded.module)
     if not artifact.output_names:
         artifact.output_names = ("output",) if len(probe) == 1 else tuple(f"output_{i}" for i in range(len(probe)))
 
     ctx.reader = raw_reader(loaded, tokenizer)  # a Hugging Face folder's text goes through its own tokenizer
     calib = None
     if calibration is not None:
-        calib = load_calibration(calibration, spec, samples=calib_samples, seed=calib_seed, tokenizer=tokenizer,
-                                 hold_out=val is None, reader=ctx.reader)
+        with ctx.times.step("calibration data"):
+            calib = load_calibration(calibration, spec, samples=calib_samples, seed=calib_seed, tokenizer=tokenizer,
+                                     hold_out=val is None, reader=ctx.reader)
     ctx.calib = calib
 
     with tempfile.TemporaryDirectory(prefix="infopt-build-") as work, removed_if_stopped(Path(work)):
@@ -321,15 +327,18 @@ class _BuildContext:
     allow_partial: bool = False
     reader: Any = None
     """turns raw --val and --calib files into samples (see :func:`raw_reader`)"""
+    times: StepTimes = field(default_factory=StepTimes)
+    """seconds per step, for the manifest's ``timings``"""
 
 
 def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, out, force, val, max_samples, console,
               ctx: _BuildContext):
 
-    batches, source = validation_batches(spec, val, max_samples, loaded.module, ctx.calib, ctx.reader)
+    with ctx.times.step("validation data"):
+        batches, source = validation_batches(spec, val, max_samples, loaded.module, ctx.calib, ctx.reader)
     checked_on = f"{len(batches)} random batches (no --val data)" if source == "random" else source
     candidates = _build_candidates(work, artifact, recipes, target, console, ctx.calib, ctx.budget, batches, checked_on,
-                                   ctx.allow_partial)
+                                   ctx.allow_partial, ctx.times)
     built = [c for c in candidates if c.status == "built"]
     max_batch = spec.dims[spec.batch_symbol].max if spec.batch_symbol else 1
     batches = list(split_batches(batches, spec, max_batch))
@@ -337,21 +346,24 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
     if status:
         status.start()
     try:
-        ref_out = drift_mod.run_all(reference, batches)
-        ends = range_ends(spec, reference, loaded.module)
-        for c in built:
-            c.drift = cand.run_candidate(c, lambda c=c: drift_mod.compare(ref_out, drift_mod.run_all(c.runner, batches),
-                                                                      tuple(o[0] for o in c.outputs), source))
-            if c.status == "built":
-                cand.run_candidate(c, lambda c=c: check_range_ends(c.runner, ends))
-        built = cand.survivors(candidates, ctx.allow_partial, target.device)
+        with ctx.times.step("validation"):
+            ref_out = drift_mod.run_all(reference, batches)
+            ends = range_ends(spec, reference, loaded.module)
+            for c in built:
+                c.drift = cand.run_candidate(c, lambda c=c: drift_mod.compare(
+                    ref_out, drift_mod.run_all(c.runner, batches), tuple(o[0] for o in c.outputs), source))
+                if c.status == "built":
+                    cand.run_candidate(c, lambda c=c: check_range_ends(c.runner, ends))
+            built = cand.survivors(candidates, ctx.allow_partial, target.device)
         if status:
             status.update("validating: latency" + (f" of {len(built)} candidates" if len(built) > 1 else ""))
         lat_cfg = built[0].recipe.validation.latency
-        eager = gpu_eager_runner(loaded, spec, target) or reference
-        timings = latency_mod.measure({"eager": eager.run, **{c.label: c.runner.run for c in built}},
-                                      latency_feeds(spec, built[0].recipe, loaded.module), lat_cfg.warmup,
-                                      lat_cfg.iterations, devices={"eager": eager.device, **{c.label: c.runner.device for c in built}})
+        with ctx.times.step("latency"):
+            eager = gpu_eager_runner(loaded, spec, target) or reference
+            timings = latency_mod.measure({"eager": eager.run, **{c.label: c.runner.run for c in built}},
+                                          latency_feeds(spec, built[0].recipe, loaded.module), lat_cfg.warmup,
+                                          lat_cfg.iterations,
+                                          devices={"eager": eager.device, **{c.label: c.runner.device for c in built}})
     finally:
         if status:
             status.stop()
@@ -359,7 +371,9 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
         c.verdict = judge(c.recipe.validation, c.drift.worst, [t.p99_ms for t in timings if t.runner == c.label])
     chosen, why = cand.choose(built, timings, target)
     chosen.chosen = True
-    curve = _measure_curve(chosen, spec, loaded.module, console)
+    with ctx.times.step("curve"):
+        curve = _measure_curve(chosen, spec, loaded.module, console,
+                               {t.batch: t for t in timings if t.runner == chosen.label})
     final, recipe = chosen.artifact, chosen.recipe
     server = server_engine(final.lineage)
     notes = int8_notes(final.lineage) + engine_notes(server)
@@ -375,11 +389,13 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
     if target.device != "cpu" and chosen.runner.device == "cpu":
         notes.append(f"target {target.name} is a {target.device} device; drift and latency were measured here on "
                      f"{cand.runner_description(chosen.runner)}, not on the target")
+    with ctx.times.step("work count"):
+        work = _work(loaded.module, spec, final.path)
     latency = [t.to_json() for t in timings if t.runner == "eager"]
     latency += [{**t.to_json(), "runner": "infopt"} for t in timings if t.runner == chosen.label]
     validation = {"device": cand.runner_description(chosen.runner), "runs_on": chosen.runner.device, "notes": notes,
                   "drift": chosen.drift.to_json(),
-                  "latency": latency, "curve": curve, "work": _work(loaded.module, spec, final.path),
+                  "latency": latency, "curve": curve, "work": work,
                   "timing_notes": noise_notes([t for t in timings if t.runner in ("eager", chosen.label)]),
                   "verdict": chosen.verdict.to_json()}
     names = tuple(o[0] for o in chosen.outputs)
@@ -399,7 +415,7 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
                                  candidates=cand.table(candidates, timings), selection=why, provenance=record,
                                  shipped_fp32=shipped_fp32(final.lineage))
         manifest = write_output(stage, manifest, final.path, spec, target.device, recipe.emit, final.attachments,
-                                server_engine=triton_engine(server), products=final.products)
+                                server_engine=triton_engine(server), products=final.products, times=ctx.times)
     return BuildResult(name, out, manifest, final, candidates)
 
 
@@ -420,37 +436,41 @@ def _curve_batches(spec) -> list[int]:
     return sorted(sizes)
 
 
-def _measure_curve(chosen, spec, module, console) -> list[dict[str, Any]]:
-    """Latency of the shipped model at each batch size of the curve (Triton tuning and the report's plot)."""
+def _measure_curve(chosen, spec, module, console, timed: dict[int, Any]) -> list[dict[str, Any]]:
+    """Latency of the shipped model at each batch size of the curve (Triton tuning and the report's
+    plot); the sizes the latency step ``timed`` already (same inputs, more runs) are taken from there."""
     sizes = _curve_batches(spec)
     if not sizes:
         return []
-    vocab = embedding_vocab(module) or 2
-    feeds = {b: random_feed(spec, int_high=vocab, **{spec.batch_symbol: b}) for b in sizes}
-    status = progress_display.status(console, f"measuring the latency-versus-batch curve ({', '.join(map(str, sizes))})")
-    if status:
-        status.start()
-    try:
-        lat = chosen.recipe.validation.latency
-        stats = latency_mod.measure({"infopt": chosen.runner.run}, feeds, CURVE_WARMUP, lat.curve_iterations,
-                                    devices={"infopt": chosen.runner.device}, seconds=lat.curve_seconds,
-                                    min_iterations=MIN_CURVE_RUNS)
-    finally:
+    high = id_high(module)
+    feeds = {b: random_feed(spec, int_high=high, **{spec.batch_symbol: b}) for b in sizes if b not in timed}
+    stats = list(timed.values())
+    if feeds:
+        status = progress_display.status(console, f"measuring the latency-versus-batch curve ({', '.join(map(str, feeds))})")
         if status:
-            status.stop()
-    return [{k: v for k, v in s.to_json().items() if k != "runner"} for s in stats]
+            status.start()
+        try:
+            lat = chosen.recipe.validation.latency
+            stats += latency_mod.measure({"infopt": chosen.runner.run}, feeds, CURVE_WARMUP, lat.curve_iterations,
+                                         devices={"infopt": chosen.runner.device}, seconds=lat.curve_seconds,
+                                         min_iterations=MIN_CURVE_RUNS)
+        finally:
+            if status:
+                status.stop()
+    return [{k: v for k, v in s.to_json().items() if k != "runner"} for s in sorted(stats, key=lambda s: s.batch)
+            if s.batch in sizes]
 
 
 def _work(module, spec, model_file: Path) -> dict[str, Any]:
     """FLOPs and bytes per sample, for the report's roofline line."""
     weight_bytes = model_bytes(model_file)
     dims = {spec.batch_symbol: 1} if spec.batch_symbol else {}
-    feed = random_feed(spec, int_high=embedding_vocab(module) or 2, **dims)
+    feed = random_feed(spec, int_high=id_high(module), **dims)
     return count_work(module, feed, spec.names, weight_bytes)
 
 
 def _build_candidates(work, artifact, recipes, target, console, calib, budget, check_batches, check_source,
-                      allow_partial=False):
+                      allow_partial=False, times=None):
     """Run each recipe's pipeline. One this machine cannot build is recorded as skipped; one that
     fails stops the build with every failure named, unless ``allow_partial`` keeps the survivors."""
 
@@ -475,7 +495,7 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
         try:
             c.artifact = Pipeline(c.recipe, target, work / c.label, calibration=calib, budget=budget,
                                   check_batches=check_batches, check_source=check_source, console=console,
-                                  label=c.label if len(runnable) > 1 else "").run(artifact, shared)
+                                  label=c.label if len(runnable) > 1 else "", times=times).run(artifact, shared)
             c.runner = cand.validation_runner(c.artifact, target)
             c.outputs = cand.artifact_outputs(c.artifact)
             c.status = "built"

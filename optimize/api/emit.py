@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,9 @@ import numpy as np
 
 from infopt.api.provenance import tool_versions
 from infopt.core.manifest import file_table, sha256, write_manifest
-from infopt.core.manifest_schema import SCHEMA_VERSION, FileEntry, Manifest, check_written
+from infopt.core.manifest_schema import SCHEMA_VERSION, FileEntry, Manifest, Timings, check_written
 from infopt.core.safe_load import arrays_file
+from infopt.core.step_times import StepTimes
 from infopt.exporters import servers
 from infopt.exporters.servers import EmitJob
 from infopt.report.html import to_html
@@ -64,13 +66,16 @@ def read_samples(root: Path, manifest: Manifest) -> tuple[dict[str, np.ndarray],
 
 def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, device: str,
                  emit: list[str] | None, attachments: dict[str, Path] | None = None,
-                 server_engine: dict[str, Any] | None = None, products: dict[str, Any] | None = None) -> Manifest:
+                 server_engine: dict[str, Any] | None = None, products: dict[str, Any] | None = None,
+                 times: StepTimes | None = None) -> Manifest:
     """Fill ``stage`` and return the completed manifest (files and their sha256 included), typed.
 
     ``manifest`` is everything the build knows but the files; it is checked against the manifest's
     types here, before any emitter reads it. The model is ``model/model.onnx``, ``model/model.pt2``
     (AOTInductor) or ``model/model.plan`` (TensorRT); ``server_engine`` asks the Triton config for a
-    TensorRT engine built at load time."""
+    TensorRT engine built at load time. ``times``: the build's step times, ``emit`` added, become the
+    manifest's ``timings``."""
+    start = time.perf_counter()
     (stage / "model").mkdir(parents=True, exist_ok=True)
     rel_model = f"model/model{model_file.suffix}"
     shutil.copyfile(model_file, stage / rel_model)
@@ -91,6 +96,9 @@ def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, 
         wanted = emit is None or emitter.name in emit
         if wanted and emitter.serves_backend(backend) and (written := emitter.write(job)) is not None:
             setattr(typed.artifacts, emitter.name, written.relative_to(stage).as_posix())
+    if times is not None:
+        times.add("emit", time.perf_counter() - start)
+        typed.timings = Timings.model_validate(times.to_json())
     typed.files = file_table(stage)
     write_reports(stage, typed)
     write_manifest(stage, typed)
@@ -112,7 +120,7 @@ def write_reports(stage: Path, manifest: Manifest) -> None:
 
 VOLATILE_KEYS = frozenset({"created", "seconds", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "throughput", "speedup",
                            "latency", "curve", "triton_tuning", "selection", "variants", "shipped_variant",
-                           "memory_bandwidth_gbs", "peak_tflops", "measured", "timing_notes"})
+                           "memory_bandwidth_gbs", "peak_tflops", "measured", "timing_notes", "timings"})
 """Manifest fields that differ between two builds of the same model with the same options: the time of
 the build and every timing (and what is chosen from timings: the Triton batching tuned to the
 measured curve, the words of the selection, the INT8 variants timed; a ``cpu`` target's roof, measured

@@ -10,6 +10,7 @@ import typer
 
 from infopt.cli import options as o
 from infopt.cli.output import print_json, shown_path, stderr, stdout, table
+from infopt.core import step_times
 
 
 def build(
@@ -107,6 +108,8 @@ def build(
                            int4_section(m), drift_section(m), latency_section(m)]
         print_sections(stdout(), [s for s in chosen_sections if s is not None])
         stdout().print(f"wrote {shown_path(result.output_dir)}/ (report.md, report.html, manifest.json)", markup=False)
+        if m.timings is not None:
+            stdout().print(step_times.summary(m.timings.model_dump()), markup=False)
     if not result.passed:
         raise typer.Exit(1)
 

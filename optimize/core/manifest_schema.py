@@ -161,6 +161,22 @@ class Artifacts(_Open):
         return self.get(name) is not None
 
 
+class StepTime(_Open):
+    step: str
+    """a build step (load, validation, latency, curve, emit...) or a pass (capture, onnx_export, aoti_compile...)"""
+    seconds: float
+    of: str | None = None
+    """the candidate (recipe) a pass ran for; a pass candidates share ran once, for the first"""
+
+
+class Timings(_Open):
+    """Where the build's time went (``core/step_times.py``)."""
+
+    total_s: float
+    """from the call to the manifest written, less writing the reports and the manifest itself"""
+    steps: list[StepTime]
+
+
 class Manifest(_Open):
     """``manifest.json`` of an output folder."""
 
@@ -185,6 +201,7 @@ class Manifest(_Open):
     provenance: Provenance | None = None
     artifacts: Artifacts
     triton_tuning: dict[str, Any] | None = None
+    timings: Timings | None = None
     files: dict[str, FileEntry]
 
     @property

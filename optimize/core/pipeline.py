@@ -27,6 +27,7 @@ from infopt.core.errors import BuildError, InfoptError, RecipeError, UsageError,
 from infopt.core.lineage import PassRecord
 from infopt.core.recipe import Recipe
 from infopt.core.registry import PassContext, PassDetails, get_pass
+from infopt.core.step_times import StepTimes
 from infopt.core.target import Target
 
 log = logging.getLogger("infopt.core.pipeline")
@@ -34,7 +35,8 @@ log = logging.getLogger("infopt.core.pipeline")
 
 class Pipeline:
     def __init__(self, recipe: Recipe, target: Target, workdir: Path, *, calibration=None, budget=None,
-                 check_batches=None, check_source: str = "validation data", console=None, label: str = ""):
+                 check_batches=None, check_source: str = "validation data", console=None, label: str = "",
+                 times: StepTimes | None = None):
         self.recipe = recipe
         self.target = target
         self.workdir = workdir
@@ -44,6 +46,8 @@ class Pipeline:
         self.check_source = check_source
         self.console = console
         self.label = f"{label}: " if label else ""
+        self.times = times
+        """where each pass's seconds are recorded for the build's ``timings`` (None: nowhere)"""
         self._say = None
 
     def run(self, artifact: Artifact, shared: "SharedPrefixes | None" = None) -> Artifact:
@@ -118,6 +122,8 @@ class Pipeline:
         result = outcome.artifact
         record.size_bytes = result.size_bytes()
         result.lineage = list(artifact.lineage) + [record]
+        if self.times is not None:
+            self.times.add(definition.name, record.seconds, of=self.recipe.name)
         log.info("pass %s: %.2fs changed=%s", definition.name, record.seconds, record.changed)
         return result
 

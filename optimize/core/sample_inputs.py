@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Union
 
 import numpy as np
 
 from infopt.core.errors import InputSpecError
 from infopt.core.inputspec import InputSpec
 
+IdHigh = Union[int, Mapping[str, int]]
+"""how high random integer inputs go: one bound for all, or one per input name (the rest: ``DEFAULT_ID_HIGH``)"""
+DEFAULT_ID_HIGH = 2
+
 NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "float64": np.float64, "int64": np.int64,
                 "int32": np.int32, "int16": np.int16, "int8": np.int8, "uint8": np.uint8, "bool": np.bool_}
 
 
-def random_feed(spec: InputSpec, *, seed: int = 0, int_high: int = 2, pick: str = "opt",
+def random_feed(spec: InputSpec, *, seed: int = 0, int_high: IdHigh = DEFAULT_ID_HIGH, pick: str = "opt",
                 **dims: int) -> dict[str, np.ndarray]:
-    """One batch of seeded random inputs: floats ~ N(0, 1), integers in [0, int_high), an integer input
-    named ``*mask`` all ones."""
+    """One batch of seeded random inputs: floats ~ N(0, 1), integers in [0, int_high) (``int_high`` by
+    input name where it is a mapping), an integer input named ``*mask`` all ones."""
     rng = np.random.default_rng(seed)
     feed = {}
     for tensor in spec.inputs:
@@ -33,7 +37,8 @@ def random_feed(spec: InputSpec, *, seed: int = 0, int_high: int = 2, pick: str 
             # sum), so random ids there index past their tables: every position attended
             feed[tensor.name] = np.ones(shape, NUMPY_DTYPES[tensor.dtype])
         else:
-            feed[tensor.name] = rng.integers(0, int_high, shape).astype(NUMPY_DTYPES[tensor.dtype])
+            high = int_high.get(tensor.name, DEFAULT_ID_HIGH) if isinstance(int_high, Mapping) else int_high
+            feed[tensor.name] = rng.integers(0, high, shape).astype(NUMPY_DTYPES[tensor.dtype])
     return feed
 
 
@@ -44,17 +49,17 @@ def capture_feed(spec: InputSpec, **kwargs: Any) -> dict[str, np.ndarray]:
     return random_feed(spec, **sizes, **kwargs)
 
 
-def embedding_vocab(module: Any) -> int | None:
+def id_high(module: Any) -> IdHigh:
     """How high random integer inputs may go: the module's own ``id_high`` where it says (a Hugging
-    Face text model: its word-embedding table, so ids span the vocabulary, not only the smallest
-    table such as BERT's two token types), else the smallest ``nn.Embedding`` table size in it, a
-    safe upper bound for any id input."""
+    Face text model: its word-embedding table for ``input_ids``, so ids span the vocabulary, and its
+    token-type table for ``token_type_ids``), else the smallest ``nn.Embedding`` table size in it, a
+    safe upper bound for any id input (2 where it has none)."""
     own = getattr(module, "id_high", None)
-    if isinstance(own, int) and own > 0:
+    if isinstance(own, Mapping) and own or isinstance(own, int) and own > 0:
         return own
     try:
         import torch
     except ImportError:  # pragma: no cover
-        return None
+        return DEFAULT_ID_HIGH
     sizes = [m.num_embeddings for m in getattr(module, "modules", lambda: [])() if isinstance(m, torch.nn.Embedding)]
-    return min(sizes) if sizes else None
+    return min(sizes) if sizes else DEFAULT_ID_HIGH

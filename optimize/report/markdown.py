@@ -203,6 +203,17 @@ def versions_section(manifest: Manifest) -> Section:
     return Section("Versions", ["tool", "version"], [[k, str(v)] for k, v in manifest.versions.items()])
 
 
+def timings_section(manifest: Manifest) -> Section | None:
+    """Where the build's time went, step by step in the order they ran."""
+    t = manifest.timings
+    if t is None:
+        return None
+    rows = [[s.step, s.of or "", f"{s.seconds:.2f}", f"{100 * s.seconds / t.total_s:.0f}%" if t.total_s else ""] for s in t.steps]
+    return Section("Build time", ["step", "candidate", "seconds", "share"], rows,
+                   [f"{t.total_s:.1f} s in all, from the call to the manifest; a pass that candidates share ran once, "
+                    "for the first"])
+
+
 def provenance_section(manifest: Manifest) -> Section | None:
     prov = manifest.provenance
     if not prov:
@@ -223,7 +234,8 @@ def sections(manifest: Manifest) -> list[Section]:
     found = [summary(manifest), candidates_section(manifest), io_section(manifest), passes_section(manifest), int8_section(manifest),
              int8_variants_section(manifest), int4_section(manifest), drift_section(manifest), latency_section(manifest),
              curve_section(manifest), roofline_section(manifest),
-             cost_section(manifest), tuning_section(manifest), provenance_section(manifest), files_section(manifest),
+             cost_section(manifest), tuning_section(manifest), timings_section(manifest), provenance_section(manifest),
+             files_section(manifest),
              versions_section(manifest)]
     return [s for s in found if s is not None]
 

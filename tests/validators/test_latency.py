@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from infopt.validators.latency import NOISY_SPREAD, measure
+from infopt.validators.latency import MIN_BLOCKS, NOISY_SPREAD, measure, median_pinned
 
 
 def test_time_budget_stops_after_the_minimum_runs_once_spent():
@@ -18,8 +18,40 @@ def test_time_budget_stops_after_the_minimum_runs_once_spent():
 
 def test_without_budget_or_within_it_every_iteration_runs():
     fast = {"fast": lambda feed: None}
-    assert [s.iterations for s in measure(fast, {1: {}, 2: {}}, warmup=1, iterations=7)] == [7, 7]
-    assert [s.iterations for s in measure(fast, {1: {}}, warmup=0, iterations=7, seconds=60.0)] == [7]
+    assert [s.iterations for s in measure(fast, {1: {}, 2: {}}, warmup=1, iterations=7, tolerance=0)] == [7, 7]
+    assert [s.iterations for s in measure(fast, {1: {}}, warmup=0, iterations=7, seconds=60.0, tolerance=0)] == [7]
+
+
+class ScriptedTimer:
+    """Each runner's times from its own list, in turn."""
+
+    def __init__(self, script: dict):
+        self.script = {fn: iter(times) for fn, times in script.items()}
+
+    def __call__(self, fn, feed) -> float:
+        return next(self.script[fn])
+
+
+def test_timing_stops_once_the_median_is_pinned_and_not_before():
+    """A steady runner stops after MIN_BLOCKS blocks; one whose runs scatter by +-20% runs every block."""
+    def steady(feed):
+        return None
+
+    def scattered(feed):
+        return None
+
+    timer = ScriptedTimer({steady: [0.010] * 50, scattered: [0.008, 0.012] * 25})
+    stats = {s.runner: s for s in measure({"steady": steady, "scattered": scattered}, {1: {}}, warmup=0, iterations=50,
+                                          timer=timer)}
+    assert stats["steady"].iterations == MIN_BLOCKS * 10 and stats["steady"].blocks == MIN_BLOCKS
+    assert stats["scattered"].iterations == 50 and stats["scattered"].blocks == 5
+    assert stats["steady"].p50_ms == pytest.approx(10.0)
+
+
+def test_the_median_is_pinned_by_its_confidence_interval():
+    assert median_pinned([0.010] * 20 + [0.050] * 3, 0.02)  # a few stalls do not move the median's interval
+    assert not median_pinned([0.010, 0.011, 0.012, 0.013] * 5, 0.02)  # +-10% around the median: not within 2%
+    assert not median_pinned([0.010] * 4, 0.02)  # too few runs to say
 
 
 class StallingTimer:
@@ -46,7 +78,7 @@ def test_a_stall_over_a_whole_block_does_not_make_a_speedup_and_is_reported_as_n
 
     timer = StallingTimer(eager, candidate, block=10)
     stats = {s.runner: s for s in measure({"eager": eager, "infopt": candidate}, {8: {}}, warmup=0, iterations=50,
-                                          timer=timer)}
+                                          timer=timer, tolerance=0)}
     e, c = stats["eager"], stats["infopt"]
     assert e.p50_ms == pytest.approx(1.0) and c.p50_ms == pytest.approx(0.5)  # one stalled block of five moves nothing
     assert e.p50_ms / c.p50_ms == pytest.approx(2.0)  # not the 32x a single block would have reported
@@ -58,8 +90,8 @@ def test_a_stall_over_a_whole_block_does_not_make_a_speedup_and_is_reported_as_n
     assert runs == ("e" * 10 + "c" * 10 + "c" * 10 + "e" * 10) * 2 + "e" * 10 + "c" * 10  # turns, mirrored each round
 
     timer = StallingTimer(eager, candidate, block=20)  # the stall lasts two of eager's blocks: a noisy machine
-    e = next(s for s in measure({"eager": eager, "infopt": candidate}, {8: {}}, warmup=0, iterations=50, timer=timer)
-             if s.runner == "eager")
+    e = next(s for s in measure({"eager": eager, "infopt": candidate}, {8: {}}, warmup=0, iterations=50, timer=timer,
+                                tolerance=0) if s.runner == "eager")
     assert e.p50_ms == pytest.approx(1.0) and e.noisy and e.spread == pytest.approx(15.0) and NOISY_SPREAD < 1
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from infopt.core.errors import ModelLoadError
 from infopt.runtime.tasks.base import Task
-from infopt.runtime.tasks.text import TEXT_SUFFIXES, positions, read_with_folder_tokenizer, token_spec, wrapper_class
+from infopt.runtime.tasks.text import TEXT_SUFFIXES, positions, read_with_folder_tokenizer, token_spec, token_types, wrapper_class
 
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens")
 """the pooling modes this export computes"""
@@ -99,7 +99,7 @@ def _pooling_modes(path: Path, config: dict) -> tuple[str, ...]:
 
 def _spec(model, path, config):
     head = sentence_head(path)
-    return token_spec((head.max_seq_length if head else None) or positions(model, config))
+    return token_spec((head.max_seq_length if head else None) or positions(model, config), token_types(model) is not None)
 
 
 def _module(model, path):

@@ -1,4 +1,5 @@
-"""Text tasks: token ids in (``input_ids``, ``attention_mask``), one tensor out.
+"""Text tasks: token ids in (``input_ids``, ``attention_mask``, and ``token_type_ids`` where the model
+has a token-type table of two or more rows: BERT, ELECTRA, DeBERTa-v2, ALBERT...), one tensor out.
 
 - ``causal-lm``: a ``*ForCausalLM`` (or GPT-2's ``*LMHeadModel``), next-token ``logits`` over the whole sequence;
 - ``question-answering``: a ``*ForQuestionAnswering``, ``start_logits`` and ``end_logits``;
@@ -21,6 +22,7 @@ from infopt.core.inputspec import DimRange, InputSpec
 from infopt.runtime.tasks.base import Samples, Task, has_head
 
 INPUTS = ("input_ids:int64[batch,seq]", "attention_mask:int64[batch,seq]")
+TOKEN_TYPES = "token_type_ids:int64[batch,seq]"
 SEQ_OPT = 128
 """the sequence length latency is measured at, unless the model's range is shorter"""
 SEQ_MAX_DEFAULT = 2048
@@ -28,10 +30,10 @@ SEQ_MAX_DEFAULT = 2048
 TEXT_SUFFIXES = (".txt",)
 
 
-def token_spec(longest: Any) -> InputSpec:
+def token_spec(longest: Any, with_token_types: bool = False) -> InputSpec:
     """Token inputs with the sequence range the model takes: up to ``longest`` positions (capped at
-    :data:`SEQ_MAX_DEFAULT`)."""
-    spec = InputSpec.parse(list(INPUTS))
+    :data:`SEQ_MAX_DEFAULT`); ``with_token_types`` adds ``token_type_ids``."""
+    spec = InputSpec.parse([*INPUTS, TOKEN_TYPES] if with_token_types else list(INPUTS))
     if isinstance(longest, int) and longest > 1:
         longest = min(longest, SEQ_MAX_DEFAULT)
         spec = spec.with_dims({"seq": DimRange(1, min(SEQ_OPT, longest), longest)})
@@ -54,11 +56,15 @@ def wrapper_class():
             self.output_key = output_keys[0]
             self.pool = pool
             embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-            self.id_high = getattr(embeddings, "num_embeddings", None)
-            """random ``input_ids`` span the word-embedding table (see ``core.sample_inputs.embedding_vocab``)"""
+            self.id_high = {name: high for name, high in (("input_ids", getattr(embeddings, "num_embeddings", None)),
+                                                           ("token_type_ids", token_types(model))) if high}
+            """random ids span the word-embedding and token-type tables (see ``core.sample_inputs.id_high``)"""
 
-        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    token_type_ids: torch.Tensor | None = None):
             kwargs = {"use_cache": False} if getattr(self.model.config, "use_cache", None) is not None else {}
+            if token_type_ids is not None:
+                kwargs["token_type_ids"] = token_type_ids
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, return_dict=True, **kwargs)
             if self.pool is not None:
                 return self.pool(out["last_hidden_state"], attention_mask)
@@ -97,7 +103,10 @@ def read_text(files: list[Path], spec: InputSpec, tokenizer: str | Path | None) 
             if not any(int(t) not in special for t in encoded["input_ids"].reshape(-1)):
                 continue
             found += 1
-            yield f"{path} line {i + 1}", {name: encoded[name].astype(np.int64) for name in spec.names if name in encoded}
+            ids = encoded["input_ids"]
+            # a tokenizer that gives no token types reads every line as one segment: type 0
+            yield f"{path} line {i + 1}", {name: (encoded[name] if name in encoded else np.zeros_like(ids)).astype(np.int64)
+                                           for name in spec.names if name in encoded or name == "token_type_ids"}
         if not found:
             raise UsageError(f"text {path} tokenizes to nothing: none of its {len(lines)} lines gives a "
                              f"token beyond the tokenizer's special tokens", where=str(path),
@@ -106,6 +115,20 @@ def read_text(files: list[Path], spec: InputSpec, tokenizer: str | Path | None) 
 
 def _reads_tokens(model, path, config) -> bool:
     return getattr(model, "main_input_name", "input_ids") == "input_ids"
+
+
+def token_types(model) -> int | None:
+    """Rows of the model's token-type table where it has two or more and its forward takes
+    ``token_type_ids`` (BERT's segments A and B); None where token types cannot change its output
+    (RoBERTa's one-row table, or none)."""
+    import inspect
+
+    rows = getattr(model.config, "type_vocab_size", None)
+    try:
+        takes = "token_type_ids" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        takes = False
+    return rows if takes and isinstance(rows, int) and rows >= 2 else None
 
 
 def _is_causal(model) -> bool:
@@ -126,7 +149,7 @@ def positions(model, config) -> int | None:
 
 
 def _spec(model, path, config) -> InputSpec:
-    return token_spec(positions(model, config))
+    return token_spec(positions(model, config), token_types(model) is not None)
 
 
 def has_tokenizer(path: Path) -> bool:
