@@ -5,18 +5,28 @@ a build for it measures both here (about a second) so its report has a roofline.
 machine reaches, not a datasheet's figure: a copy of ``COPY_MIB`` MiB (bytes read + written over the
 best of ``COPY_REPEATS`` runs) and a square fp32 matmul of ``MATMUL_N`` (2n^3 FLOPs over the best of
 ``MATMUL_REPEATS`` runs) on torch's threads.
+
+The figures are kept in infopt's cache folder (``machine/roof.json``) for ``ROOF_MAX_AGE_S``, keyed
+by what they depend on (host, CPU model, cores, torch's threads and version), so builds in a row
+measure once; the note says when they were measured.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import platform
 import time
 
 import numpy as np
+
+from infopt.core.cache import cache_dir
 
 COPY_MIB = 256
 COPY_REPEATS = 3
 MATMUL_N = 1024
 MATMUL_REPEATS = 5
+ROOF_MAX_AGE_S = 24 * 3600
 
 
 def _best(fn, repeats: int) -> float:
@@ -45,8 +55,35 @@ def fp32_peak_tflops() -> float:
 
 
 def measured_roof() -> tuple[float, float, str]:
-    """(bandwidth GB/s, fp32 peak TFLOP/s, how they were measured)."""
+    """(bandwidth GB/s, fp32 peak TFLOP/s, how they were measured): from the cache when this machine
+    measured them within ``ROOF_MAX_AGE_S``, else measured now and kept."""
+    key = _machine_key()
+    path = cache_dir("machine") / "roof.json"
+    try:
+        kept = json.loads(path.read_text())
+        if kept["key"] == key and 0 <= time.time() - kept["when"] <= ROOF_MAX_AGE_S:
+            when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(kept["when"]))
+            return kept["bandwidth"], kept["peak"], f"{kept['how']} at {when} (kept for a day)"
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
     bandwidth, peak = memory_bandwidth_gbs(), fp32_peak_tflops()
     how = (f"measured on this machine: bandwidth {bandwidth:.1f} GB/s (a {COPY_MIB} MiB copy, best of {COPY_REPEATS}), "
            f"fp32 peak {peak:.3g} TFLOP/s (a {MATMUL_N}x{MATMUL_N} matmul, best of {MATMUL_REPEATS})")
+    staged = path.with_name(f".roof.json.{os.getpid()}")
+    try:
+        staged.write_text(json.dumps({"key": key, "when": time.time(), "bandwidth": bandwidth, "peak": peak, "how": how}))
+        os.replace(staged, path)
+    except OSError:  # a read-only cache: measure again next time
+        staged.unlink(missing_ok=True)
     return bandwidth, peak, how
+
+
+def _machine_key() -> str:
+    import torch
+
+    model = ""
+    try:
+        model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return f"{platform.node()}|{model or platform.processor()}|{os.cpu_count()}|{torch.get_num_threads()}|{torch.__version__}"

@@ -120,11 +120,12 @@ def write_reports(stage: Path, manifest: Manifest) -> None:
 
 VOLATILE_KEYS = frozenset({"created", "seconds", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "throughput", "speedup",
                            "latency", "curve", "triton_tuning", "selection", "variants", "shipped_variant",
-                           "memory_bandwidth_gbs", "peak_tflops", "measured", "timing_notes", "timings"})
+                           "memory_bandwidth_gbs", "peak_tflops", "measured", "timing_notes", "timings",
+                           "cached"})
 """Manifest fields that differ between two builds of the same model with the same options: the time of
 the build and every timing (and what is chosen from timings: the Triton batching tuned to the
 measured curve, the words of the selection, the INT8 variants timed; a ``cpu`` target's roof, measured
-at build). Everything else, ``model/``
+at build; whether an export or a calibration came from the cache). Everything else, ``model/``
 included, is byte-identical, as long as the choices made from timings come out the same: ``--backend
 auto`` and INT8's ``choose: fastest`` can ship another model when two are close (pin ``--backend`` and
 ``choose: first`` in a recipe for reproducible builds)."""

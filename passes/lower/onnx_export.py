@@ -3,15 +3,23 @@
 The saved model passes ``onnx.checker`` and carries inferred shapes. Dynamic dims are named
 after the InputSpec's symbols (``batch``, ``seq``), so servers and later passes see the same
 names the user gave.
+
+An export is kept in infopt's cache folder (``onnx-export/``) under the hash of everything it
+depends on (:func:`export_key`), so a rebuild of the same program (another precision or backend of
+the same model, the same build again) copies the file a fresh export would write instead of
+exporting again; ``cache: false`` turns that off.
 """
 
 from __future__ import annotations
 
+import shutil
+import sys
 from pathlib import Path
 
 from pydantic import Field
 
 from infopt.core.artifact import Artifact
+from infopt.core.cache import content_key, store, stored
 from infopt.core.errors import BuildError
 from infopt.core.logs import quiet_third_party
 from infopt.core.manifest import EXTERNAL_DATA_BYTES
@@ -25,6 +33,8 @@ class OnnxExportOptions(PassOptions):
     int4_accuracy_level: int = Field(0, ge=0, le=4, description="MatMulNBits accuracy_level for INT4 layers: 0 computes "
                                      "in the input's float type; 4 lets ONNX Runtime quantize activations to int8 per block "
                                      "(faster on CPU, less exact)")
+    cache: bool = Field(True, description="reuse an identical export from infopt's cache folder (keyed by the program, "
+                                          "its weights, these options and the exporter's versions)")
 
 
 def export_onnx(program, path: Path, input_names, output_names, opset: int = 20, optimize: bool = True,
@@ -80,6 +90,14 @@ def run(artifact: Artifact, options: OnnxExportOptions, context: PassContext) ->
     import onnx
 
     path = context.workdir / "exported.onnx"
+    key = _key_or_none(artifact, options) if options.cache else None
+    hit = stored(STORE, key) if key else None
+    if hit is not None:
+        folder, meta = hit
+        for rel in meta["files"]:
+            shutil.copyfile(folder / rel, context.workdir / rel)
+        details = ExportDetails.model_validate({**meta["details"], "cached": True})
+        return PassOutcome(artifact.derive("onnx", path=path, obj=None), True, list(meta["notes"]), details)
     matmul_nbits = export_onnx(artifact.obj, path, artifact.spec.names, artifact.output_names, options.opset,
                                options.optimize, options.int4_accuracy_level)
     renamed = rename_dims(path, artifact.spec)
@@ -91,14 +109,55 @@ def run(artifact: Artifact, options: OnnxExportOptions, context: PassContext) ->
         details.matmul_nbits = matmul_nbits
     if renamed:
         notes.append("dims named " + ", ".join(f"{a}->{b}" for a, b in renamed.items()))
+    if key:
+        store(STORE, key, {f.name: f for f in context.workdir.glob(f"{path.name}*")},
+              {"notes": notes, "details": details.model_dump(exclude_none=True)})
     return PassOutcome(artifact.derive("onnx", path=path, obj=None), True, notes, details)
 
+
+STORE = "onnx-export"
+
+
+def _key_or_none(artifact: Artifact, options: OnnxExportOptions) -> str | None:
+    """The export's key; None (export, keep nothing) for a program whose parts cannot be hashed."""
+    try:
+        return export_key(artifact.obj, artifact.spec.names, artifact.output_names, options, artifact.spec)
+    except Exception:  # noqa: BLE001 - an unusual tensor type or constant: no cache, the export itself still runs
+        return None
+
+
+def export_key(program, input_names, output_names, options: OnnxExportOptions, spec) -> str:
+    """What an export's result depends on, hashed: the program as printed (every node with its
+    dtypes and symbolic shapes, the signature, the dims' ranges), each node's source location and
+    module path (the exporter writes both into the ONNX file's metadata), every weight and constant,
+    the names, the options, the dims' names, and the versions of the exporter's code and of this
+    module and its INT4 lowering, so that a rebuild of the same program gets the same file a fresh
+    export would write."""
+    import onnx
+    import onnxscript
+    import torch
+
+    nodes = repr([(n.name, n.meta.get("stack_trace"), n.meta.get("nn_module_stack")) for n in program.graph.nodes])
+    own = b"".join(Path(m.__file__).read_bytes() for m in (sys.modules[__name__], sys.modules[lower_int4_nodes.__module__]))
+    parts: list[str | bytes] = [str(program), nodes, repr(list(input_names)), repr(list(output_names)),
+                                options.model_dump_json(), spec.to_json().__repr__(), own,
+                                f"torch {torch.__version__} onnx {onnx.__version__} onnxscript {onnxscript.__version__}"]
+    for name, tensor in [*sorted(program.state_dict.items()), *sorted(program.constants.items())]:
+        if isinstance(tensor, torch.Tensor):
+            data = tensor.detach().cpu().contiguous()
+            parts += [name, str(data.dtype), repr(tuple(data.shape)), data.reshape(-1).view(torch.uint8).numpy().tobytes()]
+        else:
+            parts += [name, repr(tensor)]
+    return content_key(*parts)
 
 
 class ExportDetails(PassDetails):
     """What ``onnx_export`` records: the INT4 layers exported as MatMulNBits, when there are any."""
 
     matmul_nbits: int | None = None
+    cached: bool | None = None
+    """True when the file is an earlier build's identical export, from the cache (volatile: it says what the
+    cache held, not what the model is; the file is the one a fresh export writes)"""
 
 
 PASS = Pass(
