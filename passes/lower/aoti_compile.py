@@ -7,22 +7,29 @@ symbolic dims stay dynamic, so the package accepts the InputSpec's whole range.
 
 Inductor's own cache (generated code, compiled kernels) is kept in infopt's cache folder
 (``$INFOPT_CACHE_DIR/inductor``) unless ``TORCHINDUCTOR_CACHE_DIR`` is already set, so a rebuild
-reuses it and nothing is scattered in ``/tmp``.
+reuses it and nothing is scattered in ``/tmp``. The package itself is kept there too
+(``aoti-package/``), under the hash of everything it depends on (:func:`package_key`: the program,
+the Inductor settings, the device, this machine's CPU or GPU and C++ compiler, torch), so a rebuild of
+the same program copies it instead of compiling again; ``cache: false`` turns that off.
 """
 
 from __future__ import annotations
 
 import os
+import platform
+import shutil
+import sys
 from contextlib import contextmanager
 from typing import Any, Iterator, Literal
 
 from pydantic import Field
 
 from infopt.core.artifact import Artifact
-from infopt.core.cache import cache_dir
+from infopt.core.cache import cache_dir, content_key, store, stored
 from infopt.core.errors import EnvironmentProblem
 from infopt.core.logs import quiet_third_party
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.exporters.program_key import program_parts, source_of
 from infopt.quantize.int4_format import decompose_int4
 
 
@@ -30,6 +37,8 @@ class InductorOptions(PassOptions):
     freezing: bool = Field(True, description="treat weights as constants: fold them and prepack for the kernels")
     max_autotune: bool = Field(False, description="benchmark kernel and GEMM-template choices at compile time (slower build)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where the package runs; auto: the target's device")
+    cache: bool = Field(True, description="reuse an identical package from infopt's cache folder (keyed by the program, "
+                                          "the Inductor settings, the device, this machine's CPU/GPU and compiler, torch)")
 
 
 def inductor_configs(options: InductorOptions) -> dict[str, Any]:
@@ -93,16 +102,63 @@ def run(artifact: Artifact, options: InductorOptions, context: PassContext) -> P
     program, int4_layers = decompose_int4(program)
     path = context.workdir / "model.pt2"
     configs = inductor_configs(options)
-    context.say(f"AOTInductor compiling for {device} (generated kernels, then the C++ build)")
-    with inductor_cache() as cache, quiet_third_party():
-        torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=dict(configs))
-    details = AotiDetails(device=device, inductor_configs=configs, cache=cache, torch=torch.__version__)
+    key = _key_or_none(program, configs, device) if options.cache else None
+    hit = stored(STORE, key) if key else None
+    with inductor_cache() as cache:
+        if hit is not None:
+            shutil.copyfile(hit[0] / path.name, path)
+        else:
+            context.say(f"AOTInductor compiling for {device} (generated kernels, then the C++ build)")
+            with quiet_third_party():
+                torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=dict(configs))
+            if key:
+                store(STORE, key, {path.name: path}, {})
+    details = AotiDetails(device=device, inductor_configs=configs, cache=cache, torch=torch.__version__,
+                          cached=True if hit is not None else None)
     notes = [f"AOTInductor package for {device} ({', '.join(k for k, v in configs.items() if v) or 'defaults'})"]
     if int4_layers:
         notes.append(f"{int4_layers} INT4 layers as dequantize + matmul in generated code")
         details.int4_layers = int4_layers
     return PassOutcome(artifact.derive("aoti", path=path, obj=artifact.obj), True, notes, details)
 
+
+
+STORE = "aoti-package"
+
+
+def package_key(program, configs: dict[str, Any], device: str) -> str:
+    """What the package depends on, hashed: the program (``exporters/program_key.py``), the Inductor
+    settings, the device, the machine it is compiled for (the CPU's model and instruction sets, as
+    the C++ build targets them, or the GPU), the C++ compiler, torch, and this module's code."""
+    import torch
+
+    return content_key(*program_parts(program), repr(sorted(configs.items())), device, _compiled_for(device),
+                       source_of(sys.modules[__name__], sys.modules[decompose_int4.__module__]), f"torch {torch.__version__}")
+
+
+def _key_or_none(program, configs: dict[str, Any], device: str) -> str | None:
+    try:
+        return package_key(program, configs, device)
+    except Exception:  # noqa: BLE001 - an unusual tensor type or constant: no cache, the compile itself still runs
+        return None
+
+
+def _compiled_for(device: str) -> str:
+    import torch
+
+    if device == "cuda":
+        return f"{torch.cuda.get_device_name()} {torch.cuda.get_device_capability()} cuda {torch.version.cuda}"
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = "".join(sorted({line for line in f if line.startswith(("model name", "flags"))}))
+    except OSError:
+        cpu = platform.processor()
+    from torch._inductor.cpp_builder import get_cpp_compiler
+
+    compiler = shutil.which(get_cpp_compiler()) or get_cpp_compiler()
+    stat = os.stat(compiler) if os.path.exists(compiler) else None
+    return f"{platform.machine()} {cpu} {compiler} {stat.st_size if stat else ''} {stat.st_mtime if stat else ''}"
 
 
 class AotiDetails(PassDetails):
@@ -115,6 +171,8 @@ class AotiDetails(PassDetails):
     torch: str
     int4_layers: int | None = None
     """INT4 layers compiled as dequantize + matmul"""
+    cached: bool | None = None
+    """True when the package is an earlier build's of the same program, from the cache (volatile)"""
 
 
 PASS = Pass(

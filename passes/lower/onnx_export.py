@@ -24,6 +24,7 @@ from infopt.core.errors import BuildError
 from infopt.core.logs import quiet_third_party
 from infopt.core.manifest import EXTERNAL_DATA_BYTES
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.exporters.program_key import program_parts, source_of
 from infopt.passes.lower.onnx_int4 import lower_int4_nodes, translation_table
 
 
@@ -127,28 +128,17 @@ def _key_or_none(artifact: Artifact, options: OnnxExportOptions) -> str | None:
 
 
 def export_key(program, input_names, output_names, options: OnnxExportOptions, spec) -> str:
-    """What an export's result depends on, hashed: the program as printed (every node with its
-    dtypes and symbolic shapes, the signature, the dims' ranges), each node's source location and
-    module path (the exporter writes both into the ONNX file's metadata), every weight and constant,
-    the names, the options, the dims' names, and the versions of the exporter's code and of this
-    module and its INT4 lowering, so that a rebuild of the same program gets the same file a fresh
-    export would write."""
+    """What an export's result depends on, hashed: the program (``exporters/program_key.py``), the
+    names, the options, the dims' names, and the versions of the exporter's code and of this module
+    and its INT4 lowering, so that a rebuild of the same program gets the file a fresh export writes."""
     import onnx
     import onnxscript
     import torch
 
-    nodes = repr([(n.name, n.meta.get("stack_trace"), n.meta.get("nn_module_stack")) for n in program.graph.nodes])
-    own = b"".join(Path(m.__file__).read_bytes() for m in (sys.modules[__name__], sys.modules[lower_int4_nodes.__module__]))
-    parts: list[str | bytes] = [str(program), nodes, repr(list(input_names)), repr(list(output_names)),
-                                options.model_dump_json(), spec.to_json().__repr__(), own,
-                                f"torch {torch.__version__} onnx {onnx.__version__} onnxscript {onnxscript.__version__}"]
-    for name, tensor in [*sorted(program.state_dict.items()), *sorted(program.constants.items())]:
-        if isinstance(tensor, torch.Tensor):
-            data = tensor.detach().cpu().contiguous()
-            parts += [name, str(data.dtype), repr(tuple(data.shape)), data.reshape(-1).view(torch.uint8).numpy().tobytes()]
-        else:
-            parts += [name, repr(tensor)]
-    return content_key(*parts)
+    return content_key(*program_parts(program), repr(list(input_names)), repr(list(output_names)),
+                       options.model_dump_json(), repr(spec.to_json()),
+                       source_of(sys.modules[__name__], sys.modules[lower_int4_nodes.__module__]),
+                       f"torch {torch.__version__} onnx {onnx.__version__} onnxscript {onnxscript.__version__}")
 
 
 class ExportDetails(PassDetails):

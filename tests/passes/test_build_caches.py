@@ -1,0 +1,60 @@
+"""The caches of lowered programs: a rebuild of the same program copies the ONNX file a fresh export
+writes, or the AOTInductor package a compile wrote; any change to the program, its weights or the
+options is another entry; a damaged entry is made again."""
+
+from __future__ import annotations
+
+import torch
+
+import infopt
+from tests.payloads import Tiny
+
+INPUT = ["x:float32[batch,4]"]
+
+
+def build(model, out, backend="onnxruntime", **options):
+    lowering = "onnx_export" if backend == "onnxruntime" else "aoti_compile"
+    result = infopt.build(model, inputs=INPUT, backend=backend, output=out, progress=False, batch_sizes=[1],
+                          pass_options={lowering: options} if options else None)
+    record = result.manifest.pass_record(lowering)
+    return (out / result.manifest.artifacts.model).read_bytes(), record.details.get("cached")
+
+
+def test_a_rebuild_reuses_the_export_and_gets_the_same_bytes(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFOPT_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    model = Tiny().eval()
+    fresh, cached = build(model, tmp_path / "a")
+    assert not cached
+    (entry,) = (tmp_path / "cache" / "onnx-export").iterdir()
+    again, cached = build(model, tmp_path / "b")
+    assert cached and again == fresh
+    uncached, cached = build(model, tmp_path / "c", cache=False)
+    assert not cached and uncached == fresh  # the same bytes a fresh export writes
+
+    with torch.no_grad():
+        model.fc.weight[0, 0] += 1.0  # one weight changed: another program, another export
+    changed, cached = build(model, tmp_path / "d")
+    assert not cached and changed != fresh
+    assert len(list((tmp_path / "cache" / "onnx-export").iterdir())) == 2
+
+    (entry / "exported.onnx").write_bytes(b"damaged")  # a damaged entry is not used, and is written again
+    torch.manual_seed(0)
+    rebuilt, cached = build(Tiny().eval(), tmp_path / "e")
+    assert not cached and rebuilt == fresh
+    assert (entry / "exported.onnx").read_bytes() != b"damaged"
+
+
+def test_a_rebuild_reuses_the_aoti_package_and_it_runs(tmp_path, monkeypatch):
+    import numpy as np
+
+    monkeypatch.setenv("INFOPT_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    model = Tiny().eval()
+    compiled, cached = build(model, tmp_path / "a", backend="inductor")
+    assert not cached
+    again, cached = build(model, tmp_path / "b", backend="inductor")
+    assert cached and again == compiled
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    with torch.no_grad():
+        assert np.allclose(infopt.load(tmp_path / "b")(x), model(torch.from_numpy(x)).numpy(), atol=1e-5)
