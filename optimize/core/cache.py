@@ -67,8 +67,8 @@ def store(kind: str, key: str, files: dict[str, Path], meta: dict[str, Any]) -> 
     failing to store (a full disk) costs the next build the work, nothing else."""
     root = cache_dir(kind)
     final = root / key
-    if final.exists():
-        return
+    if final.exists() or sum(f.stat().st_size for f in files.values()) > STORE_MAX_BYTES // 2:
+        return  # there already, or so large that keeping it would push out everything else
     staging = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
     try:
         digests = {}
