@@ -6,7 +6,7 @@ and module path (exporters write both into the files they make), and every weigh
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 def program_parts(program: Any) -> list[str | bytes]:
@@ -26,3 +26,12 @@ def program_parts(program: Any) -> list[str | bytes]:
 def source_of(*modules: Any) -> bytes:
     """The source of the given modules (the pass's own code): a changed pass is another key."""
     return b"".join(Path(m.__file__).read_bytes() for m in modules)
+
+
+def key_or_none(make: Callable[[], str]) -> str | None:
+    """``make()``, or None (lower the program, keep nothing) for a program whose parts cannot be hashed
+    (an unusual tensor type or constant): a cache is never a reason for a build to fail."""
+    try:
+        return make()
+    except Exception:  # noqa: BLE001 - any failure to hash means only: no cache
+        return None

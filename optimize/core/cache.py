@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from infopt.core.manifest import sha256
+
 
 def cache_root() -> Path:
     return Path(os.environ.get("INFOPT_CACHE_DIR") or Path.home() / ".cache" / "infopt")
@@ -51,7 +53,7 @@ def stored(kind: str, key: str) -> tuple[Path, dict[str, Any]] | None:
     folder = cache_dir(kind) / key
     try:
         meta = json.loads((folder / META).read_text())
-        if any(_sha256(folder / rel) != digest for rel, digest in meta["files"].items()):
+        if any(sha256(folder / rel) != digest for rel, digest in meta["files"].items()):
             raise ValueError("changed")
     except (OSError, ValueError, KeyError, TypeError):
         if folder.exists():
@@ -74,7 +76,7 @@ def store(kind: str, key: str, files: dict[str, Path], meta: dict[str, Any]) -> 
         digests = {}
         for rel, source in files.items():
             shutil.copyfile(source, staging / rel)
-            digests[rel] = _sha256(staging / rel)
+            digests[rel] = sha256(staging / rel)
         (staging / META).write_text(json.dumps({**meta, "files": digests}))
         os.rename(staging, final)
     except OSError:
@@ -84,14 +86,6 @@ def store(kind: str, key: str, files: dict[str, Path], meta: dict[str, Any]) -> 
 
 
 META = "entry.json"
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _prune(root: Path, max_bytes: int) -> None:

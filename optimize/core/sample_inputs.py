@@ -55,7 +55,7 @@ def id_high(module: Any) -> IdHigh:
     token-type table for ``token_type_ids``), else the smallest ``nn.Embedding`` table size in it, a
     safe upper bound for any id input (2 where it has none)."""
     own = getattr(module, "id_high", None)
-    if isinstance(own, Mapping) and own or isinstance(own, int) and own > 0:
+    if (isinstance(own, Mapping) and own) or (isinstance(own, int) and own > 0):
         return own
     try:
         import torch

@@ -3,7 +3,7 @@
 The steps are the build's own (load, validation, latency, curve, emit...) and each pass a candidate
 ran (capture, onnx_export, quantize_int8, aoti_compile...), named with the candidate. A pass that
 several candidates share runs once and is listed once, under the first. The manifest records them
-(``timings``), the report and ``--json`` show them, and the CLI prints :meth:`StepTimes.summary`.
+(``timings``), the report and ``--json`` show them, and the CLI prints :func:`summary`.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from infopt.core.cache import cache_dir, content_key, store, stored
 from infopt.core.errors import EnvironmentProblem
 from infopt.core.logs import quiet_third_party
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
-from infopt.exporters.program_key import program_parts, source_of
+from infopt.exporters.program_key import key_or_none, program_parts, source_of
 from infopt.quantize.int4_format import decompose_int4
 
 
@@ -102,7 +102,7 @@ def run(artifact: Artifact, options: InductorOptions, context: PassContext) -> P
     program, int4_layers = decompose_int4(program)
     path = context.workdir / "model.pt2"
     configs = inductor_configs(options)
-    key = _key_or_none(program, configs, device) if options.cache else None
+    key = key_or_none(lambda: package_key(program, configs, device)) if options.cache else None
     hit = stored(STORE, key) if key else None
     with inductor_cache() as cache:
         if hit is not None:
@@ -134,13 +134,6 @@ def package_key(program, configs: dict[str, Any], device: str) -> str:
 
     return content_key(*program_parts(program), repr(sorted(configs.items())), device, _compiled_for(device),
                        source_of(sys.modules[__name__], sys.modules[decompose_int4.__module__]), f"torch {torch.__version__}")
-
-
-def _key_or_none(program, configs: dict[str, Any], device: str) -> str | None:
-    try:
-        return package_key(program, configs, device)
-    except Exception:  # noqa: BLE001 - an unusual tensor type or constant: no cache, the compile itself still runs
-        return None
 
 
 def _compiled_for(device: str) -> str:

@@ -24,7 +24,7 @@ from infopt.core.errors import BuildError
 from infopt.core.logs import quiet_third_party
 from infopt.core.manifest import EXTERNAL_DATA_BYTES
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
-from infopt.exporters.program_key import program_parts, source_of
+from infopt.exporters.program_key import key_or_none, program_parts, source_of
 from infopt.passes.lower.onnx_int4 import lower_int4_nodes, translation_table
 
 
@@ -91,7 +91,8 @@ def run(artifact: Artifact, options: OnnxExportOptions, context: PassContext) ->
     import onnx
 
     path = context.workdir / "exported.onnx"
-    key = _key_or_none(artifact, options) if options.cache else None
+    key = key_or_none(lambda: export_key(artifact.obj, artifact.spec.names, artifact.output_names, options,
+                                         artifact.spec)) if options.cache else None
     hit = stored(STORE, key) if key else None
     if hit is not None:
         folder, meta = hit
@@ -117,14 +118,6 @@ def run(artifact: Artifact, options: OnnxExportOptions, context: PassContext) ->
 
 
 STORE = "onnx-export"
-
-
-def _key_or_none(artifact: Artifact, options: OnnxExportOptions) -> str | None:
-    """The export's key; None (export, keep nothing) for a program whose parts cannot be hashed."""
-    try:
-        return export_key(artifact.obj, artifact.spec.names, artifact.output_names, options, artifact.spec)
-    except Exception:  # noqa: BLE001 - an unusual tensor type or constant: no cache, the export itself still runs
-        return None
 
 
 def export_key(program, input_names, output_names, options: OnnxExportOptions, spec) -> str:
