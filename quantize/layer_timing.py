@@ -69,7 +69,7 @@ def per_layer(times: dict[str, float], layers: list[str]) -> dict[str, float]:
     return out
 
 
-def savings(fp32: Path, int8: Path, layers: list[str], feed: dict[str, np.ndarray], runs: int = 20) -> dict[str, float]:
+def savings(fp32: Path, int8: Path, layers: list[str], feed: dict[str, np.ndarray], runs: int = 10) -> dict[str, float]:
     """Milliseconds per run that each layer's INT8 form saves over its FP32 form (negative: INT8 is slower)."""
     before = per_layer(kernel_times(fp32, feed, runs), layers)
     after = per_layer(kernel_times(int8, feed, runs), layers)

@@ -113,6 +113,8 @@ def test_cnn_report_and_triton_config(cnn_dist):
     report = (out / "report.md").read_text()
     for heading in ("## Passes", "## Drift against the eager reference", "## Latency (ms)", "| fold_batchnorm |"):
         assert heading in report
+    runs = sorted({row["iterations"] for row in json.loads((out / "manifest.json").read_text())["validation"]["latency"]})
+    assert f"{runs[0] if len(runs) == 1 else f'{runs[0]}-{runs[-1]}'} timed runs per row" in report  # what the rows took
     cfg = text_format.Parse((out / "servers/triton/digits/config.pbtxt").read_text(), model_config_pb2.ModelConfig())
     assert cfg.max_batch_size == 64 and cfg.HasField("dynamic_batching")
     assert list(cfg.input[0].dims) == [1, 8, 8] and list(cfg.output[0].dims) == [10]

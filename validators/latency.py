@@ -16,8 +16,10 @@ for the figure to be trusted closely, and the build says so.
 Timing stops once the figure is known well enough: after ``MIN_BLOCKS`` rounds, a runner whose
 median is pinned to within ``tolerance`` of itself (the distribution-free 95% confidence interval
 of the median, from the order statistics of all its runs) runs no more blocks at that batch size;
-one that is not keeps going, up to ``iterations`` runs. Warm-up stops after ``warmup`` runs or
-``WARMUP_S`` seconds, whichever comes first (at least ``MIN_WARMUP`` runs).
+one that is not keeps going, up to ``iterations`` runs. With a time budget (``seconds``, the
+recipe's ``latency.seconds``), each block of a slow runner also ends once its share of the budget is
+spent, so a model that takes 150 ms a run is timed in about 20 runs rather than 50. Warm-up stops
+after ``warmup`` runs or ``WARMUP_S`` seconds, whichever comes first (at least ``MIN_WARMUP`` runs).
 
 A runner on a CUDA device is timed with CUDA events around each run, after a synchronize, so the
 figure is the GPU's time for the call (copies in and out included), not the host's launch time.
@@ -119,10 +121,10 @@ def median_pinned(seconds: list[float], tolerance: float, z: float = 1.96) -> bo
     return middle > 0 and (middle - lo) <= tolerance * middle and (hi - middle) <= tolerance * middle
 
 
-def _warm(fn: Callable[[dict], object], feed: dict, runs: int) -> None:
+def _warm(fn: Callable[[dict], object], feed: dict, runs: int, least: int = MIN_WARMUP, seconds: float = WARMUP_S) -> None:
     start = time.perf_counter()
     for k in range(runs):
-        if k >= MIN_WARMUP and time.perf_counter() - start >= WARMUP_S:
+        if k >= least and time.perf_counter() - start >= seconds:
             return
         fn(feed)
 
@@ -130,21 +132,22 @@ def _warm(fn: Callable[[dict], object], feed: dict, runs: int) -> None:
 def measure(runners: dict[str, Callable[[dict], object]], feeds: dict[int, dict[str, np.ndarray]],
             warmup: int = 10, iterations: int = 50, devices: dict[str, str] | None = None,
             seconds: float | None = None, min_iterations: int = 5, *, blocks: int = BLOCKS,
-            tolerance: float = TOLERANCE,
+            tolerance: float = TOLERANCE, min_warmup: int = MIN_WARMUP, warmup_s: float = WARMUP_S,
             timer: Callable[[Callable[[dict], object], dict], float] | None = None) -> list[LatencyStats]:
     """Time every runner (name -> callable taking a feed) at every batch size in ``feeds``, in
     interleaved blocks (see the module doc); ``devices`` names the runners that run on ``cuda``
     (timed with CUDA events; the rest on the host clock), ``timer(fn, feed)`` replaces both. A
     runner whose median is pinned within ``tolerance`` after ``MIN_BLOCKS`` blocks stops there (0:
     never early). With ``seconds``, a runner's timing at one batch size also stops once that long
-    is spent and at least ``min_iterations`` runs are in (``LatencyStats.iterations`` says how many)."""
+    is spent and at least ``min_iterations`` runs are in (``LatencyStats.iterations`` says how many).
+    Warm-up stops after ``warmup`` runs or ``warmup_s`` seconds, at least ``min_warmup`` runs."""
     names = list(runners)
     sizes = _block_sizes(iterations, blocks)
     floor = -(-min_iterations // len(sizes))  # runs every block keeps under a time budget
     results = []
     for batch, feed in feeds.items():
         for name in names:
-            _warm(runners[name], feed, warmup)
+            _warm(runners[name], feed, warmup, min_warmup, warmup_s)
         times: dict[str, list[float]] = {n: [] for n in names}
         medians: dict[str, list[float]] = {n: [] for n in names}
         active = list(names)

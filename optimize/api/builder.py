@@ -22,7 +22,7 @@ from infopt.core.inputspec import InputSpec, parse_dim
 from infopt.core.manifest import data_sha256, model_bytes, read_manifest
 from infopt.core.manifest_schema import LatencyRow, Manifest
 from infopt.core.pipeline import Pipeline, SharedPrefixes
-from infopt.core.recipe import MIN_CURVE_RUNS, Recipe, load_recipe, recipes_for
+from infopt.core.recipe import MIN_CURVE_RUNS, MIN_LATENCY_RUNS, Recipe, load_recipe, recipes_for
 from infopt.core.registry import get_pass
 from infopt.core.sample_inputs import capture_feed, id_high, random_feed
 from infopt.core.step_times import StepTimes
@@ -362,7 +362,7 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
             eager = gpu_eager_runner(loaded, spec, target) or reference
             timings = latency_mod.measure({"eager": eager.run, **{c.label: c.runner.run for c in built}},
                                           latency_feeds(spec, built[0].recipe, loaded.module), lat_cfg.warmup,
-                                          lat_cfg.iterations,
+                                          lat_cfg.iterations, seconds=lat_cfg.seconds, min_iterations=MIN_LATENCY_RUNS,
                                           devices={"eager": eager.device, **{c.label: c.runner.device for c in built}})
     finally:
         if status:
@@ -420,6 +420,9 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
 
 
 CURVE_WARMUP = 3
+CURVE_WARMUP_S = 0.2
+"""The curve's warm-up: the shipped model is warm from the latency step, and one run at a new batch
+size does its allocations, so it stops after 0.2 s (at least one run)."""
 
 
 def _curve_batches(spec) -> list[int]:
@@ -453,7 +456,7 @@ def _measure_curve(chosen, spec, module, console, timed: dict[int, Any]) -> list
             lat = chosen.recipe.validation.latency
             stats += latency_mod.measure({"infopt": chosen.runner.run}, feeds, CURVE_WARMUP, lat.curve_iterations,
                                          devices={"infopt": chosen.runner.device}, seconds=lat.curve_seconds,
-                                         min_iterations=MIN_CURVE_RUNS)
+                                         min_iterations=MIN_CURVE_RUNS, min_warmup=1, warmup_s=CURVE_WARMUP_S)
         finally:
             if status:
                 status.stop()
@@ -550,7 +553,8 @@ def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None
                               f"{SAMPLES_FILE} (stored at build)")
     feeds = latency_feeds(spec, recipe, None)
     lat = recipe.validation.latency
-    timings = latency_mod.measure({"infopt": runner.run}, feeds, lat.warmup, lat.iterations, devices={"infopt": runner.device})
+    timings = latency_mod.measure({"infopt": runner.run}, feeds, lat.warmup, lat.iterations, devices={"infopt": runner.device},
+                                  seconds=lat.seconds, min_iterations=MIN_LATENCY_RUNS)
     verdict = judge(recipe.validation, drift.worst, [t.p99_ms for t in timings])
     result.update({"drift": drift.to_json(), "latency": [t.to_json() for t in timings], "verdict": verdict.to_json()})
     return result

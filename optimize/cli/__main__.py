@@ -1,5 +1,5 @@
 """``python -m infopt.cli`` runs the same command as ``infopt``."""
 
-from infopt.cli.app import main
+from infopt.cli.app import console
 
-main()
+console()

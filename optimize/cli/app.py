@@ -7,6 +7,7 @@ Nothing heavy is imported here; each command imports what it needs when it runs,
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Annotated, Optional
 
@@ -99,6 +100,42 @@ def main() -> None:
         _print_error("interrupted", STOPPED)
         _json_error(InfoptError(STOPPED), 130, kind="interrupted")
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def console() -> None:
+    """The ``infopt`` command (and ``python -m infopt.cli``): :func:`main`, then a prompt end.
+
+    Once the command has finished, the exit handlers have run (temporary folders, log handlers) and
+    stdout and stderr are flushed, the process ends there rather than unloading torch, ONNX Runtime
+    and transformers module by module, which takes over a second and writes nothing. Where another
+    (non-daemon) thread still runs, the exit is the ordinary one, which waits for it."""
+    try:
+        main()
+        code: object = 0
+    except SystemExit as exc:
+        code = exc.code
+    _end(code)
+
+
+def _end(code: object) -> None:
+    import atexit
+    import threading
+
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+        code = 1
+    status = 0 if code is None else int(code)  # type: ignore[arg-type]
+    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)
+    if run_exit_handlers is None or any(t is not threading.main_thread() and t.is_alive() and not t.daemon
+                                        for t in threading.enumerate()):
+        sys.exit(status)
+    run_exit_handlers()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can reach the reader
+            pass
+    os._exit(status)
 
 
 def _json_error(exc, code: int, kind: str | None = None) -> None:

@@ -42,13 +42,18 @@ class DriftThresholds(_Strict):
     min_top1: float | None = Field(None, description="smallest top-1 agreement for classifier outputs")
 
 
-MIN_CURVE_RUNS = 5
+MIN_CURVE_RUNS = 3
 """Timed runs the curve takes at each batch size however long they last (a p50 needs a few)."""
+MIN_LATENCY_RUNS = 15
+"""Timed runs the latency step takes of each runner at each batch size however long they last."""
 
 
 class LatencyConfig(_Strict):
     warmup: int = Field(10, ge=0, description="untimed runs before timing")
     iterations: int = Field(50, ge=1, description="timed runs per batch size")
+    seconds: float = Field(2.0, gt=0, description="time per runner and batch size: each of the runs' blocks ends once "
+                           f"its share of this is spent (at least {MIN_LATENCY_RUNS} runs in all), so a slow model is "
+                           "timed in fewer runs")
     batch_sizes: list[int] | None = Field(None, description="batch sizes to time; default 1 and the batch dim's opt")
     max_p99_ms: float | None = Field(None, description="fail if p99 latency at any batch size exceeds this")
     curve_iterations: int = Field(20, ge=1, description="timed runs per batch size of the shipped model's latency-versus-batch curve")

@@ -87,10 +87,17 @@ def latency_section(manifest: Manifest) -> Section:
             ratio = f"{ref.p50_ms / r.p50_ms:.2f}x" if ref and r.p50_ms > 0 else "-"
         rows.append([str(r.batch), r.runner, f"{r.p50_ms:.3f}", f"{r.p90_ms:.3f}", f"{r.p99_ms:.3f}",
                      f"{r.mean_ms:.3f}", f"{r.throughput:.1f}", ratio])
-    notes = [f"{latency[0].iterations} timed runs per row after warm-up, in {latency[0].blocks} blocks per runner, the "
-             "runners taking turns; p50 is the median of the block medians, samples/s is batch / p50, and speedup is "
-             "eager p50 / candidate p50"] if latency else []
+    notes = [f"{_span(r.iterations for r in latency)} timed runs per row after warm-up, in "
+             f"{_span(r.blocks for r in latency)} blocks per runner, the runners taking turns (fewer where the median was "
+             "pinned early or the runs are slow); p50 is the median of the block medians, samples/s is batch / p50, and "
+             "speedup is eager p50 / candidate p50"] if latency else []
     return Section("Latency (ms)", ["batch", "runner", "p50", "p90", "p99", "mean", "samples/s", "speedup"], rows, notes)
+
+
+def _span(counts) -> str:
+    """``30`` when every count is 30, else ``15-44``."""
+    values = sorted(set(counts))
+    return str(values[0]) if len(values) == 1 else f"{values[0]}-{values[-1]}"
 
 
 def _details(manifest: Manifest, kind, *names: str, with_layers: bool = False):

@@ -37,7 +37,7 @@ class QuantizeInt8Options(PassOptions):
         "auto", description="QDQ layout: ONNX Runtime CPU (u8 activations) or TensorRT (symmetric s8); auto follows the target")
     budget: str = Field("cosine_mean=0.99", description="drift budget METRIC=VALUE the fallback holds (overridden by --max-drift)")
     fallback: bool = Field(True, description="keep the most sensitive layers in FP32 until the budget holds")
-    sensitivity_samples: int = Field(32, ge=1, description="samples used to rank layer sensitivity (the ranking only "
+    sensitivity_samples: int = Field(16, ge=1, description="samples used to rank layer sensitivity (the ranking only "
                                                            "orders the layers; the budget is checked on all the data)")
     fallback_order: Literal["drift_per_ms", "drift"] = Field(
         "drift_per_ms", description="the order the fallback moves layers to FP32: drift_per_ms, the most drift per "

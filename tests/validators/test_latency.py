@@ -16,6 +16,42 @@ def test_time_budget_stops_after_the_minimum_runs_once_spent():
     assert stats.iterations == 5 and stats.batch == 4 and stats.p50_ms >= 30.0
 
 
+def test_the_latency_steps_budget_times_a_slow_runner_in_fewer_runs_and_leaves_a_fast_one_alone():
+    """The recipe's ``latency.seconds``: each block of a runner ends once its share of the budget is
+    spent (at least MIN_LATENCY_RUNS runs in all), so a 20 ms runner takes 3 runs a block, not 10."""
+    from infopt.core.recipe import MIN_LATENCY_RUNS, LatencyConfig
+
+    calls = {"slow": 0, "fast": 0}
+
+    def slow(feed):
+        calls["slow"] += 1
+        time.sleep(0.02)
+
+    def fast(feed):
+        calls["fast"] += 1
+
+    stats = {s.runner: s for s in measure({"slow": slow, "fast": fast}, {1: {}}, warmup=0, iterations=50, seconds=0.25,
+                                          min_iterations=MIN_LATENCY_RUNS, tolerance=0)}
+    assert stats["slow"].iterations == MIN_LATENCY_RUNS == calls["slow"] and stats["slow"].blocks == 5
+    assert stats["slow"].p50_ms >= 20.0
+    assert stats["fast"].iterations == 50 == calls["fast"]  # its blocks end at their count long before the budget
+    assert LatencyConfig().seconds > 0 and LatencyConfig().iterations == 50
+
+
+def test_warm_up_stops_at_its_time_and_its_least_runs():
+    runs = []
+
+    def slow(feed):
+        runs.append(1)
+        time.sleep(0.05)
+
+    measure({"slow": slow}, {1: {}}, warmup=3, iterations=1, min_warmup=1, warmup_s=0.01)
+    assert len(runs) == 1 + 1  # one warm-up run (past its 0.01 s), one timed run
+    runs.clear()
+    measure({"slow": slow}, {1: {}}, warmup=3, iterations=1)  # the defaults: at least 2, until 0.5 s
+    assert len(runs) == 3 + 1
+
+
 def test_without_budget_or_within_it_every_iteration_runs():
     fast = {"fast": lambda feed: None}
     assert [s.iterations for s in measure(fast, {1: {}, 2: {}}, warmup=1, iterations=7, tolerance=0)] == [7, 7]

