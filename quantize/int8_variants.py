@@ -142,14 +142,16 @@ def timing_feeds(batches: list[dict], sizes: list[int]) -> dict[int, dict[str, n
 
 def time_against_fp32(tried: list[Tried], fp32: Path, feeds: dict[int, dict], trials: int,
                       say: Callable[[str], None]) -> None:
-    """Time each variant that holds the budget against the FP32 model, side by side."""
+    """Time each variant that holds the budget against the FP32 model, side by side: ``trials`` ABBA
+    trials per batch size, each block as many runs as last ``side_by_side.MIN_BLOCK_S`` (one run of a
+    model that takes longer)."""
     baseline = OrtRunner(fp32)
     for entry in tried:
         if not entry.holds or entry.path is None:
             continue
         say(f"timing INT8 variant {entry.name} against FP32")
         runner = entry.runner or OrtRunner(entry.path)
-        entry.ratios = compare(runner.run, baseline.run, feeds, trials=trials, iterations=3, warmup=3)
+        entry.ratios = compare(runner.run, baseline.run, feeds, trials=trials, iterations=1, warmup=3)
 
 
 def choose(tried: list[Tried], keep_int8: bool) -> tuple[Tried | None, str]:
