@@ -58,3 +58,26 @@ def test_a_rebuild_reuses_the_aoti_package_and_it_runs(tmp_path, monkeypatch):
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
     with torch.no_grad():
         assert np.allclose(infopt.load(tmp_path / "b")(x), model(torch.from_numpy(x)).numpy(), atol=1e-5)
+
+
+
+def test_a_default_rebuild_of_a_torchscript_model_reuses_its_aoti_package(tmp_path, monkeypatch):
+    """The ONNX exporter annotates the nodes of the program it is given (nodes without source lines, as a
+    TorchScript model's are, print those annotations); the AOTInductor candidate of the same build
+    hashes that program after it. A rebuild whose export comes from the cache must still find the
+    package the first build compiled."""
+    monkeypatch.setenv("INFOPT_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    from examples.models import DigitsCNN
+
+    path = tmp_path / "digits_cnn.pt"  # as make demo saves it: traced, its BatchNorms folded by the build
+    torch.jit.save(torch.jit.trace(DigitsCNN().eval(), torch.randn(2, 1, 8, 8)), str(path))
+
+    def aoti_cached(out):
+        result = infopt.build(path, inputs=["x:float32[batch,1,8,8]"], output=out, progress=False, batch_sizes=[1])
+        (inductor,) = [c for c in result.candidates if c.label == "fp32-inductor" and c.status == "built"]
+        (record,) = [r for r in inductor.artifact.lineage if r.name == "aoti_compile"]
+        return record.details.get("cached")
+
+    assert not aoti_cached(tmp_path / "a")
+    assert aoti_cached(tmp_path / "b")
