@@ -29,24 +29,50 @@ def _pair(reference, candidate) -> tuple[np.ndarray, np.ndarray]:
 
 def max_abs(reference, candidate) -> float:
     r, c = _pair(reference, candidate)
-    return float(np.max(np.abs(r - c))) if r.size else 0.0
+    return _max_abs(np.abs(r - c))
 
 
 def mean_abs(reference, candidate) -> float:
     r, c = _pair(reference, candidate)
-    return float(np.mean(np.abs(r - c))) if r.size else 0.0
+    return _mean_abs(np.abs(r - c))
 
 
 def max_rel(reference, candidate) -> float:
     r, c = _pair(reference, candidate)
-    if not r.size:
-        return 0.0
-    floor = max(1e-3 * float(np.max(np.abs(r))), 1e-12)
-    return float(np.max(np.abs(r - c) / np.maximum(np.abs(r), floor)))
+    return _max_rel(np.abs(r - c), r)
 
 
 def cosine_per_sample(reference, candidate) -> np.ndarray:
     return _cosines(*_pair(reference, candidate))
+
+
+def cosine(reference, candidate) -> float:
+    """Mean per-sample cosine similarity."""
+    return float(np.mean(cosine_per_sample(reference, candidate)))
+
+
+def sqnr_db(reference, candidate) -> float:
+    r, c = _pair(reference, candidate)
+    return _sqnr_db(np.abs(r - c), r)
+
+
+# Each figure from arrays already in float64 (``error`` is |r - c|), so ``drift`` makes one copy and one
+# difference however many figures it reports: an LLM's logits are tens of millions of values.
+
+def _max_abs(error: np.ndarray) -> float:
+    return float(np.max(error)) if error.size else 0.0
+
+
+def _mean_abs(error: np.ndarray) -> float:
+    return float(np.mean(error)) if error.size else 0.0
+
+
+def _max_rel(error: np.ndarray, r: np.ndarray) -> float:
+    if not r.size:
+        return 0.0
+    magnitude = np.abs(r)
+    floor = max(1e-3 * float(np.max(magnitude)), 1e-12)
+    return float(np.max(error / np.maximum(magnitude, floor)))
 
 
 def _cosines(r: np.ndarray, c: np.ndarray) -> np.ndarray:
@@ -58,20 +84,18 @@ def _cosines(r: np.ndarray, c: np.ndarray) -> np.ndarray:
     return np.where(same, 1.0, dots / np.maximum(norms, 1e-30))
 
 
-def cosine(reference, candidate) -> float:
-    """Mean per-sample cosine similarity."""
-    return float(np.mean(cosine_per_sample(reference, candidate)))
-
-
-def sqnr_db(reference, candidate) -> float:
-    r, c = _pair(reference, candidate)
-    noise = float(np.sum((r - c) ** 2))
+def _sqnr_db(error: np.ndarray, r: np.ndarray) -> float:
+    noise = float(np.sum(error ** 2))
     signal = float(np.sum(r ** 2))
     if noise == 0.0:
         return math.inf
     if signal == 0.0:
         return -math.inf
     return 10.0 * math.log10(signal / noise)
+
+
+def _top1(r: np.ndarray, c: np.ndarray) -> float:
+    return float(np.mean(np.argmax(r, axis=-1) == np.argmax(c, axis=-1)))
 
 
 def is_classifier_output(array) -> bool:
@@ -81,30 +105,20 @@ def is_classifier_output(array) -> bool:
 
 
 def top1_agreement(reference, candidate) -> float:
-    r, c = _pair(reference, candidate)
-    return float(np.mean(np.argmax(r, axis=-1) == np.argmax(c, axis=-1)))
+    return _top1(*_pair(reference, candidate))
 
 
 def drift(reference, candidate) -> dict[str, float | None]:
-    """Every metric for one output, each as its function above computes it, from one float64 copy of
-    each array and one difference (an LLM's logits are tens of millions of values)."""
+    """Every metric for one output, from one float64 copy of each array and one difference."""
     r, c = _pair(reference, candidate)
-    if not r.size:
-        cos = cosine_per_sample(r, c)
-        return {"max_abs": 0.0, "mean_abs": 0.0, "max_rel": 0.0, "cosine_min": float(np.min(cos)),
-                "cosine_mean": float(np.mean(cos)), "sqnr_db": sqnr_db(r, c),
-                "top1": top1_agreement(r, c) if is_classifier_output(reference) else None}
     error = np.abs(r - c)
-    magnitude = np.abs(r)
-    floor = max(1e-3 * float(np.max(magnitude)), 1e-12)
-    noise, signal = float(np.sum(error ** 2)), float(np.sum(r ** 2))
     cos = _cosines(r, c)
     return {
-        "max_abs": float(np.max(error)),
-        "mean_abs": float(np.mean(error)),
-        "max_rel": float(np.max(error / np.maximum(magnitude, floor))),
+        "max_abs": _max_abs(error),
+        "mean_abs": _mean_abs(error),
+        "max_rel": _max_rel(error, r),
         "cosine_min": float(np.min(cos)),
         "cosine_mean": float(np.mean(cos)),
-        "sqnr_db": math.inf if noise == 0.0 else -math.inf if signal == 0.0 else 10.0 * math.log10(signal / noise),
-        "top1": float(np.mean(np.argmax(r, axis=-1) == np.argmax(c, axis=-1))) if is_classifier_output(reference) else None,
+        "sqnr_db": _sqnr_db(error, r),
+        "top1": _top1(r, c) if is_classifier_output(reference) else None,
     }
