@@ -57,6 +57,7 @@ def build(
     allow_partial: Annotated[bool, typer.Option("--allow-partial", metavar="", hidden=True, help="The default now: ship the best candidate that passed when others failed.")] = False,
     price_per_hour: Annotated[Optional[float], typer.Option("--price-per-hour", help="USD per hour of the machine you deploy on, for the report's cost per million predictions (replaces the target's).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", metavar="", help="Load the model and show what would be built (candidates, passes, inputs, output folder); write nothing.")] = False,
+    task: Annotated[Optional[str], typer.Option("--task", help="text-generation: a causal LM's decoder with its KV cache, written as an ONNX Runtime GenAI folder and judged by generating from it (fp32, CPU, so far); logits (the default): one graph from the inputs to the head's output.")] = None,
     as_json: o.Json = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="No progress display.")] = False,
 ) -> None:
@@ -76,6 +77,14 @@ def build(
     )
 
     flags = {"fp32": fp32, "fp16": fp16, "bf16": bf16, "fp8": fp8, "int8": int8, "int4": int4}
+    if task not in (None, "logits", "text-generation"):
+        from infopt.core.errors import UsageError
+
+        raise UsageError(f"unknown --task {task!r}", fix="pass --task text-generation or --task logits (the default)")
+    if task == "text-generation":
+        _build_generation(model, api_flags.precision(flags, precision) or "fp32", target, val, name, output, force,
+                          as_json, quiet)
+        return
     result = run_build(
         model, target=target, precision=api_flags.precision(flags, precision), backend=backend, inputs=inputs, dims=dims,
         val=val, batch_sizes=o.parse_batch_sizes(batch_sizes),
@@ -112,6 +121,24 @@ def build(
             stdout().print(step_times.summary(m.timings.model_dump()), markup=False)
     if not result.passed:
         raise typer.Exit(1)
+
+
+def _build_generation(model, precision, target, val, name, output, force, as_json, quiet) -> None:
+    from infopt.api.generation import build_generation
+    from infopt.core.manifest_schema import Manifest
+    from infopt.report.markdown import generation_section, passes_section, print_sections, summary
+
+    manifest = build_generation(model, output=output, name=name, force=force, val=val, precision=precision,
+                                target=target, command=["infopt", *sys.argv[1:]], console=None if quiet else stderr())
+    typed = Manifest.model_validate(manifest)
+    out = Path(output) if output else Path("dist") / typed.name
+    if as_json:
+        print_json({"passed": True, "output": shown_path(out.absolute()), **manifest})
+        return
+    print_sections(stdout(), [summary(typed), passes_section(typed), generation_section(typed)])
+    stdout().print(f"wrote {shown_path(out.absolute())}/ (servers/onnxruntime-genai/, report.md, manifest.json)", markup=False)
+    if typed.timings is not None:
+        stdout().print(step_times.summary(typed.timings.model_dump()), markup=False)
 
 
 def _print_plan(plan: dict, as_json: bool) -> None:

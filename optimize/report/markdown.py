@@ -63,8 +63,10 @@ def passes_section(manifest: Manifest) -> Section:
     return Section("Passes", ["pass", "representation", "seconds", "size", "result", "notes"], rows)
 
 
-def drift_section(manifest: Manifest) -> Section:
+def drift_section(manifest: Manifest) -> Section | None:
     drift = manifest.validation.drift
+    if not drift:  # a text-generation build is judged by generating (generation_section)
+        return None
     rows = [[name, _num(o["max_abs"]), _num(o["mean_abs"]), _num(o["max_rel"]), _num(o["cosine_min"], ".6f"),
              _num(o["cosine_mean"], ".6f"), _num(o["sqnr_db"], ".1f"), _num(o["top1"])] for name, o in drift["outputs"].items()]
     notes = [f"{drift['samples']} samples from {drift['source']}"]
@@ -75,8 +77,10 @@ def drift_section(manifest: Manifest) -> Section:
                                                           "cosine (mean)", "SQNR dB", "top-1 agree"], rows, notes)
 
 
-def latency_section(manifest: Manifest) -> Section:
+def latency_section(manifest: Manifest) -> Section | None:
     latency = manifest.validation.latency
+    if not latency:
+        return None
     base = {r.batch: r for r in latency if r.runner == "eager"}
     rows = []
     for r in latency:
@@ -92,6 +96,26 @@ def latency_section(manifest: Manifest) -> Section:
              "pinned early or the runs are slow); p50 is the median of the block medians, samples/s is batch / p50, and "
              "speedup is eager p50 / candidate p50"] if latency else []
     return Section("Latency (ms)", ["batch", "runner", "p50", "p90", "p99", "mean", "samples/s", "speedup"], rows, notes)
+
+
+def generation_section(manifest: Manifest) -> Section | None:
+    """A text-generation build: the greedy check, TTFT per prompt length and TPOT per batch size."""
+    gen = (manifest.validation.model_extra or {}).get("generation")
+    if not gen:
+        return None
+    greedy = gen["greedy"]
+    rows = [["greedy tokens equal to transformers' generate",
+             f"{greedy['equal']} of {greedy['prompts']} prompts, {greedy['new_tokens']} tokens each"]]
+    rows += [[f"TTFT, {r['prompt_tokens']}-token prompt (batch 1)", f"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms"]
+             for r in gen["ttft"]]
+    rows += [[f"TPOT, batch {r['batch']}", f"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, "
+              f"{r['tokens_per_s']:.1f} tokens/s"] for r in gen["tpot"]]
+    rows += [["weights", _bytes(gen["weights_bytes"])],
+             ["KV cache per token of one sequence", _bytes(gen["kv_cache_bytes_per_token"])]]
+    notes = [f"timed with onnxruntime_genai from servers/onnxruntime-genai/: TTFT is the prompt's pass and the first "
+             f"token picked; TPOT each of the next {gen['new_tokens'] - 1} tokens after a 32-token prompt; "
+             f"{_span(r['runs'] for r in gen['ttft'] + gen['tpot'])} timed runs per row after one warm-up"]
+    return Section("Text generation", ["", ""], rows, notes)
 
 
 def _span(counts) -> str:
@@ -238,9 +262,9 @@ def provenance_section(manifest: Manifest) -> Section | None:
 
 
 def sections(manifest: Manifest) -> list[Section]:
-    found = [summary(manifest), candidates_section(manifest), io_section(manifest), passes_section(manifest), int8_section(manifest),
-             int8_variants_section(manifest), int4_section(manifest), drift_section(manifest), latency_section(manifest),
-             curve_section(manifest), roofline_section(manifest),
+    found = [summary(manifest), candidates_section(manifest), io_section(manifest), passes_section(manifest),
+             generation_section(manifest), int8_section(manifest), int8_variants_section(manifest), int4_section(manifest),
+             drift_section(manifest), latency_section(manifest), curve_section(manifest), roofline_section(manifest),
              cost_section(manifest), tuning_section(manifest), timings_section(manifest), provenance_section(manifest),
              files_section(manifest),
              versions_section(manifest)]

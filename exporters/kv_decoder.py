@@ -1,0 +1,142 @@
+"""The decoder of a causal LM as a generator runs it: one graph for the prompt and for each new token,
+the KV cache in and out.
+
+Inputs: ``input_ids [batch, sequence_length]``, ``attention_mask [batch, total_sequence_length]``
+(the past and the new tokens), and per layer ``past_key_values.<i>.key`` / ``.value``
+``[batch, kv_heads, past_sequence_length, head_size]``. Outputs: ``logits [batch, sequence_length,
+vocab]`` and per layer ``present.<i>.key`` / ``.value`` (the past with the new tokens appended). The
+prompt runs with a past of length 0. Positions are counted from the attention mask inside the graph
+(left-padded prompts in a batch get the positions they would have alone), so a runtime feeds no
+``position_ids``. These are the names and layouts ONNX Runtime GenAI's decoder-only models use.
+
+The cache's layout (layers, KV heads, head size) is read from one real forward pass of the model, not
+from config field names, which differ between families (GPT-2's ``n_layer``, Gemma's ``head_dim``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from infopt.core.errors import CaptureError, first_line
+from infopt.core.logs import quiet_third_party
+
+PAST = "past_key_values.{}.{}"
+PRESENT = "present.{}.{}"
+DIMS = {"batch": "batch_size", "seq": "sequence_length", "total": "total_sequence_length", "past": "past_sequence_length"}
+"""the dims' names in the exported graph, as ONNX Runtime GenAI's own models name them"""
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    layers: int
+    kv_heads: int
+    head_size: int
+    vocab: int
+
+    def input_names(self) -> list[str]:
+        return ["input_ids", "attention_mask", *(PAST.format(i, kv) for i in range(self.layers) for kv in ("key", "value"))]
+
+    def output_names(self) -> list[str]:
+        return ["logits", *(PRESENT.format(i, kv) for i in range(self.layers) for kv in ("key", "value"))]
+
+    def kv_bytes_per_token(self, itemsize: int = 4) -> int:
+        """Bytes the cache grows by per token of one sequence (keys and values of every layer)."""
+        return 2 * self.layers * self.kv_heads * self.head_size * itemsize
+
+
+def cache_layout(model) -> CacheLayout:
+    """The cache's shape, from one forward pass of two tokens."""
+    import torch
+
+    with torch.inference_mode(), quiet_third_party():
+        out = model(input_ids=torch.zeros(1, 2, dtype=torch.long), use_cache=True, return_dict=True)
+    layers = _layers(_cache_of(out))
+    key = layers[0][0]
+    return CacheLayout(len(layers), int(key.shape[1]), int(key.shape[3]), int(out.logits.shape[-1]))
+
+
+def _cache_keyword(model) -> str:
+    """What the model's ``forward`` calls the cache: ``cache`` (transformers 5.2x) or ``past_key_values``."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+
+
+def _cache_of(out):
+    """The cache a forward pass returned, under either name."""
+    return out["cache"] if "cache" in out else out["past_key_values"]
+
+
+def _layers(cache) -> list[tuple[Any, Any]]:
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return [(k, v) for k, v in cache]
+
+
+def decoder_module(model, layout: CacheLayout):
+    """``(input_ids, attention_mask, *past) -> (logits, *present)`` around a transformers causal LM."""
+    import torch
+    from transformers import DynamicCache
+
+    keyword = _cache_keyword(model)
+
+    class KvDecoder(torch.nn.Module):
+        def __init__(self, lm):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, input_ids, attention_mask, *past):
+            cache = DynamicCache(config=self.lm.config)
+            for i in range(layout.layers):
+                cache.update(past[2 * i], past[2 * i + 1], i)
+            # positions from the mask: a left-padded prompt's first real token is position 0
+            positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -input_ids.shape[1]:]
+            out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                          use_cache=True, return_dict=True, **{keyword: cache})
+            return (out["logits"], *(t for pair in _layers(_cache_of(out)) for t in pair))
+
+    return KvDecoder(model).eval()
+
+
+def capture(model, layout: CacheLayout):
+    """torch.export of the decoder with every batch and length dim dynamic (a past of 0 included)."""
+    import torch
+    from torch.export import Dim
+
+    decoder = decoder_module(model, layout)
+    ids = torch.zeros(2, 3, dtype=torch.long)
+    mask = torch.ones(2, 7, dtype=torch.long)
+    past = [torch.zeros(2, layout.kv_heads, 4, layout.head_size) for _ in range(2 * layout.layers)]
+    auto = Dim.DYNAMIC
+    shapes = ({0: auto, 1: auto}, {0: auto, 1: auto}, tuple({0: auto, 2: auto} for _ in past))
+    try:
+        with quiet_third_party(), torch.inference_mode(False), torch.no_grad():
+            return torch.export.export(decoder, (ids, mask, *past), dynamic_shapes=shapes, strict=False)
+    except Exception as exc:  # noqa: BLE001 - torch.export raises many types
+        raise CaptureError(f"the decoder with its KV cache could not be captured: {first_line(exc)}",
+                           where=type(model).__name__,
+                           fix="report the model's family; build --task logits meanwhile (no cache)") from exc
+
+
+def name_dims(path, layout: CacheLayout) -> None:
+    """Give the exported graph's dim symbols GenAI's names (in place): batch_size, sequence_length,
+    total_sequence_length, past_sequence_length."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    axes = {"input_ids": ("batch", "seq"), "attention_mask": ("batch", "total"), "logits": ("batch", "seq")}
+    for name in layout.input_names()[2:]:
+        axes[name] = ("batch", None, "past")
+    for name in layout.output_names()[1:]:
+        axes[name] = ("batch", None, "total")
+    mapping: dict[str, str] = {}
+    for value in [*model.graph.input, *model.graph.output]:
+        for dim, want in zip(value.type.tensor_type.shape.dim, axes.get(value.name, ())):
+            if want and dim.dim_param:
+                mapping.setdefault(dim.dim_param, DIMS[want])
+    for value in [*model.graph.input, *model.graph.output, *model.graph.value_info]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param in mapping:
+                dim.dim_param = mapping[dim.dim_param]
+    onnx.save(model, str(path))

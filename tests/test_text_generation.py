@@ -1,0 +1,119 @@
+"""``infopt build FOLDER --task text-generation``: transformers' own decoder families (tiny random configs
+saved with ``save_pretrained``, each with a byte-level BPE tokenizer trained here on the test sentences),
+built from the command line with a relative path, and the folder it writes taken by its real consumer:
+``onnxruntime_genai.Model`` loads ``servers/onnxruntime-genai/`` in this test and generates from a held-out
+sentence, token for token what transformers' ``generate`` gives."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, run_cli, run_cli_here
+from tests.test_bad_input import assert_clean_failure
+from tests.test_transformers_zoo import FAMILIES
+
+og = pytest.importorskip("onnxruntime_genai")
+transformers = pytest.importorskip("transformers")
+
+SENTENCES = ROOT / "tests" / "data" / "sentences.txt"
+DECODERS = ("llama", "gpt2", "qwen2", "mistral", "phi3", "gemma", "qwen3", "gptneox", "opt")
+EVERY_RUN = {"llama", "gpt2"}
+"""the families ``make test`` builds (rotary with grouped KV heads, and learned positions); ``make zoo`` builds all"""
+NEW_TOKENS = 12
+
+
+def tokenizer_for(folder: Path) -> None:
+    """A byte-level BPE tokenizer of 512 tokens trained on the test sentences, saved into ``folder``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train([str(SENTENCES)], trainers.BpeTrainer(vocab_size=512, special_tokens=["<|endoftext|>"],
+                                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>",
+                                         bos_token="<|endoftext|>").save_pretrained(folder)
+
+
+def decoder(folder: Path, family: str) -> Path:
+    """``tiny-<family>`` in ``folder`` with its tokenizer, saved on first use."""
+    import torch
+
+    path = folder / f"tiny-{family}"
+    if not path.exists():
+        torch.manual_seed(0)
+        FAMILIES[family]().eval().save_pretrained(path)
+        tokenizer_for(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def decoders(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("decoders")
+    lines = [s for s in SENTENCES.read_text().splitlines() if s.strip()]
+    (folder / "prompts.txt").write_text("\n".join(lines[400:404]) + "\n")
+    (folder / "held-out.txt").write_text(lines[470] + "\n")
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", [pytest.param(f, marks=() if f in EVERY_RUN else pytest.mark.zoo) for f in DECODERS])
+def test_a_causal_lm_builds_a_genai_folder_that_generates_what_transformers_generates(decoders, family):
+    decoder(decoders, family)
+    proc = run_cli("build", f"tiny-{family}", "--task", "text-generation", "--val", "prompts.txt", "--json", "-q",
+                   cwd=decoders, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "warning" not in proc.stderr.lower()
+    dist = decoders / "dist" / f"tiny-{family}"
+    manifest = json.loads((dist / "manifest.json").read_text())
+    generation = manifest["validation"]["generation"]
+    assert generation["greedy"] == {"prompts": 4, "new_tokens": 16, "equal": 4, "differences": []}
+    assert [r["prompt_tokens"] for r in generation["ttft"]] == [32]  # the tiny configs hold 64 positions
+    assert [r["batch"] for r in generation["tpot"]] == [1, 4, 8] and all(r["p50_ms"] > 0 for r in generation["tpot"])
+    assert manifest["source"]["task"] == {"name": "text-generation", "judged_by": "greedy tokens equal"}
+    assert manifest["artifacts"]["onnxruntime-genai"] == "servers/onnxruntime-genai"
+    assert "## Text generation" in (dist / "report.md").read_text()
+
+    # the consumer: ONNX Runtime GenAI loads the folder as written and generates from a sentence no build saw
+    folder = dist / "servers" / "onnxruntime-genai"
+    config = json.loads((folder / "genai_config.json").read_text())
+    assert config["search"]["past_present_share_buffer"] is False
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    prompt = tokenizer((decoders / "held-out.txt").read_text().strip())["input_ids"][:24]
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(prompt) + NEW_TOKENS, min_length=len(prompt) + NEW_TOKENS)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.asarray([prompt], dtype=np.int32))
+    while not generator.is_done():
+        generator.generate_next_token()
+    got = [int(t) for t in generator.get_sequence(0)]
+
+    import torch
+
+    lm = transformers.AutoModelForCausalLM.from_pretrained(decoders / f"tiny-{family}").eval()
+    with torch.inference_mode():
+        ids = torch.tensor([prompt])
+        want = lm.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=NEW_TOKENS,
+                           min_new_tokens=NEW_TOKENS, pad_token_id=0)[0].tolist()
+    assert got == want and len(got) == len(prompt) + NEW_TOKENS
+
+
+def test_text_generation_refuses_what_it_does_not_build(decoders, tmp_path):
+    import torch
+
+    torch.manual_seed(0)
+    FAMILIES["bert"]().save_pretrained(tmp_path / "tiny-bert")
+    proc = run_cli_here("build", "tiny-bert", "--task", "text-generation", cwd=tmp_path)
+    assert_clean_failure(proc, 2, "needs a Hugging Face causal LM", out=tmp_path / "dist")
+    proc = run_cli_here("build", str(decoder(decoders, "llama")), "--task", "text-generation", "--int8", cwd=tmp_path)
+    assert_clean_failure(proc, 2, "builds fp32 for the cpu target so far", out=tmp_path / "dist")
+    proc = run_cli_here("build", "tiny-bert", "--task", "translation", cwd=tmp_path)
+    assert_clean_failure(proc, 2, "unknown --task 'translation'", out=tmp_path / "dist")
+    FAMILIES["llama"]().save_pretrained(tmp_path / "no-tokenizer")
+    proc = run_cli_here("build", "no-tokenizer", "--task", "text-generation", cwd=tmp_path)
+    assert_clean_failure(proc, 2, "has no tokenizer", out=tmp_path / "dist")

@@ -1,0 +1,129 @@
+"""Validating and timing a text-generation folder by generating from it with ONNX Runtime GenAI.
+
+- :func:`greedy_check`: greedy tokens from the folder against transformers' ``generate`` on the same
+  prompts, every token (no early stop at an end-of-sequence token, so each prompt gives as many).
+- :func:`time_generation`: time to first token (TTFT: the prompt's forward pass and the first token
+  picked) at several prompt lengths, and time per output token (TPOT: each further token) at several
+  batch sizes, as p50/p99 over repeated runs, with tokens per second.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+RUNS = 5
+"""timed generations per row (fewer once ``SECONDS`` is spent, at least 2)"""
+SECONDS = 1.5
+"""time per row"""
+
+
+def generate_folder(folder: Path, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """Greedy continuations from the GenAI folder, one prompt at a time."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(folder))
+    out = []
+    for prompt in prompts:
+        generator = _generator(og, model, np.asarray([prompt], dtype=np.int32), new_tokens)
+        while not generator.is_done():
+            generator.generate_next_token()
+        out.append([int(t) for t in generator.get_sequence(0)][len(prompt):])
+    return out
+
+
+def _generator(og, model, prompts: np.ndarray, new_tokens: int):
+    params = og.GeneratorParams(model)
+    total = prompts.shape[1] + new_tokens
+    params.set_search_options(max_length=total, min_length=total, do_sample=False, batch_size=prompts.shape[0])
+    generator = og.Generator(model, params)
+    generator.append_tokens(prompts)
+    return generator
+
+
+def generate_eager(model, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """Greedy continuations from the transformers model (its own ``generate``), one prompt at a time."""
+    import torch
+
+    out = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            ids = torch.tensor([prompt], dtype=torch.long)
+            seq = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, num_beams=1,
+                                 max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                 pad_token_id=_pad(model.config))
+            out.append(seq[0, len(prompt):].tolist())
+    return out
+
+
+def _pad(config) -> int:
+    for value in (getattr(config, "pad_token_id", None), getattr(config, "eos_token_id", None), 0):
+        if isinstance(value, (list, tuple)):
+            value = value[0] if value else None
+        if value is not None:
+            return int(value)
+    return 0
+
+
+def greedy_check(folder: Path, model, prompts: list[list[int]], new_tokens: int) -> dict:
+    """How many prompts' greedy tokens from the folder equal transformers' ``generate``, every token."""
+    got = generate_folder(folder, prompts, new_tokens)
+    want = generate_eager(model, prompts, new_tokens)
+    differ = [{"prompt": i, "at_token": next(j for j, (a, b) in enumerate(zip(g, w)) if a != b) if g[:len(w)] != w
+               else len(w), "eager": w, "deployed": g} for i, (g, w) in enumerate(zip(got, want)) if g != w]
+    return {"prompts": len(prompts), "new_tokens": new_tokens, "equal": len(prompts) - len(differ),
+            "differences": differ[:3]}
+
+
+@dataclass
+class Timed:
+    p50_ms: float
+    p99_ms: float
+    runs: int
+
+
+def _timed(run, runs: int = RUNS, seconds: float = SECONDS) -> Timed:
+    run()  # warm-up: sessions allocate on their first call
+    times, start = [], time.perf_counter()
+    while len(times) < runs and (len(times) < 2 or time.perf_counter() - start < seconds):
+        times.append(run())
+    ms = np.asarray(times) * 1e3
+    return Timed(float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), len(times))
+
+
+def time_generation(folder: Path, vocab: int, prompt_lengths: list[int], batch_sizes: list[int],
+                    new_tokens: int = 16, seed: int = 0) -> dict:
+    """TTFT per prompt length (batch 1) and TPOT per batch size (a 32-token prompt), from the folder."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(folder))
+    rng = np.random.default_rng(seed)
+
+    def prompt(batch: int, length: int) -> np.ndarray:
+        return rng.integers(1, vocab, size=(batch, length)).astype(np.int32)
+
+    def first_token(length: int) -> float:
+        ids = prompt(1, length)
+        start = time.perf_counter()
+        generator = _generator(og, model, ids, 1)
+        generator.get_next_tokens()
+        return time.perf_counter() - start
+
+    def per_token(batch: int) -> float:
+        generator = _generator(og, model, prompt(batch, min(32, prompt_lengths[0])), new_tokens)
+        generator.generate_next_token()  # the first token comes from the prompt's pass
+        start, steps = time.perf_counter(), 0
+        while not generator.is_done():
+            generator.generate_next_token()
+            steps += 1
+        return (time.perf_counter() - start) / max(steps, 1)
+
+    ttft = [{"prompt_tokens": n, **vars(_timed(lambda n=n: first_token(n)))} for n in prompt_lengths]
+    tpot = []
+    for batch in batch_sizes:
+        row = _timed(lambda b=batch: per_token(b))
+        tpot.append({"batch": batch, **vars(row), "tokens_per_s": batch * 1e3 / row.p50_ms})
+    return {"ttft": ttft, "tpot": tpot, "new_tokens": new_tokens}
