@@ -117,3 +117,13 @@ def test_text_generation_refuses_what_it_does_not_build(decoders, tmp_path):
     FAMILIES["llama"]().save_pretrained(tmp_path / "no-tokenizer")
     proc = run_cli_here("build", "no-tokenizer", "--task", "text-generation", cwd=tmp_path)
     assert_clean_failure(proc, 2, "has no tokenizer", out=tmp_path / "dist")
+
+
+def test_without_onnxruntime_genai_the_build_says_what_to_install(decoders, tmp_path):
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "onnxruntime_genai.py").write_text("raise ImportError('No module named onnxruntime_genai')\n")
+    proc = run_cli("build", str(decoder(decoders, "llama")), "--task", "text-generation", cwd=tmp_path,
+                   env={"PYTHONPATH": f"{shim}:{ROOT}"})
+    assert_clean_failure(proc, 4, "onnxruntime_genai, which is not installed", "pip install 'infopt[llm]'",
+                         out=tmp_path / "dist")

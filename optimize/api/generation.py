@@ -24,7 +24,7 @@ import numpy as np
 from infopt.api import provenance
 from infopt.api.emit import base_manifest, source_info, write_output
 from infopt.api.provenance import call_text
-from infopt.core.errors import UsageError, ValidationFailed, first_line
+from infopt.core.errors import BuildError, EnvironmentProblem, UsageError, ValidationFailed, first_line
 from infopt.core.inputspec import DimRange, InputSpec
 from infopt.core.lineage import PassRecord
 from infopt.core.recipe import Recipe
@@ -58,6 +58,11 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
     if precision != "fp32" or target != "cpu":
         raise UsageError(f"--task {TASK} builds fp32 for the cpu target so far; asked {precision} for {target}",
                          fix=f"drop the precision flag and --target, or build --task logits for {precision}")
+    try:
+        import onnxruntime_genai  # noqa: F401 - the folder's consumer, which judges the build
+    except ImportError as exc:
+        raise EnvironmentProblem(f"--task {TASK} judges its folder by generating from it with onnxruntime_genai, "
+                                 "which is not installed", fix="pip install 'infopt[llm]'") from exc
     times = StepTimes()
     say = (lambda text: console.print(f"[dim]{text}[/dim]")) if console is not None else (lambda text: None)
     with times.step("load"):
@@ -105,7 +110,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
             try:
                 greedy = generation.greedy_check(prepared, lm, prompts, NEW_TOKENS)
             except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
-                raise ValidationFailed(f"onnxruntime_genai could not generate from the folder: {first_line(exc)}",
+                raise BuildError(f"onnxruntime_genai could not generate from the folder: {first_line(exc)}",
                                        where=str(folder), fix="report the model's family; build --task logits meanwhile") from exc
         if greedy["equal"] != greedy["prompts"]:
             first = greedy["differences"][0]
