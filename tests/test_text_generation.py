@@ -112,6 +112,8 @@ def test_text_generation_refuses_what_it_does_not_build(decoders, tmp_path):
     assert_clean_failure(proc, 2, "needs a Hugging Face causal LM", out=tmp_path / "dist")
     proc = run_cli_here("build", str(decoder(decoders, "llama")), "--task", "text-generation", "--int8", cwd=tmp_path)
     assert_clean_failure(proc, 2, "builds fp32 for the cpu target so far", out=tmp_path / "dist")
+    proc = run_cli_here("build", "tiny-bert", "--task", "text-generation", "--dry-run", cwd=tmp_path)
+    assert_clean_failure(proc, 2, "takes no --dry-run, --recipe, --backend or --calib yet", out=tmp_path / "dist")
     proc = run_cli_here("build", "tiny-bert", "--task", "translation", cwd=tmp_path)
     assert_clean_failure(proc, 2, "unknown --task 'translation'", out=tmp_path / "dist")
     FAMILIES["llama"]().save_pretrained(tmp_path / "no-tokenizer")

@@ -82,6 +82,11 @@ def build(
 
         raise UsageError(f"unknown --task {task!r}", fix="pass --task text-generation or --task logits (the default)")
     if task == "text-generation":
+        if dry_run or recipe or backend != "auto" or calib:
+            from infopt.core.errors import UsageError
+
+            raise UsageError("--task text-generation takes no --dry-run, --recipe, --backend or --calib yet",
+                             fix="drop them: it builds the ONNX Runtime GenAI folder, fp32, for the cpu target")
         _build_generation(model, api_flags.precision(flags, precision) or "fp32", target, val, name, output, force,
                           as_json, quiet)
         return
