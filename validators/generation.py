@@ -19,6 +19,8 @@ RUNS = 5
 """timed generations per row (fewer once ``SECONDS`` is spent, at least 2)"""
 SECONDS = 1.5
 """time per row"""
+TPOT_PROMPT_TOKENS = 32
+"""the prompt TPOT is timed after"""
 
 
 def generate_folder(folder: Path, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
@@ -96,7 +98,8 @@ def _timed(run, runs: int = RUNS, seconds: float = SECONDS) -> Timed:
 
 def time_generation(folder: Path, vocab: int, prompt_lengths: list[int], batch_sizes: list[int],
                     new_tokens: int = 16, seed: int = 0) -> dict:
-    """TTFT per prompt length (batch 1) and TPOT per batch size (a 32-token prompt), from the folder."""
+    """TTFT per prompt length (batch 1) and TPOT per batch size (after a prompt of ``TPOT_PROMPT_TOKENS``, or
+    the shortest TTFT prompt where that is shorter), from the folder."""
     import onnxruntime_genai as og
 
     model = og.Model(str(folder))
@@ -112,8 +115,10 @@ def time_generation(folder: Path, vocab: int, prompt_lengths: list[int], batch_s
         generator.get_next_tokens()
         return time.perf_counter() - start
 
+    tpot_prompt = min(TPOT_PROMPT_TOKENS, prompt_lengths[0])
+
     def per_token(batch: int) -> float:
-        generator = _generator(og, model, prompt(batch, min(32, prompt_lengths[0])), new_tokens)
+        generator = _generator(og, model, prompt(batch, tpot_prompt), new_tokens)
         generator.generate_next_token()  # the first token comes from the prompt's pass
         start, steps = time.perf_counter(), 0
         while not generator.is_done():
@@ -126,4 +131,4 @@ def time_generation(folder: Path, vocab: int, prompt_lengths: list[int], batch_s
     for batch in batch_sizes:
         row = _timed(lambda b=batch: per_token(b))
         tpot.append({"batch": batch, **vars(row), "tokens_per_s": batch * 1e3 / row.p50_ms})
-    return {"ttft": ttft, "tpot": tpot, "new_tokens": new_tokens}
+    return {"ttft": ttft, "tpot": tpot, "new_tokens": new_tokens, "tpot_prompt_tokens": tpot_prompt}

@@ -22,11 +22,13 @@ from typing import Any
 import numpy as np
 
 from infopt.api import provenance
+from infopt.api.builder import BuildResult
 from infopt.api.emit import base_manifest, source_info, write_output
 from infopt.api.provenance import call_text
 from infopt.core.errors import BuildError, EnvironmentProblem, UsageError, ValidationFailed, first_line
 from infopt.core.inputspec import DimRange, InputSpec
 from infopt.core.lineage import PassRecord
+from infopt.core.manifest import data_sha256
 from infopt.core.recipe import Recipe
 from infopt.core.step_times import StepTimes
 from infopt.core.target import get_target
@@ -53,8 +55,8 @@ CONTEXT_DEFAULT = 2048
 
 def build_generation(model: str | Path, *, output: str | Path | None = None, name: str | None = None,
                      force: bool = False, val: str | Path | None = None, precision: str = "fp32",
-                     target: str = "cpu", command: list[str] | None = None, console: Any = None) -> dict[str, Any]:
-    """Build the text-generation deployable of a causal LM; returns the manifest (a dict)."""
+                     target: str = "cpu", command: list[str] | None = None, console: Any = None) -> BuildResult:
+    """Build the text-generation deployable of a causal LM."""
     if precision != "fp32" or target != "cpu":
         raise UsageError(f"--task {TASK} builds fp32 for the cpu target so far; asked {precision} for {target}",
                          fix=f"drop the precision flag and --target, or build --task logits for {precision}")
@@ -83,24 +85,24 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
     call = call_text(model, {"task": TASK})
     with claim_output(out, force), tempfile.TemporaryDirectory(prefix="infopt-generation-") as work:
         work = Path(work)
-        passes = []
-        with times.step("capture"):
-            say("capturing the decoder with its KV cache (torch.export)")
-            start = time.perf_counter()
-            layout = kv_decoder.cache_layout(lm)
-            program = kv_decoder.capture(lm, layout)
-            passes.append(PassRecord("capture_kv_decoder", "torch", "exported", time.perf_counter() - start, None, True,
-                                     notes=[f"{layout.layers} layers, {layout.kv_heads} KV heads of {layout.head_size}; "
-                                            "past length dynamic from 0"]))
-        with times.step("onnx_export"):
-            say("exporting to ONNX")
-            start = time.perf_counter()
-            onnx_file = work / "onnx" / "model.onnx"
-            onnx_file.parent.mkdir()
-            export_onnx(program, onnx_file, layout.input_names(), layout.output_names())
-            kv_decoder.name_dims(onnx_file, layout)
-            passes.append(PassRecord("onnx_export", "exported", "onnx", time.perf_counter() - start,
-                                     sum(p.stat().st_size for p in onnx_file.parent.iterdir()), True, notes=["opset 20"]))
+        say("capturing the decoder with its KV cache (torch.export)")
+        start = time.perf_counter()
+        layout = kv_decoder.cache_layout(lm)
+        program = kv_decoder.capture(lm, layout)
+        captured = PassRecord("capture_kv_decoder", "torch", "exported", time.perf_counter() - start, None, True,
+                              notes=[f"{layout.layers} layers, {layout.kv_heads} KV heads of {layout.head_size}; "
+                                     "past length dynamic from 0"])
+        say("exporting to ONNX")
+        start = time.perf_counter()
+        onnx_file = work / "onnx" / "model.onnx"
+        onnx_file.parent.mkdir()
+        export_onnx(program, onnx_file, layout.input_names(), layout.output_names())
+        kv_decoder.name_dims(onnx_file, layout)
+        exported = PassRecord("onnx_export", "exported", "onnx", time.perf_counter() - start,
+                              sum(p.stat().st_size for p in onnx_file.parent.iterdir()), True, notes=["opset 20"])
+        passes = [captured, exported]
+        for record, step in ((captured, "capture"), (exported, "onnx_export")):
+            times.add(step, record.seconds)
         context = _context_length(lm.config)
         config = genai.genai_config(lm.config, layout, context, folder)
         prepared = genai.write_folder(work / "genai", onnx_file, config, folder)
@@ -111,7 +113,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                 greedy = generation.greedy_check(prepared, lm, prompts, NEW_TOKENS)
             except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
                 raise BuildError(f"onnxruntime_genai could not generate from the folder: {first_line(exc)}",
-                                       where=str(folder), fix="report the model's family; build --task logits meanwhile") from exc
+                                 where=str(folder), fix="report the model's family; build --task logits meanwhile") from exc
         if greedy["equal"] != greedy["prompts"]:
             first = greedy["differences"][0]
             raise ValidationFailed(f"the ONNX Runtime GenAI folder's greedy tokens differ from transformers' generate "
@@ -138,7 +140,8 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
         recipe = Recipe(name="fp32-onnxruntime-genai", precision="fp32", backend="onnxruntime", passes=[],
                         description="the decoder with its KV cache, for ONNX Runtime GenAI", emit=["onnxruntime-genai"])
         record = provenance.record(command, call, recipe.name, None,
-                                   {"source": source, "samples": len(prompts), "sha256": _digest(prompts)})
+                                   {"source": source, "samples": len(prompts),
+                                    "sha256": data_sha256({"input_ids": np.asarray(p)} for p in prompts)})
         with staged_output(out, force) as stage:
             manifest = base_manifest(name, origin, get_target(target), recipe, spec,
                                      _outputs(layout), passes, validation,
@@ -146,7 +149,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                                      provenance=record)
             typed = write_output(stage, manifest, onnx_file, spec, "cpu", recipe.emit,
                                  products={genai.PRODUCT: prepared}, times=times)
-    return typed.to_json()
+    return BuildResult(name, out, typed, out / typed.artifacts.get("onnxruntime-genai"))
 
 
 def _context_length(config) -> int:
@@ -203,8 +206,3 @@ def _prompts(val: str | Path | None, folder: Path, vocab: int, special: set[int]
                          fix="pass a text file with one prompt per line")
     return prompts, str(val)
 
-
-def _digest(prompts: list[list[int]]) -> str:
-    import hashlib
-
-    return hashlib.sha256(repr(prompts).encode()).hexdigest()

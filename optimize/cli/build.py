@@ -11,6 +11,7 @@ import typer
 from infopt.cli import options as o
 from infopt.cli.output import print_json, shown_path, stderr, stdout, table
 from infopt.core import step_times
+from infopt.core.errors import UsageError
 
 
 def build(
@@ -78,13 +79,9 @@ def build(
 
     flags = {"fp32": fp32, "fp16": fp16, "bf16": bf16, "fp8": fp8, "int8": int8, "int4": int4}
     if task not in (None, "logits", "text-generation"):
-        from infopt.core.errors import UsageError
-
         raise UsageError(f"unknown --task {task!r}", fix="pass --task text-generation or --task logits (the default)")
     if task == "text-generation":
         if dry_run or recipe or backend != "auto" or calib:
-            from infopt.core.errors import UsageError
-
             raise UsageError("--task text-generation takes no --dry-run, --recipe, --backend or --calib yet",
                              fix="drop them: it builds the ONNX Runtime GenAI folder, fp32, for the cpu target")
         _build_generation(model, api_flags.precision(flags, precision) or "fp32", target, val, name, output, force,
@@ -130,20 +127,19 @@ def build(
 
 def _build_generation(model, precision, target, val, name, output, force, as_json, quiet) -> None:
     from infopt.api.generation import build_generation
-    from infopt.core.manifest_schema import Manifest
     from infopt.report.markdown import generation_section, passes_section, print_sections, summary
 
-    manifest = build_generation(model, output=output, name=name, force=force, val=val, precision=precision,
-                                target=target, command=["infopt", *sys.argv[1:]], console=None if quiet else stderr())
-    typed = Manifest.model_validate(manifest)
-    out = Path(output) if output else Path("dist") / typed.name
+    result = build_generation(model, output=output, name=name, force=force, val=val, precision=precision,
+                              target=target, command=["infopt", *sys.argv[1:]], console=None if quiet else stderr())
+    m = result.manifest
     if as_json:
-        print_json({"passed": True, "output": shown_path(out.absolute()), **manifest})
+        print_json({"passed": result.passed, "output": shown_path(result.output_dir), **m.to_json()})
         return
-    print_sections(stdout(), [summary(typed), passes_section(typed), generation_section(typed)])
-    stdout().print(f"wrote {shown_path(out.absolute())}/ (servers/onnxruntime-genai/, report.md, manifest.json)", markup=False)
-    if typed.timings is not None:
-        stdout().print(step_times.summary(typed.timings.model_dump()), markup=False)
+    print_sections(stdout(), [summary(m), passes_section(m), generation_section(m)])
+    stdout().print(f"wrote {shown_path(result.output_dir)}/ (servers/onnxruntime-genai/, report.md, manifest.json)",
+                   markup=False)
+    if m.timings is not None:
+        stdout().print(step_times.summary(m.timings.model_dump()), markup=False)
 
 
 def _print_plan(plan: dict, as_json: bool) -> None:

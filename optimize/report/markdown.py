@@ -113,7 +113,8 @@ def generation_section(manifest: Manifest) -> Section | None:
     rows += [["weights", _bytes(gen["weights_bytes"])],
              ["KV cache per token of one sequence", _bytes(gen["kv_cache_bytes_per_token"])]]
     notes = [f"timed with onnxruntime_genai from servers/onnxruntime-genai/: TTFT is the prompt's pass and the first "
-             f"token picked; TPOT each of the next {gen['new_tokens'] - 1} tokens after a 32-token prompt; "
+             f"token picked; TPOT each of the next {gen['new_tokens'] - 1} tokens after a {gen['tpot_prompt_tokens']}-token "
+             "prompt; "
              f"{_span(r['runs'] for r in gen['ttft'] + gen['tpot'])} timed runs per row after one warm-up"]
     return Section("Text generation", ["", ""], rows, notes)
 
