@@ -5,6 +5,8 @@
 - :func:`time_generation`: time to first token (TTFT: the prompt's forward pass and the first token
   picked) at several prompt lengths, and time per output token (TPOT: each further token) at several
   batch sizes, as p50/p99 over repeated runs, with tokens per second.
+- :func:`teacher_forced`: each position's logits from the folder for held-out text fed whole, and
+  :func:`agreement` of those with the FP32 model's: per-token top-1 agreement and both perplexities.
 """
 
 from __future__ import annotations
@@ -78,6 +80,47 @@ def greedy_check(folder: Path, model, prompts: list[list[int]], new_tokens: int)
                else len(w), "eager": w, "deployed": g} for i, (g, w) in enumerate(zip(got, want)) if g != w]
     return {"prompts": len(prompts), "new_tokens": new_tokens, "equal": len(prompts) - len(differ),
             "differences": differ[:3]}
+
+
+def teacher_forced(folder: Path, sequences: list[list[int]]) -> list[np.ndarray]:
+    """Logits ``[len, vocab]`` at every position of each sequence, from the folder (the prompt's pass of
+    ONNX Runtime GenAI, which returns them all)."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(folder))
+    out = []
+    for ids in sequences:
+        generator = _generator(og, model, np.asarray([ids], dtype=np.int32), 1)
+        out.append(np.asarray(generator.get_output("logits"), dtype=np.float32)[0, :len(ids)])
+    return out
+
+
+def eager_logits(model, sequences: list[list[int]]) -> list[np.ndarray]:
+    """The same from the transformers model."""
+    import torch
+
+    with torch.inference_mode():
+        return [model(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+                .logits[0].float().numpy() for ids in sequences]
+
+
+def _nll(logits: np.ndarray, ids: list[int]) -> np.ndarray:
+    """Each next token's negative log-likelihood under the logits before it."""
+    z = logits[:-1].astype(np.float64)
+    z = z - z.max(-1, keepdims=True)
+    log_p = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    return -log_p[np.arange(len(ids) - 1), np.asarray(ids[1:])]
+
+
+def agreement(reference: list[np.ndarray], candidate: list[np.ndarray], sequences: list[list[int]]) -> dict:
+    """Per-token top-1 agreement of ``candidate`` with ``reference`` (every position), and the perplexity of
+    each on the next tokens; ``ppl_delta`` is the candidate's relative increase (0.05 is 5 %)."""
+    same = np.concatenate([r.argmax(-1) == c.argmax(-1) for r, c in zip(reference, candidate)])
+    nll_ref = np.concatenate([_nll(r, ids) for r, ids in zip(reference, sequences)])
+    nll_new = np.concatenate([_nll(c, ids) for c, ids in zip(candidate, sequences)])
+    ppl_ref, ppl_new = float(np.exp(nll_ref.mean())), float(np.exp(nll_new.mean()))
+    return {"sequences": len(sequences), "tokens": int(same.size), "top1": float(same.mean()),
+            "ppl_reference": ppl_ref, "ppl": ppl_new, "ppl_delta": ppl_new / ppl_ref - 1.0}
 
 
 @dataclass

@@ -5,11 +5,14 @@ same exporter as every ONNX build, and written as an ONNX Runtime GenAI folder
 (``exporters/servers/onnxruntime_genai.py``). That folder is what is judged: ``onnxruntime_genai``
 generates from it, and its greedy tokens must equal transformers' ``generate`` on the same prompts,
 every token (prompts from ``--val`` text through the folder's tokenizer, else seeded random token ids,
-flagged). Then time to first token and time per output token are measured from the same folder.
+flagged). A quantized folder (``--int8``, ``--int4``: ``generation_precision.py``) is judged instead under
+teacher forcing on the held-out ``--val`` text: per-token top-1 agreement with the FP32 model and the
+perplexity increase, each against its budget (the fp32 build reports the same figures). Then time to
+first token and time per output token are measured from the same folder.
 
 The output folder is an ordinary infopt output: ``manifest.json`` (typed as every build's, the
 generation figures under ``validation.generation``), the reports, ``model/model.onnx`` (the
-decoder), and ``servers/onnxruntime-genai/``. This first form builds fp32 for the CPU.
+decoder), and ``servers/onnxruntime-genai/``. It builds for the CPU.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
+from infopt.api import generation_precision as quant
 from infopt.api import provenance
 from infopt.api.builder import BuildResult
 from infopt.api.emit import base_manifest, source_info, write_output
@@ -49,17 +54,32 @@ PROMPT_TOKENS = 32
 TTFT_PROMPTS = (32, 128, 512)
 """prompt lengths TTFT is timed at (those the model's context holds)"""
 TPOT_BATCHES = (1, 4, 8)
+HELD_OUT = 32
+"""held-out sequences (--val lines) the teacher-forced figures are measured on"""
+HELD_OUT_TOKENS = 128
+"""the longest held-out sequence (longer lines are cut)"""
+CALIB_PASSAGES, CALIB_TOKENS = 128, 256
+"""--calib lines read for INT4 GPTQ/AWQ, and the longest kept"""
 CONTEXT_DEFAULT = 2048
 """the context length written to genai_config.json when the model's config gives none (the most it says, else)"""
 
 
 def build_generation(model: str | Path, *, output: str | Path | None = None, name: str | None = None,
                      force: bool = False, val: str | Path | None = None, precision: str = "fp32",
-                     target: str = "cpu", command: list[str] | None = None, console: Any = None) -> BuildResult:
-    """Build the text-generation deployable of a causal LM."""
-    if precision != "fp32" or target != "cpu":
-        raise UsageError(f"--task {TASK} builds fp32 for the cpu target so far; asked {precision} for {target}",
-                         fix=f"drop the precision flag and --target, or build --task logits for {precision}")
+                     target: str = "cpu", calib: str | Path | None = None, max_drift: str | None = None,
+                     int4_method: str | None = None, group_size: int | None = None, act_order: bool = False,
+                     command: list[str] | None = None, console: Any = None) -> BuildResult:
+    """Build the text-generation deployable of a causal LM (fp32, dynamic INT8 or INT4 weight-only)."""
+    if precision not in quant.PRECISIONS or target != "cpu":
+        raise UsageError(f"--task {TASK} builds fp32, --int8 and --int4 for the cpu target so far; asked {precision} "
+                         f"for {target}", fix=f"drop the precision flag and --target, or build --task logits for {precision}")
+    if calib is not None and precision != "int4":
+        raise UsageError(f"--calib calibrates --int4 (GPTQ, AWQ) of --task {TASK}; {precision} takes none"
+                         + (" (its INT8 is dynamic: activations are quantized per call)" if precision == "int8" else ""),
+                         fix="drop --calib, or build --int4")
+    if precision != "int4" and (int4_method or group_size or act_order):
+        raise UsageError("--int4-method, --group-size and --act-order apply to --int4", fix="drop them, or build --int4")
+    limits = quant.budgets(precision, max_drift)
     try:
         import onnxruntime_genai  # noqa: F401 - the folder's consumer, which judges the build
     except ImportError as exc:
@@ -80,66 +100,96 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                          "folder needs the model's own", where=str(folder),
                          fix="save the tokenizer beside the model (tokenizer.save_pretrained(FOLDER))")
     lm = loaded.module.model.float().eval()
+    context = _context_length(lm.config)
+    calibration = _text_ids(calib, folder, "--calib", CALIB_PASSAGES, min(CALIB_TOKENS, context)) if calib else None
     name = name or loaded.name or folder.name
     out = Path(output).absolute() if output else (Path("dist") / name).absolute()
-    call = call_text(model, {"task": TASK})
+    call = call_text(model, {"task": TASK, **({"precision": precision} if precision != "fp32" else {})})
     with claim_output(out, force), tempfile.TemporaryDirectory(prefix="infopt-generation-") as work:
         work = Path(work)
+        passes, quantization, deployed = [], None, lm
+        if precision == "int4":
+            say("quantizing the Linear layers to INT4")
+            with times.step("quantize"):
+                deployed, record, quantization = quant.int4_decoder(lm, int4_method or "auto", group_size, act_order,
+                                                                   calibration, say)
+            passes.append(record)
+        elif precision == "int8":
+            deployed = quant.prepare_for_int8(lm)
         say("capturing the decoder with its KV cache (torch.export)")
         start = time.perf_counter()
-        layout = kv_decoder.cache_layout(lm)
-        program = kv_decoder.capture(lm, layout)
-        captured = PassRecord("capture_kv_decoder", "torch", "exported", time.perf_counter() - start, None, True,
-                              notes=[f"{layout.layers} layers, {layout.kv_heads} KV heads of {layout.head_size}; "
-                                     "past length dynamic from 0"])
+        layout = kv_decoder.cache_layout(deployed)
+        program = kv_decoder.capture(deployed, layout)
+        passes.append(PassRecord("capture_kv_decoder", "torch", "exported", time.perf_counter() - start, None, True,
+                                 notes=[f"{layout.layers} layers, {layout.kv_heads} KV heads of {layout.head_size}; "
+                                        "past length dynamic from 0"]))
+        times.add("capture", passes[-1].seconds)
         say("exporting to ONNX")
         start = time.perf_counter()
         onnx_file = work / "onnx" / "model.onnx"
         onnx_file.parent.mkdir()
-        export_onnx(program, onnx_file, layout.input_names(), layout.output_names())
+        nbits = export_onnx(program, onnx_file, layout.input_names(), layout.output_names())
         kv_decoder.name_dims(onnx_file, layout)
-        exported = PassRecord("onnx_export", "exported", "onnx", time.perf_counter() - start,
-                              sum(p.stat().st_size for p in onnx_file.parent.iterdir()), True, notes=["opset 20"])
-        passes = [captured, exported]
-        for record, step in ((captured, "capture"), (exported, "onnx_export")):
-            times.add(step, record.seconds)
-        context = _context_length(lm.config)
+        passes.append(PassRecord("onnx_export", "exported", "onnx", time.perf_counter() - start,
+                                 sum(p.stat().st_size for p in onnx_file.parent.iterdir()), True,
+                                 notes=["opset 20"] + ([f"{nbits} MatMulNBits (4-bit weights)"] if nbits else [])))
+        times.add("onnx_export", passes[-1].seconds)
+        if precision == "int8":
+            say("quantizing the decoder's MatMuls to dynamic INT8")
+            with times.step("quantize"):
+                record, quantization = quant.int8_onnx(onnx_file, work / "onnx-int8" / "model.onnx")
+            passes.append(record)
+            onnx_file = work / "onnx-int8" / "model.onnx"
         config = genai.genai_config(lm.config, layout, context, folder)
         prepared = genai.write_folder(work / "genai", onnx_file, config, folder)
         prompts, source = _prompts(val, folder, layout.vocab, _special(config))
+        held_out, held_source = _held_out(val, folder, layout.vocab, _special(config), context)
         with times.step("validation"):
-            say(f"generating {NEW_TOKENS} tokens from {len(prompts)} prompts with onnxruntime_genai and transformers")
+            say(f"generating {NEW_TOKENS} tokens from {len(prompts)} prompts with onnxruntime_genai and transformers; "
+                f"teacher-forced logits on {len(held_out)} held-out sequences")
             try:
                 greedy = generation.greedy_check(prepared, lm, prompts, NEW_TOKENS)
+                forced = generation.agreement(generation.eager_logits(lm, held_out),
+                                              generation.teacher_forced(prepared, held_out), held_out)
             except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
                 raise BuildError(f"onnxruntime_genai could not generate from the folder: {first_line(exc)}",
                                  where=str(folder), fix="report the model's family; build --task logits meanwhile") from exc
-        if greedy["equal"] != greedy["prompts"]:
+        if precision == "fp32" and greedy["equal"] != greedy["prompts"]:
             first = greedy["differences"][0]
             raise ValidationFailed(f"the ONNX Runtime GenAI folder's greedy tokens differ from transformers' generate "
                                    f"on {greedy['prompts'] - greedy['equal']} of {greedy['prompts']} prompts (prompt "
                                    f"{first['prompt']} first differs at token {first['at_token']})",
                                    fix="report the model's family; build --task logits meanwhile")
+        checks = limits.checks(forced)
+        if precision == "fp32":
+            checks.insert(0, {"name": "greedy_tokens_equal", "measured": greedy["equal"], "limit": greedy["prompts"],
+                              "passed": True})
+        failed = [c for c in checks if not c["passed"]]
         with times.step("latency"):
             say("timing TTFT and TPOT")
             lengths = [n for n in TTFT_PROMPTS if n + NEW_TOKENS <= context] or [max(1, context - NEW_TOKENS)]
             timing = generation.time_generation(prepared, layout.vocab, lengths, list(TPOT_BATCHES), NEW_TOKENS)
         spec = _spec(layout, context)
-        origin = {**source_info(folder, "hf-folder"), "task": {"name": TASK, "judged_by": "greedy tokens equal"}}
+        judged = "greedy tokens equal" if precision == "fp32" else f"teacher-forced agreement and perplexity ({limits})"
+        origin = {**source_info(folder, "hf-folder"), "task": {"name": TASK, "judged_by": judged}}
         if loaded.hub is not None:
             origin["hub"] = loaded.hub.to_json()
-        weights = sum(p.numel() * p.element_size() for p in lm.parameters())
-        validation = {"device": "cpu (onnxruntime_genai, CPU)", "runs_on": "cpu",
-                      "notes": [f"greedy tokens of {len(prompts)} prompts from {source}, {NEW_TOKENS} each, "
-                                "compared with transformers' generate"],
-                      "generation": {"greedy": greedy, **timing, "weights_bytes": weights,
-                                     "kv_cache_bytes_per_token": layout.kv_bytes_per_token()},
-                      "verdict": {"passed": True, "reasons": [], "checks": [
-                          {"name": "greedy_tokens_equal", "measured": greedy["equal"], "limit": greedy["prompts"],
-                           "passed": True}]}}
-        recipe = Recipe(name="fp32-onnxruntime-genai", precision="fp32", backend="onnxruntime", passes=[],
+        notes = [f"greedy tokens of {len(prompts)} prompts from {source}, {NEW_TOKENS} each, compared with "
+                 "transformers' generate" + (" of the FP32 model (reported; a quantized build is judged by the "
+                                            "teacher-forced figures)" if precision != "fp32" else ""),
+                 f"teacher-forced logits of {len(held_out)} sequences ({forced['tokens']} tokens) from {held_source}, "
+                 "against the FP32 model's"]
+        validation = {"device": "cpu (onnxruntime_genai, CPU)", "runs_on": "cpu", "notes": notes,
+                      "generation": {"greedy": greedy, "teacher_forced": forced, **timing,
+                                     "weights_bytes": _weights_bytes(prepared),
+                                     "kv_cache_bytes_per_token": layout.kv_bytes_per_token(),
+                                     **({"quantization": quantization} if quantization else {})},
+                      "verdict": {"passed": not failed, "reasons": [
+                          f"{c['name']} {c['measured']:.4g} {'<' if quant.METRICS[c['name']] == 'min' else '>'} "
+                          f"{c['limit']:g}" for c in failed], "checks": checks}}
+        recipe = Recipe(name=f"{precision}-onnxruntime-genai", precision=precision, backend="onnxruntime", passes=[],
                         description="the decoder with its KV cache, for ONNX Runtime GenAI", emit=["onnxruntime-genai"])
-        record = provenance.record(command, call, recipe.name, None,
+        record = provenance.record(command, call, recipe.name, _calib_record(calib, calibration),
                                    {"source": source, "samples": len(prompts),
                                     "sha256": data_sha256({"input_ids": np.asarray(p)} for p in prompts)})
         with staged_output(out, force) as stage:
@@ -150,6 +200,19 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
             typed = write_output(stage, manifest, onnx_file, spec, "cpu", recipe.emit,
                                  products={genai.PRODUCT: prepared}, times=times)
     return BuildResult(name, out, typed, out / typed.artifacts.get("onnxruntime-genai"))
+
+
+def _weights_bytes(folder: Path) -> int:
+    """What the deployed model's files hold (its weights, as stored: 4-bit, int8 or float)."""
+    return sum(p.stat().st_size for p in folder.iterdir() if p.suffix in (".onnx", ".data"))
+
+
+def _calib_record(calib, calibration):
+    """The calibration text as provenance records it (source, count, digest), or None."""
+    if calib is None:
+        return None
+    return SimpleNamespace(source=str(calib), count=len(calibration),
+                           digest=data_sha256({"input_ids": np.asarray(ids)} for ids in calibration))
 
 
 def _context_length(config) -> int:
@@ -189,20 +252,41 @@ def _prompts(val: str | Path | None, folder: Path, vocab: int, special: set[int]
     """Prompts for the greedy check: --val text lines through the folder's tokenizer, else random ids
     (none of them a special token)."""
     if val is None:
-        rng = np.random.default_rng(0)
-        choices = np.asarray([i for i in range(vocab) if i not in special])
-        return [rng.choice(choices, size=8).tolist() for _ in range(PROMPTS)], "random token ids (no --val)"
-    path = Path(val)
+        return _random_ids(vocab, special, PROMPTS, 8), "random token ids (no --val)"
+    return _text_ids(val, folder, "--val", PROMPTS, PROMPT_TOKENS), str(val)
+
+
+def _held_out(val: str | Path | None, folder: Path, vocab: int, special: set[int], context: int):
+    """Sequences for the teacher-forced figures: --val lines (up to :data:`HELD_OUT_TOKENS` tokens), else
+    random ids, flagged (perplexity on random tokens says little about text)."""
+    length = min(HELD_OUT_TOKENS, context - 1)  # the folder is run for one token more
+    if val is None:
+        return _random_ids(vocab, special, 8, min(64, length)), "random token ids (no --val: pass held-out text)"
+    ids = [seq for seq in _text_ids(val, folder, "--val", HELD_OUT, length) if len(seq) > 1]
+    if not ids:
+        raise UsageError(f"{val} gives no line of two tokens or more to measure perplexity on", where=str(val),
+                         fix="pass held-out text, one passage per line")
+    return ids, str(val)
+
+
+def _random_ids(vocab: int, special: set[int], count: int, length: int) -> list[list[int]]:
+    rng = np.random.default_rng(0)
+    choices = np.asarray([i for i in range(vocab) if i not in special])
+    return [rng.choice(choices, size=length).tolist() for _ in range(count)]
+
+
+def _text_ids(path: str | Path, folder: Path, flag: str, lines_kept: int, tokens: int) -> list[list[int]]:
+    """The first ``lines_kept`` non-empty lines of a text file through the folder's tokenizer, each cut to ``tokens``."""
+    path = Path(path)
     if path.suffix.lower() != ".txt" or not path.is_file():
-        raise UsageError(f"--val for --task {TASK} is a text file of prompts, one per line; got {val}",
-                         where=str(val), fix="pass a .txt file")
+        raise UsageError(f"{flag} for --task {TASK} is a text file, one passage per line; got {path}",
+                         where=str(path), fix="pass a .txt file")
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    prompts = [ids[:PROMPT_TOKENS] for ids in (tokenizer(line)["input_ids"] for line in lines) if ids][:PROMPTS]
-    if not prompts:
-        raise UsageError(f"{val} gives no prompt: no line tokenizes to anything", where=str(val),
-                         fix="pass a text file with one prompt per line")
-    return prompts, str(val)
-
+    found = [ids[:tokens] for ids in (tokenizer(line)["input_ids"] for line in lines) if ids][:lines_kept]
+    if not found:
+        raise UsageError(f"{path} gives no text: no line tokenizes to anything", where=str(path),
+                         fix="pass a text file with one passage per line")
+    return found

@@ -58,7 +58,7 @@ def build(
     allow_partial: Annotated[bool, typer.Option("--allow-partial", metavar="", hidden=True, help="The default now: ship the best candidate that passed when others failed.")] = False,
     price_per_hour: Annotated[Optional[float], typer.Option("--price-per-hour", help="USD per hour of the machine you deploy on, for the report's cost per million predictions (replaces the target's).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", metavar="", help="Load the model and show what would be built (candidates, passes, inputs, output folder); write nothing.")] = False,
-    task: Annotated[Optional[str], typer.Option("--task", help="text-generation: a causal LM's decoder with its KV cache, written as an ONNX Runtime GenAI folder and judged by generating from it (fp32, CPU, so far); logits (the default): one graph from the inputs to the head's output.")] = None,
+    task: Annotated[Optional[str], typer.Option("--task", help="text-generation: a causal LM's decoder with its KV cache, written as an ONNX Runtime GenAI folder and judged by generating from it (fp32, --int8, --int4; CPU); logits (the default): one graph from the inputs to the head's output.")] = None,
     as_json: o.Json = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="No progress display.")] = False,
 ) -> None:
@@ -81,11 +81,14 @@ def build(
     if task not in (None, "logits", "text-generation"):
         raise UsageError(f"unknown --task {task!r}", fix="pass --task text-generation or --task logits (the default)")
     if task == "text-generation":
-        if dry_run or recipe or backend != "auto" or calib:
-            raise UsageError("--task text-generation takes no --dry-run, --recipe, --backend or --calib yet",
-                             fix="drop them: it builds the ONNX Runtime GenAI folder, fp32, for the cpu target")
-        _build_generation(model, api_flags.precision(flags, precision) or "fp32", target, val, name, output, force,
-                          as_json, quiet)
+        if dry_run or recipe or backend != "auto":
+            raise UsageError("--task text-generation takes no --dry-run, --recipe or --backend yet",
+                             fix="drop them: it builds the ONNX Runtime GenAI folder for the cpu target")
+        api_flags.int4_options(int4_method, group_size, act_order, None)  # an unknown --int4-method exits 2 here
+        _build_generation(model, precision=api_flags.precision(flags, precision) or "fp32", target=target, val=val,
+                          name=name, output=output, force=force, calib=calib, max_drift=max_drift,
+                          int4_method=int4_method, group_size=group_size, act_order=act_order, as_json=as_json,
+                          quiet=quiet)
         return
     result = run_build(
         model, target=target, precision=api_flags.precision(flags, precision), backend=backend, inputs=inputs, dims=dims,
@@ -125,21 +128,22 @@ def build(
         raise typer.Exit(1)
 
 
-def _build_generation(model, precision, target, val, name, output, force, as_json, quiet) -> None:
+def _build_generation(model, *, as_json: bool, quiet: bool, **options) -> None:
     from infopt.api.generation import build_generation
     from infopt.report.markdown import generation_section, passes_section, print_sections, summary
 
-    result = build_generation(model, output=output, name=name, force=force, val=val, precision=precision,
-                              target=target, command=["infopt", *sys.argv[1:]], console=None if quiet else stderr())
+    result = build_generation(model, command=["infopt", *sys.argv[1:]], console=None if quiet else stderr(), **options)
     m = result.manifest
     if as_json:
         print_json({"passed": result.passed, "output": shown_path(result.output_dir), **m.to_json()})
-        return
-    print_sections(stdout(), [summary(m), passes_section(m), generation_section(m)])
-    stdout().print(f"wrote {shown_path(result.output_dir)}/ (servers/onnxruntime-genai/, report.md, manifest.json)",
-                   markup=False)
-    if m.timings is not None:
-        stdout().print(step_times.summary(m.timings.model_dump()), markup=False)
+    else:
+        print_sections(stdout(), [summary(m), passes_section(m), generation_section(m)])
+        stdout().print(f"wrote {shown_path(result.output_dir)}/ (servers/onnxruntime-genai/, report.md, manifest.json)",
+                       markup=False)
+        if m.timings is not None:
+            stdout().print(step_times.summary(m.timings.model_dump()), markup=False)
+    if not result.passed:
+        raise typer.Exit(1)
 
 
 def _print_plan(plan: dict, as_json: bool) -> None:

@@ -103,14 +103,21 @@ def generation_section(manifest: Manifest) -> Section | None:
     gen = (manifest.validation.model_extra or {}).get("generation")
     if not gen:
         return None
-    greedy = gen["greedy"]
-    rows = [["greedy tokens equal to transformers' generate",
+    greedy, forced, quantized = gen["greedy"], gen.get("teacher_forced"), gen.get("quantization")
+    rows = [["greedy tokens equal to transformers' generate" + (" (FP32)" if quantized else ""),
              f"{greedy['equal']} of {greedy['prompts']} prompts, {greedy['new_tokens']} tokens each"]]
+    if forced:
+        rows += [["top-1 agreement with FP32, teacher-forced", f"{forced['top1']:.4f} over {forced['tokens']} tokens"],
+                 ["perplexity (FP32)", f"{forced['ppl']:.4g} ({forced['ppl_reference']:.4g}): "
+                                       f"{forced['ppl_delta']:+.2%}"]]
+    if quantized:
+        rows.append(["quantization", f"{quantized['precision'].upper()} {quantized['method']}, {quantized['layers']} "
+                                     f"layers: {quantized['format']}"])
     rows += [[f"TTFT, {r['prompt_tokens']}-token prompt (batch 1)", f"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms"]
              for r in gen["ttft"]]
     rows += [[f"TPOT, batch {r['batch']}", f"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, "
               f"{r['tokens_per_s']:.1f} tokens/s"] for r in gen["tpot"]]
-    rows += [["weights", _bytes(gen["weights_bytes"])],
+    rows += [["model file (weights as stored)", _bytes(gen["weights_bytes"])],
              ["KV cache per token of one sequence", _bytes(gen["kv_cache_bytes_per_token"])]]
     notes = [f"timed with onnxruntime_genai from servers/onnxruntime-genai/: TTFT is the prompt's pass and the first "
              f"token picked; TPOT each of the next {gen['new_tokens'] - 1} tokens after a {gen['tpot_prompt_tokens']}-token "

@@ -1,0 +1,150 @@
+"""``infopt build FOLDER --task text-generation --int4 | --int8``: a quantized ONNX Runtime GenAI folder,
+judged under teacher forcing on held-out text against the FP32 model.
+
+The model is a small Llama-shaped LM trained here on the test sentences (150 steps, seconds), so that
+perplexity and top-1 agreement measure something: it predicts held-out text far better than chance
+(perplexity about 100 against the 512 of a uniform guess). Each build runs from the command line with
+relative paths; its folder is then loaded by ``onnxruntime_genai`` in the test, which generates from it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_cli, run_cli_here
+from tests.test_bad_input import assert_clean_failure
+from tests.test_text_generation import SENTENCES, tokenizer_for
+
+og = pytest.importorskip("onnxruntime_genai")
+transformers = pytest.importorskip("transformers")
+onnx = pytest.importorskip("onnx")
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trained-lm")]  # one worker trains the LM once
+TRAIN_LINES = 440
+STEPS = 150
+
+
+def train_lm(folder: Path) -> None:
+    """A 2-layer Llama (hidden 128, 4 heads, 2 KV heads, untied head) trained on the first sentences,
+    saved with its tokenizer."""
+    import torch
+
+    tokenizer_for(folder)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    lines = [s for s in SENTENCES.read_text().splitlines() if s.strip()][:TRAIN_LINES]
+    ids = torch.tensor([t for line in lines for t in tokenizer(line)["input_ids"] + [tokenizer.eos_token_id]])
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      bos_token_id=0, eos_token_id=0, tie_word_embeddings=False)
+    lm = transformers.LlamaForCausalLM(config)
+    optimizer = torch.optim.AdamW(lm.parameters(), lr=3e-3, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, 3e-3, total_steps=STEPS, pct_start=0.1)
+    draw = torch.Generator().manual_seed(0)
+    for _ in range(STEPS):
+        starts = torch.randint(0, len(ids) - 65, (16,), generator=draw)
+        batch = torch.stack([ids[i:i + 64] for i in starts])
+        loss = lm(input_ids=batch, labels=batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+    lm.eval().save_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The folder holding ``lm/`` (trained), ``calib.txt`` (its training text) and ``held-out.txt``."""
+    folder = tmp_path_factory.mktemp("trained-lm")
+    train_lm(folder / "lm")
+    lines = [s for s in SENTENCES.read_text().splitlines() if s.strip()]
+    (folder / "calib.txt").write_text("\n".join(lines[:TRAIN_LINES]) + "\n")
+    (folder / "held-out.txt").write_text("\n".join(lines[TRAIN_LINES:]) + "\n")
+    return folder
+
+
+def generates(folder: Path, tokens: int = 8) -> list[int]:
+    """Greedy tokens ``onnxruntime_genai`` generates from the folder after a short prompt."""
+    model = og.Model(str(folder))
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=4 + tokens, min_length=4 + tokens)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.asarray([[5, 17, 42, 99]], dtype=np.int32))
+    while not generator.is_done():
+        generator.generate_next_token()
+    return [int(t) for t in generator.get_sequence(0)][4:]
+
+
+def ops(path: Path) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in onnx.load(str(path), load_external_data=False).graph.node:
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return counts
+
+
+def built(folder: Path, name: str, *flags: str, code: int = 0) -> dict:
+    proc = run_cli("build", "lm", "--task", "text-generation", *flags, "--val", "held-out.txt", "-o", name,
+                   "--json", "-q", cwd=folder, timeout=600)
+    assert proc.returncode == code, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "warning" not in proc.stderr.lower()
+    return json.loads((folder / name / "manifest.json").read_text())
+
+
+def test_int4_gptq_with_calibration_text_holds_agreement_and_perplexity(trained):
+    manifest = built(trained, "int4", "--int4", "--calib", "calib.txt")
+    generation = manifest["validation"]["generation"]
+    forced = generation["teacher_forced"]
+    # the trained LM predicts held-out text far better than chance (uniform: perplexity 512)
+    assert forced["ppl_reference"] < 200 and forced["tokens"] > 1000
+    assert forced["top1"] >= 0.8 and forced["ppl_delta"] <= 0.10
+    assert {c["name"]: c["passed"] for c in manifest["validation"]["verdict"]["checks"]} == {"top1": True,
+                                                                                            "ppl_delta": True}
+    assert generation["quantization"]["method"] == "gptq" and generation["quantization"]["layers"] == 14
+    assert manifest["precision"] == "int4" and manifest["provenance"]["calibration"]["samples"] == 128
+    folder = trained / "int4" / "servers" / "onnxruntime-genai"
+    counts = ops(folder / "model.onnx")
+    assert counts.get("MatMulNBits") == 14  # every projection of both layers; the head stays a float MatMul
+    assert generation["weights_bytes"] < 0.6 * (trained / "lm" / "model.safetensors").stat().st_size
+    assert len(generates(folder)) == 8
+
+
+def test_int8_is_dynamic_per_channel_and_holds_its_budget(trained):
+    manifest = built(trained, "int8", "--int8")
+    forced = manifest["validation"]["generation"]["teacher_forced"]
+    assert forced["top1"] >= 0.9 and abs(forced["ppl_delta"]) <= 0.02
+    assert manifest["validation"]["verdict"]["passed"] is True
+    counts = ops(trained / "int8" / "servers" / "onnxruntime-genai" / "model.onnx")
+    assert counts.get("MatMulInteger") == 14 and counts.get("DynamicQuantizeLinear", 0) >= 1
+    assert len(generates(trained / "int8" / "servers" / "onnxruntime-genai")) == 8
+
+
+def test_a_budget_the_folder_misses_fails_the_build_and_keeps_its_figures(trained):
+    manifest = built(trained, "strict", "--int4", "--max-drift", "top1=0.999,ppl_delta=0.5", code=1)
+    verdict = manifest["validation"]["verdict"]
+    assert verdict["passed"] is False
+    assert [c["name"] for c in verdict["checks"] if not c["passed"]] == ["top1"]
+    assert verdict["reasons"][0].startswith("top1 ") and "< 0.999" in verdict["reasons"][0]
+    assert manifest["validation"]["generation"]["quantization"]["method"] == "rtn"  # no --calib
+    assert math.isfinite(manifest["validation"]["generation"]["teacher_forced"]["ppl"])
+
+
+def test_quantized_generation_refuses_what_it_cannot_do(trained, tmp_path):
+    lm = str(trained / "lm")
+    cases = [
+        (("--calib", str(trained / "calib.txt")), "--calib calibrates --int4"),
+        (("--int8", "--calib", str(trained / "calib.txt")), "its INT8 is dynamic"),
+        (("--int4", "--max-drift", "cosine=0.9"), "names no metric of --task text-generation"),
+        (("--int4", "--group-size", "48"), "MatMulNBits takes 16, 32, 64, 128, 256"),
+        (("--int4", "--int4-method", "gptq"), "calibrates on text, and no --calib was given"),
+        (("--int4", "--int4-method", "hqq"), "unknown --int4-method 'hqq'"),
+        (("--int4", "--calib", str(trained / "lm" / "config.json")), "is a text file, one passage per line"),
+        (("--bf16",), "builds fp32, --int8 and --int4 for the cpu target"),
+    ]
+    for flags, message in cases:
+        proc = run_cli_here("build", lm, "--task", "text-generation", *flags, cwd=tmp_path)
+        assert_clean_failure(proc, 2, message, out=tmp_path / "dist")
