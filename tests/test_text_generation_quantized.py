@@ -88,8 +88,9 @@ def ops(path: Path) -> dict[str, int]:
 
 
 def built(folder: Path, name: str, *flags: str, code: int = 0) -> dict:
-    proc = run_cli("build", "lm", "--task", "text-generation", *flags, "--val", "held-out.txt", "-o", name,
-                   "--json", "-q", cwd=folder, timeout=600)
+    """``infopt build lm FLAGS --val held-out.txt``: no --task, since a causal LM with its tokenizer builds
+    text-generation by default."""
+    proc = run_cli("build", "lm", *flags, "--val", "held-out.txt", "-o", name, "--json", "-q", cwd=folder, timeout=600)
     assert proc.returncode == code, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "warning" not in proc.stderr.lower()
     return json.loads((folder / name / "manifest.json").read_text())
@@ -110,12 +111,33 @@ def test_int4_gptq_with_calibration_text_holds_agreement_and_perplexity(trained)
     counts = ops(folder / "model.onnx")
     assert counts.get("MatMulNBits") == 14  # every projection of both layers; the head stays a float MatMul
     assert generation["weights_bytes"] < 0.6 * (trained / "lm" / "model.safetensors").stat().st_size
+    assert manifest["source"]["task"]["name"] == "text-generation"  # the default for a causal LM
     assert len(generates(folder)) == 8
+
+    # the same INT4 weights as a GPTQ checkpoint for vLLM, which transformers loads (through gptqmodel on CPU)
+    # and which computes what the GenAI folder computes
+    vllm = trained / "int4" / "servers" / "vllm"
+    assert json.loads((vllm / "config.json").read_text())["quantization_config"]["bits"] == 4
+    pytest.importorskip("gptqmodel", reason="transformers loads GPTQ checkpoints on CPU through gptqmodel")
+    import torch
+
+    from infopt.validators.generation import teacher_forced
+
+    ids = [5, 17, 42, 99, 7, 300, 12, 64, 250, 3]
+    want = teacher_forced(folder, [ids])[0]
+    model = transformers.AutoModelForCausalLM.from_pretrained(vllm, device_map="cpu")
+    with torch.inference_mode():
+        got = model(input_ids=torch.tensor([ids])).logits[0].float().numpy()
+    cosine = (got * want).sum(-1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
+    assert cosine.min() > 0.99 and (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9, cosine
 
 
 def test_int8_is_dynamic_per_channel_and_holds_its_budget(trained):
-    manifest = built(trained, "int8", "--int8")
-    forced = manifest["validation"]["generation"]["teacher_forced"]
+    manifest = built(trained, "int8", "--int8", "--price-per-hour", "0.8")
+    generation = manifest["validation"]["generation"]
+    forced = generation["teacher_forced"]
+    for row in generation["tpot"]:
+        assert row["usd_per_million_tokens"] == pytest.approx(0.8 / 3600 / row["tokens_per_s"] * 1e6)
     assert forced["top1"] >= 0.9 and abs(forced["ppl_delta"]) <= 0.02
     assert manifest["validation"]["verdict"]["passed"] is True
     counts = ops(trained / "int8" / "servers" / "onnxruntime-genai" / "model.onnx")
@@ -133,9 +155,37 @@ def test_a_budget_the_folder_misses_fails_the_build_and_keeps_its_figures(traine
     assert math.isfinite(manifest["validation"]["generation"]["teacher_forced"]["ppl"])
 
 
+def test_a_causal_lm_builds_logits_where_text_generation_cannot_and_says_why(trained, tmp_path):
+    from infopt.api.task_choice import default_task
+
+    lm = trained / "lm"
+    choose = dict(precision=None, target="cpu", val=None, calib=None, max_drift=None, logits_flags=[])
+    assert default_task(lm, **choose) == ("text-generation", None)
+    assert default_task(lm, **{**choose, "precision": "int4", "calib": "calib.txt"})[0] == "text-generation"
+    assert default_task(lm, **{**choose, "precision": "bf16"}) == ("logits", "builds fp32, int8 and int4, not bf16")
+    assert default_task(lm, **{**choose, "target": "h100"})[1] == "builds for the cpu target, not h100"
+    assert default_task(lm, **{**choose, "logits_flags": ["--dim"]})[1] == "does not take --dim"
+    assert default_task(lm, **{**choose, "val": "val.npz"})[1] == "takes --val as a text file"
+    assert default_task(lm, **{**choose, "precision": "int8", "calib": "calib.txt"})[1] == "takes --calib as text, for --int4"
+    assert default_task(lm, **{**choose, "max_drift": "cosine_mean=0.99"})[1] == "takes --max-drift top1 and ppl_delta"
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((lm / "config.json").read_text())
+    assert "needs the folder's tokenizer" in default_task(bare, **choose)[1]
+    (tmp_path / "bert").mkdir()
+    (tmp_path / "bert" / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    assert default_task(tmp_path / "bert", **choose) == ("logits", None)  # not a causal LM: nothing to say
+
+    # from the command line: the note names the task built and why
+    proc = run_cli_here("build", str(lm), "--bf16", "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert ("note: building --task logits; a causal LM's default, --task text-generation, builds fp32, int8 and "
+            "int4, not bf16") in proc.stderr
+
+
 def test_quantized_generation_refuses_what_it_cannot_do(trained, tmp_path):
     lm = str(trained / "lm")
-    cases = [
+    cases = [  # with --task text-generation: asked for, the task refuses what it cannot build (exit 2)
         (("--calib", str(trained / "calib.txt")), "--calib calibrates --int4"),
         (("--int8", "--calib", str(trained / "calib.txt")), "its INT8 is dynamic"),
         (("--int4", "--max-drift", "cosine=0.9"), "names no metric of --task text-generation"),
@@ -148,3 +198,6 @@ def test_quantized_generation_refuses_what_it_cannot_do(trained, tmp_path):
     for flags, message in cases:
         proc = run_cli_here("build", lm, "--task", "text-generation", *flags, cwd=tmp_path)
         assert_clean_failure(proc, 2, message, out=tmp_path / "dist")
+    proc = run_cli_here("build", lm, "--int8", "--calib", str(trained / "calib.txt"), "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]  # without --task, the logits graph takes them (static INT8)
+    assert "a causal LM's default, --task text-generation, does not take --dry-run" in proc.stderr

@@ -123,6 +123,14 @@ def agreement(reference: list[np.ndarray], candidate: list[np.ndarray], sequence
             "ppl_reference": ppl_ref, "ppl": ppl_new, "ppl_delta": ppl_new / ppl_ref - 1.0}
 
 
+def usd_per_million(price_per_hour: float | None, tokens_per_s: float) -> float | None:
+    """What a million output tokens cost on a machine billed ``price_per_hour`` (USD) producing
+    ``tokens_per_s`` all the time; None without a price."""
+    if not price_per_hour or tokens_per_s <= 0:
+        return None
+    return price_per_hour / 3600 / tokens_per_s * 1e6
+
+
 @dataclass
 class Timed:
     p50_ms: float

@@ -38,6 +38,7 @@ from infopt.core.recipe import Recipe
 from infopt.core.step_times import StepTimes
 from infopt.core.target import get_target
 from infopt.exporters import kv_decoder
+from infopt.exporters.int4_checkpoint import CHECKPOINT_PRODUCT
 from infopt.exporters.servers import onnxruntime_genai as genai
 from infopt.exporters.staging import claim_output, staged_output
 from infopt.passes.lower.onnx_export import export_onnx
@@ -68,7 +69,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                      force: bool = False, val: str | Path | None = None, precision: str = "fp32",
                      target: str = "cpu", calib: str | Path | None = None, max_drift: str | None = None,
                      int4_method: str | None = None, group_size: int | None = None, act_order: bool = False,
-                     command: list[str] | None = None, console: Any = None) -> BuildResult:
+                     price_per_hour: float | None = None, command: list[str] | None = None, console: Any = None) -> BuildResult:
     """Build the text-generation deployable of a causal LM (fp32, dynamic INT8 or INT4 weight-only)."""
     if precision not in quant.PRECISIONS or target != "cpu":
         raise UsageError(f"--task {TASK} builds fp32, --int8 and --int4 for the cpu target so far; asked {precision} "
@@ -107,13 +108,15 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
     call = call_text(model, {"task": TASK, **({"precision": precision} if precision != "fp32" else {})})
     with claim_output(out, force), tempfile.TemporaryDirectory(prefix="infopt-generation-") as work:
         work = Path(work)
-        passes, quantization, deployed = [], None, lm
+        passes, quantization, deployed, products = [], None, lm, {}
         if precision == "int4":
             say("quantizing the Linear layers to INT4")
             with times.step("quantize"):
-                deployed, record, quantization = quant.int4_decoder(lm, int4_method or "auto", group_size, act_order,
-                                                                   calibration, say)
+                deployed, record, quantization, checkpoint = quant.int4_decoder(
+                    lm, int4_method or "auto", group_size, act_order, calibration, folder, say)
             passes.append(record)
+            if checkpoint is not None:
+                products[CHECKPOINT_PRODUCT] = checkpoint
         elif precision == "int8":
             deployed = quant.prepare_for_int8(lm)
         say("capturing the decoder with its KV cache (torch.export)")
@@ -169,6 +172,11 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
             say("timing TTFT and TPOT")
             lengths = [n for n in TTFT_PROMPTS if n + NEW_TOKENS <= context] or [max(1, context - NEW_TOKENS)]
             timing = generation.time_generation(prepared, layout.vocab, lengths, list(TPOT_BATCHES), NEW_TOKENS)
+        machine = get_target(target)
+        if price_per_hour is not None:
+            machine = machine.model_copy(update={"price_per_hour": price_per_hour})
+        for row in timing["tpot"]:
+            row["usd_per_million_tokens"] = generation.usd_per_million(machine.price_per_hour, row["tokens_per_s"])
         spec = _spec(layout, context)
         judged = "greedy tokens equal" if precision == "fp32" else f"teacher-forced agreement and perplexity ({limits})"
         origin = {**source_info(folder, "hf-folder"), "task": {"name": TASK, "judged_by": judged}}
@@ -188,17 +196,18 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                           f"{c['name']} {c['measured']:.4g} {'<' if quant.METRICS[c['name']] == 'min' else '>'} "
                           f"{c['limit']:g}" for c in failed], "checks": checks}}
         recipe = Recipe(name=f"{precision}-onnxruntime-genai", precision=precision, backend="onnxruntime", passes=[],
-                        description="the decoder with its KV cache, for ONNX Runtime GenAI", emit=["onnxruntime-genai"])
+                        description="the decoder with its KV cache, for ONNX Runtime GenAI",
+                        emit=["onnxruntime-genai", *(["vllm"] if products else [])])
         record = provenance.record(command, call, recipe.name, _calib_record(calib, calibration),
                                    {"source": source, "samples": len(prompts),
                                     "sha256": data_sha256({"input_ids": np.asarray(p)} for p in prompts)})
         with staged_output(out, force) as stage:
-            manifest = base_manifest(name, origin, get_target(target), recipe, spec,
+            manifest = base_manifest(name, origin, machine, recipe, spec,
                                      _outputs(layout), passes, validation,
                                      candidates=[], selection="one candidate: the decoder for ONNX Runtime GenAI",
                                      provenance=record)
             typed = write_output(stage, manifest, onnx_file, spec, "cpu", recipe.emit,
-                                 products={genai.PRODUCT: prepared}, times=times)
+                                 products={genai.PRODUCT: prepared, **products}, times=times)
     return BuildResult(name, out, typed, out / typed.artifacts.get("onnxruntime-genai"))
 
 

@@ -22,6 +22,7 @@ from typing import Callable
 
 from infopt.core.errors import UsageError
 from infopt.core.lineage import PassRecord
+from infopt.exporters.int4_checkpoint import CheckpointSource, checkpoint_format
 from infopt.passes.lower.onnx_int4 import BLOCK_SIZES
 from infopt.quantize.int4_config import Int4Config
 from infopt.quantize.int4_format import conv1d_as_linear
@@ -75,8 +76,9 @@ def budgets(precision: str, max_drift: str | None) -> Budgets:
 
 
 def int4_decoder(lm, method: str, group_size: int | None, act_order: bool, calibration: list[list[int]] | None,
-                 say: Callable[[str], None]) -> tuple[object, PassRecord, dict]:
-    """A copy of ``lm`` with its Linear layers (GPT-2's ``Conv1D`` included, the head excepted) in INT4."""
+                 folder: Path, say: Callable[[str], None]) -> tuple[object, PassRecord, dict, CheckpointSource | None]:
+    """A copy of ``lm`` with its Linear layers (GPT-2's ``Conv1D`` included, the head excepted) in INT4, what was
+    done, and the GPTQ checkpoint to write for vLLM (None where that layout cannot hold the model)."""
     import torch
 
     if method == "auto":
@@ -97,7 +99,9 @@ def int4_decoder(lm, method: str, group_size: int | None, act_order: bool, calib
     batches = None
     if config.needs_data:
         batches = [(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long)) for ids in calibration]
-    result = quantize_int4(model, config, batches, progress=say)
+    # the GPTQ checkpoint for vLLM holds one group size: chosen for every layer before calibrating
+    checkpoint = method != "awq" and not conv1d
+    result = quantize_int4(model, config, batches, progress=say, uniform_group_size=checkpoint)
     sizes = sorted({row.group_size for row in result.layers}, reverse=True)
     notes = [f"{len(result.layers)} Linear layers to INT4 with {method.upper()} (group size "
              f"{'/'.join(map(str, sizes)) or config.group_size}, {'symmetric' if config.symmetric else 'asymmetric'}"
@@ -109,20 +113,30 @@ def int4_decoder(lm, method: str, group_size: int | None, act_order: bool, calib
         notes.append(f"calibrated on {len(calibration)} passages of --calib text ({result.rows} token rows)")
     else:
         notes.append("round-to-nearest: no calibration" + ("" if method == "rtn" else " data"))
+    source = None
+    if checkpoint and result.layers:
+        try:
+            source = CheckpointSource(model, checkpoint_format(model, "gptq"), folder)
+            notes.append(f"{source.format.upper()} checkpoint for servers/vllm/ (vLLM, transformers)")
+        except UsageError as exc:
+            notes.append(f"no 4-bit checkpoint for vLLM: {exc.what}")
+    elif result.layers:
+        notes.append("no 4-bit checkpoint for vLLM: " + ("AWQ's per-input scales have no place in it" if method == "awq"
+                                                         else "transformers does not load one of a model with Conv1D layers"))
     record = PassRecord("quantize_int4", "torch", "torch", time.perf_counter() - start, None, True, notes=notes)
     facts = {"precision": "int4", "method": method, "layers": len(result.layers), "group_sizes": sizes,
              "act_order": act_order, "kept_in_float": sorted(result.kept), "calibration_passages": len(calibration or []),
              "format": "MatMulNBits (com.microsoft), 4-bit weights"}
-    return model, record, facts
+    return model, record, facts, source
 
 
 def int8_onnx(src: Path, dst: Path) -> tuple[PassRecord, dict]:
     """Dynamic INT8 (per output channel) of every MatMul with a stored weight in ``src`` but the head's."""
     import onnx
 
-
     start = time.perf_counter()
-    found = layers(onnx.load(str(src)), DYNAMIC_OPS)
+    model = onnx.load(str(src))
+    found, gemms = layers(model, DYNAMIC_OPS), layers(model, ("Gemm",))
     nodes = [layer.node for layer in found if layer.module.split(".")[-1] not in HEADS]
     dst.parent.mkdir(parents=True, exist_ok=True)
     quantize_dynamic(src, dst, nodes, per_channel=True)
@@ -130,6 +144,9 @@ def int8_onnx(src: Path, dst: Path) -> tuple[PassRecord, dict]:
     notes = [f"{len(nodes)} of {len(found)} MatMuls to dynamic INT8 (int8 weights per output channel, activations "
              "quantized per call); the output head stays in float",
              ", ".join(f"{n} {op}" for op, n in sorted(counts.items()))]
+    if gemms:
+        notes.append(f"{len(gemms)} Gemm layers stay in float: ONNX Runtime's dynamic INT8 takes MatMul only "
+                     "(the model flattens their input to 2-D)")
     record = PassRecord("quantize_int8", "onnx", "onnx", time.perf_counter() - start, dst.stat().st_size, True,
                         notes=notes)
     return record, {"precision": "int8", "method": "dynamic", "per_channel": True, "layers": len(nodes),

@@ -56,9 +56,9 @@ def build(
     require_precision: Annotated[bool, typer.Option("--require-precision", metavar="", help="Ship the precision asked for even when a faster one was measured (INT8 on a CPU where FP32 is faster).")] = False,
     strict: Annotated[bool, typer.Option("--strict", metavar="", help="Exit 3 when any candidate fails to build or run, even if others passed (default: ship the best that passed and warn).")] = False,
     allow_partial: Annotated[bool, typer.Option("--allow-partial", metavar="", hidden=True, help="The default now: ship the best candidate that passed when others failed.")] = False,
-    price_per_hour: Annotated[Optional[float], typer.Option("--price-per-hour", help="USD per hour of the machine you deploy on, for the report's cost per million predictions (replaces the target's).")] = None,
+    price_per_hour: Annotated[Optional[float], typer.Option("--price-per-hour", help="USD per hour of the machine you deploy on, for the report's cost per million predictions, or output tokens with --task text-generation (replaces the target's).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", metavar="", help="Load the model and show what would be built (candidates, passes, inputs, output folder); write nothing.")] = False,
-    task: Annotated[Optional[str], typer.Option("--task", help="text-generation: a causal LM's decoder with its KV cache, written as an ONNX Runtime GenAI folder and judged by generating from it (fp32, --int8, --int4; CPU); logits (the default): one graph from the inputs to the head's output.")] = None,
+    task: Annotated[Optional[str], typer.Option("--task", help="text-generation: a causal LM's decoder with its KV cache, written as an ONNX Runtime GenAI folder and judged by generating from it (fp32, --int8, --int4; CPU), the default for a causal LM where it builds what was asked; logits: one graph from the inputs to the head's output, the default for every other model.")] = None,
     as_json: o.Json = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", metavar="", help="No progress display.")] = False,
 ) -> None:
@@ -80,6 +80,22 @@ def build(
     flags = {"fp32": fp32, "fp16": fp16, "bf16": bf16, "fp8": fp8, "int8": int8, "int4": int4}
     if task not in (None, "logits", "text-generation"):
         raise UsageError(f"unknown --task {task!r}", fix="pass --task text-generation or --task logits (the default)")
+    if task is None:
+        from infopt.api.task_choice import default_task
+
+        given = {"--backend": backend != "auto", "--input": bool(inputs), "--dim": bool(dims), "--batch-sizes": bool(batch_sizes),
+                 "--recipe": recipe is not None, "--dry-run": dry_run, "--model-class": model_class is not None,
+                 "--model-args": model_args is not None, "--tokenizer": tokenizer is not None,
+                 "--calib-method": calib_method is not None, "--calib-percentile": calib_percentile is not None,
+                 "--calib-bins": calib_bins is not None, "--smoothquant-alpha": smoothquant_alpha is not None,
+                 "--int4-checkpoint": int4_checkpoint is not None, "--require-precision": require_precision,
+                 "--strict": strict, "--max-abs": max_abs is not None, "--min-cosine": min_cosine is not None,
+                 "--min-top1": min_top1 is not None, "--min-sqnr-db": min_sqnr_db is not None,
+                 "--max-p99-ms": max_p99_ms is not None}
+        task, why = default_task(model, precision=api_flags.precision(flags, precision), target=target, val=val,
+                                 calib=calib, max_drift=max_drift, logits_flags=[f for f, on in given.items() if on])
+        if why and not quiet and not as_json:
+            print(f"note: building --task logits; a causal LM's default, --task text-generation, {why}", file=sys.stderr)
     if task == "text-generation":
         if dry_run or recipe or backend != "auto":
             raise UsageError("--task text-generation takes no --dry-run, --recipe or --backend yet",
@@ -87,8 +103,8 @@ def build(
         api_flags.int4_options(int4_method, group_size, act_order, None)  # an unknown --int4-method exits 2 here
         _build_generation(model, precision=api_flags.precision(flags, precision) or "fp32", target=target, val=val,
                           name=name, output=output, force=force, calib=calib, max_drift=max_drift,
-                          int4_method=int4_method, group_size=group_size, act_order=act_order, as_json=as_json,
-                          quiet=quiet)
+                          int4_method=int4_method, group_size=group_size, act_order=act_order,
+                          price_per_hour=price_per_hour, as_json=as_json, quiet=quiet)
         return
     result = run_build(
         model, target=target, precision=api_flags.precision(flags, precision), backend=backend, inputs=inputs, dims=dims,
@@ -138,8 +154,8 @@ def _build_generation(model, *, as_json: bool, quiet: bool, **options) -> None:
         print_json({"passed": result.passed, "output": shown_path(result.output_dir), **m.to_json()})
     else:
         print_sections(stdout(), [summary(m), passes_section(m), generation_section(m)])
-        stdout().print(f"wrote {shown_path(result.output_dir)}/ (servers/onnxruntime-genai/, report.md, manifest.json)",
-                       markup=False)
+        servers = ", ".join(f"{path}/" for path in (m.artifacts.model_extra or {}).values() if str(path).startswith("servers/"))
+        stdout().print(f"wrote {shown_path(result.output_dir)}/ ({servers}, report.md, manifest.json)", markup=False)
         if m.timings is not None:
             stdout().print(step_times.summary(m.timings.model_dump()), markup=False)
     if not result.passed:

@@ -116,13 +116,17 @@ def generation_section(manifest: Manifest) -> Section | None:
     rows += [[f"TTFT, {r['prompt_tokens']}-token prompt (batch 1)", f"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms"]
              for r in gen["ttft"]]
     rows += [[f"TPOT, batch {r['batch']}", f"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, "
-              f"{r['tokens_per_s']:.1f} tokens/s"] for r in gen["tpot"]]
+              f"{r['tokens_per_s']:.1f} tokens/s" + (f", ${r['usd_per_million_tokens']:.4g} per million tokens"
+                                                    if r.get("usd_per_million_tokens") else "")] for r in gen["tpot"]]
     rows += [["model file (weights as stored)", _bytes(gen["weights_bytes"])],
              ["KV cache per token of one sequence", _bytes(gen["kv_cache_bytes_per_token"])]]
     notes = [f"timed with onnxruntime_genai from servers/onnxruntime-genai/: TTFT is the prompt's pass and the first "
              f"token picked; TPOT each of the next {gen['new_tokens'] - 1} tokens after a {gen['tpot_prompt_tokens']}-token "
              "prompt; "
              f"{_span(r['runs'] for r in gen['ttft'] + gen['tpot'])} timed runs per row after one warm-up"]
+    price = manifest.target.price_per_hour
+    notes.append(f"cost per million output tokens at ${price:g}/hour, the machine kept busy at that batch" if price else
+                 "no cost per million tokens: the target has no price (pass --price-per-hour)")
     return Section("Text generation", ["", ""], rows, notes)
 
 
