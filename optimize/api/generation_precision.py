@@ -23,10 +23,11 @@ from typing import Callable
 from infopt.core.errors import UsageError
 from infopt.core.lineage import PassRecord
 from infopt.exporters.int4_checkpoint import CheckpointSource, checkpoint_format
-from infopt.passes.lower.onnx_int4 import BLOCK_SIZES
+from infopt.passes.lower.onnx_int4 import BLOCK_SIZES, replace_with_nbits
 from infopt.quantize.int4_config import Int4Config
 from infopt.quantize.int4_format import conv1d_as_linear
 from infopt.quantize.onnx_int8 import DYNAMIC_OPS, layers, quantize_dynamic, quantized_nodes
+from infopt.quantize.rtn import rtn_quantize
 from infopt.quantize.weight_only import quantize_int4
 
 PRECISIONS = ("fp32", "int8", "int4")
@@ -128,6 +129,44 @@ def int4_decoder(lm, method: str, group_size: int | None, act_order: bool, calib
              "act_order": act_order, "kept_in_float": sorted(result.kept), "calibration_passages": len(calibration or []),
              "format": "MatMulNBits (com.microsoft), 4-bit weights"}
     return model, record, facts, source
+
+
+def int4_head(path: Path, group_size: int, accuracy_level: int) -> str | None:
+    """The output head's MatMul in ``path`` (in place) as RTN INT4 ``MatMulNBits``: in a small LM it is the
+    largest layer, read for every token. Returns a note, or None where the head is not a stored-weight MatMul."""
+    import numpy as np
+    import onnx_ir as ir
+    import torch
+
+    model = ir.load(str(path))
+    for node in list(model.graph):
+        scopes = node.metadata_props.get("pkg.torch.onnx.name_scopes", "")
+        named = [s.strip(" '\"") for s in scopes.strip("[]").split(",")][:-1]
+        weight = node.inputs[1] if node.op_type == "MatMul" and len(node.inputs) == 2 else None
+        if not named or named[-1].split(".")[-1] not in HEADS or weight is None:
+            continue
+        transpose = weight.producer()  # a head tied to the embedding: MatMul(x, Transpose(embedding))
+        if weight.const_value is not None:
+            rows = weight.const_value.numpy().T  # MatMul's [K, N] as the Linear's [N, K]
+        elif transpose is not None and transpose.op_type == "Transpose" and transpose.inputs[0].const_value is not None:
+            rows = transpose.inputs[0].const_value.numpy()
+        else:
+            continue
+        rows = torch.from_numpy(np.ascontiguousarray(rows)).float()
+        size = next((g for g in (group_size, 64, 32, 16) if g <= group_size and rows.shape[1] % g == 0), None)
+        if size is None:
+            return f"the output head stays in float: no group size divides its {rows.shape[1]} inputs"
+        packed = rtn_quantize(rows, size, symmetric=False)
+        replace_with_nbits(model.graph, node, node.inputs[0], packed.qweight.numpy(), packed.scales.numpy(),
+                           packed.zeros.numpy(), None, size, accuracy_level, named[-1])
+        if weight.const_value is None and not weight.uses():
+            model.graph.remove(transpose, safe=True)
+        elif not weight.uses():
+            model.graph.initializers.pop(weight.name, None)
+        ir.save(model, str(path))
+        return (f"the output head ({named[-1]}, {rows.shape[0]} x {rows.shape[1]}) to INT4 by RTN, group size {size}: "
+                "the largest layer of a small LM, read for every token")
+    return None
 
 
 def int8_onnx(src: Path, dst: Path) -> tuple[PassRecord, dict]:
