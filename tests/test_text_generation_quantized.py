@@ -96,8 +96,15 @@ def built(folder: Path, name: str, *flags: str, code: int = 0) -> dict:
     return json.loads((folder / name / "manifest.json").read_text())
 
 
-def test_int4_gptq_with_calibration_text_holds_agreement_and_perplexity(trained):
-    manifest = built(trained, "int4", "--int4", "--calib", "calib.txt")
+@pytest.fixture(scope="module")
+def builds(trained) -> dict[str, dict]:
+    """The INT4 (GPTQ on calib.txt) and INT8 builds of the trained LM: their manifests, by precision."""
+    return {"int4": built(trained, "int4", "--int4", "--calib", "calib.txt"),
+            "int8": built(trained, "int8", "--int8", "--price-per-hour", "0.8")}
+
+
+def test_int4_gptq_with_calibration_text_holds_agreement_and_perplexity(trained, builds):
+    manifest = builds["int4"]
     generation = manifest["validation"]["generation"]
     forced = generation["teacher_forced"]
     # the trained LM predicts held-out text far better than chance (uniform: perplexity 512)
@@ -132,8 +139,8 @@ def test_int4_gptq_with_calibration_text_holds_agreement_and_perplexity(trained)
     assert cosine.min() > 0.99 and (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9, cosine
 
 
-def test_int8_is_dynamic_per_channel_and_holds_its_budget(trained):
-    manifest = built(trained, "int8", "--int8", "--price-per-hour", "0.8")
+def test_int8_is_dynamic_per_channel_and_holds_its_budget(trained, builds):
+    manifest = builds["int8"]
     generation = manifest["validation"]["generation"]
     forced = generation["teacher_forced"]
     for row in generation["tpot"]:
@@ -143,6 +150,27 @@ def test_int8_is_dynamic_per_channel_and_holds_its_budget(trained):
     counts = ops(trained / "int8" / "servers" / "onnxruntime-genai" / "model.onnx")
     assert counts.get("MatMulInteger") == 14 and counts.get("DynamicQuantizeLinear", 0) >= 1
     assert len(generates(trained / "int8" / "servers" / "onnxruntime-genai")) == 8
+
+
+def test_gate_compares_two_generation_builds_by_agreement_perplexity_ttft_and_tpot(trained, builds):
+    # timing is measured and reported, never asserted in a test: the latency limit here cannot fail
+    proc = run_cli("gate", "int4", "--baseline", "int8", "--val", "held-out.txt", "--trials", "5",
+                   "--max-latency-ratio", "1000", "--json", cwd=trained, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    checks = {c["name"]: c for c in result["checks"]}
+    # the same source model: the candidate's own budgets (INT4: top1 >= 0.8, ppl_delta <= 0.10) hold it to the baseline
+    assert checks["top1 (teacher-forced)"]["limit"] == ">= 0.8" and checks["top1 (teacher-forced)"]["passed"]
+    assert checks["perplexity increase"]["limit"] == "<= 0.1" and checks["perplexity increase"]["passed"]
+    forced = result["measurements"]["generation"]["teacher_forced"]
+    assert 0.8 <= forced["top1"] < 1 and forced["tokens"] > 1000
+    assert {n for n in checks if n.startswith(("TTFT", "TPOT"))} == {"TTFT ratio b1", "TPOT ratio b1", "TPOT ratio b8"}
+    assert all(checks[n]["candidate"] > 0 for n in ("TTFT ratio b1", "TPOT ratio b1", "TPOT ratio b8"))
+
+    proc = run_cli("gate", "int4", "--baseline", "int8", "--val", "held-out.txt", "--trials", "5", "--batch-sizes", "1",
+                   "--max-latency-ratio", "1000", "--min-baseline-top1", "0.9999", "--json", cwd=trained, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert json.loads(proc.stdout)["reasons"][0].startswith("baseline top1 (teacher-forced): ")
 
 
 def test_a_budget_the_folder_misses_fails_the_build_and_keeps_its_figures(trained):

@@ -16,6 +16,8 @@ latency:
   batch_sizes: [1, 8]
   trials: 15          # interleaved trials per batch size
   iterations: 10      # timed runs of each model per trial
+generation:           # text-generation builds (both run by onnxruntime_genai)
+  max_ppl_increase: 0.02  # relative perplexity increase over the baseline on --val text
 max_size_ratio: 1.05  # model files, candidate/baseline
 max_memory_ratio: 1.25
 ```
@@ -59,16 +61,24 @@ class LatencyGate(_Strict):
     warmup: int = Field(5, ge=0, description="untimed runs of each model before the trials")
 
 
+class GenerationGate(_Strict):
+    max_ppl_increase: float | None = Field(None, description="text-generation builds: largest allowed relative perplexity "
+                                           "increase over the baseline on --val text (0.02 is 2 %); default: the candidate's "
+                                           "own ppl_delta budget, else 0.02")
+
+
 class GateConfig(_Strict):
     reference: DriftThresholds | None = Field(None, description="candidate vs the eager reference; default: the candidate's recipe")
     baseline: DriftThresholds = Field(default_factory=DriftThresholds, description="candidate vs baseline outputs")
     task: TaskGate = Field(default_factory=TaskGate)
     latency: LatencyGate = Field(default_factory=LatencyGate)
+    generation: GenerationGate = Field(default_factory=GenerationGate)
     max_size_ratio: float | None = Field(None, gt=0, description="largest allowed candidate/baseline model size ratio")
     max_memory_ratio: float | None = Field(None, gt=0, description="largest allowed candidate/baseline peak memory ratio")
 
 
-SECTIONS = {"reference": DriftThresholds, "baseline": DriftThresholds, "task": TaskGate, "latency": LatencyGate}
+SECTIONS = {"reference": DriftThresholds, "baseline": DriftThresholds, "task": TaskGate, "latency": LatencyGate,
+            "generation": GenerationGate}
 
 
 def load_gate_file(path: str | Path | None) -> GateConfig:

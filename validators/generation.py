@@ -147,6 +147,25 @@ def _timed(run, runs: int = RUNS, seconds: float = SECONDS) -> Timed:
     return Timed(float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), len(times))
 
 
+def first_token_seconds(og, model, ids: np.ndarray) -> float:
+    """TTFT: the prompt's pass and the first token picked, for ``ids`` [batch, length]."""
+    start = time.perf_counter()
+    generator = _generator(og, model, ids, 1)
+    generator.get_next_tokens()
+    return time.perf_counter() - start
+
+
+def per_token_seconds(og, model, ids: np.ndarray, new_tokens: int) -> float:
+    """TPOT: the mean time of each token after the first, generating ``new_tokens`` after ``ids``."""
+    generator = _generator(og, model, ids, new_tokens)
+    generator.generate_next_token()  # the first token comes from the prompt's pass
+    start, steps = time.perf_counter(), 0
+    while not generator.is_done():
+        generator.generate_next_token()
+        steps += 1
+    return (time.perf_counter() - start) / max(steps, 1)
+
+
 def time_generation(folder: Path, vocab: int, prompt_lengths: list[int], batch_sizes: list[int],
                     new_tokens: int = 16, seed: int = 0) -> dict:
     """TTFT per prompt length (batch 1) and TPOT per batch size (after a prompt of ``TPOT_PROMPT_TOKENS``, or
@@ -159,27 +178,11 @@ def time_generation(folder: Path, vocab: int, prompt_lengths: list[int], batch_s
     def prompt(batch: int, length: int) -> np.ndarray:
         return rng.integers(1, vocab, size=(batch, length)).astype(np.int32)
 
-    def first_token(length: int) -> float:
-        ids = prompt(1, length)
-        start = time.perf_counter()
-        generator = _generator(og, model, ids, 1)
-        generator.get_next_tokens()
-        return time.perf_counter() - start
-
     tpot_prompt = min(TPOT_PROMPT_TOKENS, prompt_lengths[0])
-
-    def per_token(batch: int) -> float:
-        generator = _generator(og, model, prompt(batch, tpot_prompt), new_tokens)
-        generator.generate_next_token()  # the first token comes from the prompt's pass
-        start, steps = time.perf_counter(), 0
-        while not generator.is_done():
-            generator.generate_next_token()
-            steps += 1
-        return (time.perf_counter() - start) / max(steps, 1)
-
-    ttft = [{"prompt_tokens": n, **vars(_timed(lambda n=n: first_token(n)))} for n in prompt_lengths]
+    ttft = [{"prompt_tokens": n, **vars(_timed(lambda n=n: first_token_seconds(og, model, prompt(1, n))))}
+            for n in prompt_lengths]
     tpot = []
     for batch in batch_sizes:
-        row = _timed(lambda b=batch: per_token(b))
+        row = _timed(lambda b=batch: per_token_seconds(og, model, prompt(b, tpot_prompt), new_tokens))
         tpot.append({"batch": batch, **vars(row), "tokens_per_s": batch * 1e3 / row.p50_ms})
     return {"ttft": ttft, "tpot": tpot, "new_tokens": new_tokens, "tpot_prompt_tokens": tpot_prompt}

@@ -15,6 +15,9 @@
    is above ``latency.max_ratio``;
 6. model size, and peak memory (each model loaded and run in a child process of its own).
 
+Text-generation builds are gated by ``gating_generation.py`` instead (teacher-forced agreement and
+perplexity against the baseline, TTFT and TPOT ratios, size), both folders run by ``onnxruntime_genai``.
+
 Every figure is reported; a figure with no threshold is reported as "not gated".
 """
 
@@ -26,6 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from infopt.api import gating_generation
 from infopt.api.emit import read_samples
 from infopt.api.provenance import check_sealed
 from infopt.core.errors import InfoptError, UsageError
@@ -138,6 +142,11 @@ def gate(candidate: str | Path, baseline: str | Path, *, config: GateConfig | No
     own = result.candidate["build_passed"]
     why = "" if own else "; ".join(cand.manifest.validation.verdict.reasons)
     result.checks.append(GateCheck("build", "candidate's own verdict", None, None, "passed", bool(own), why))
+    if gating_generation.is_generation(cand.manifest) or gating_generation.is_generation(base.manifest):
+        gating_generation.check(result, config, cand.root, cand.manifest, base.root, base.manifest,
+                                same_source=same_source(cand, base), val=val, say=say)
+        _size_checks(result, config, cand, base)
+        return result
     say("loading both models")
     cand_runner, base_runner = _runner(cand), _runner(base)
     names = cand.manifest.output_names

@@ -15,7 +15,7 @@ def gate(
     candidate: Annotated[Path, typer.Argument(help="The new build: an `infopt build` output folder or its manifest.json.")],
     baseline: Annotated[Path, typer.Option("--baseline", "-b", help="The released build to compare with (folder or manifest.json).")],
     val: o.Val = None,
-    gate_file: Annotated[Optional[Path], typer.Option("--gate-file", "-g", help="Thresholds in YAML (sections reference, baseline, task, latency; max_size_ratio, max_memory_ratio).")] = None,
+    gate_file: Annotated[Optional[Path], typer.Option("--gate-file", "-g", help="Thresholds in YAML (sections reference, baseline, task, latency, generation; max_size_ratio, max_memory_ratio).")] = None,
     labels: Annotated[Optional[str], typer.Option("--labels", help="Key of the labels in the --val sample files (default: labels).")] = None,
     task_metric: Annotated[Optional[str], typer.Option("--task-metric", help="accuracy, topK (e.g. top5), mse, or module:function(outputs, labels).")] = None,
     max_task_drop: Annotated[Optional[float], typer.Option("--max-task-drop", help="Fail if the candidate's task score is this much worse than the baseline's (default 0.01).")] = None,
@@ -27,6 +27,7 @@ def gate(
     confidence: Annotated[Optional[float], typer.Option("--confidence", help="Confidence for the latency bound (default 0.95).")] = None,
     trials: Annotated[Optional[int], typer.Option("--trials", help="Interleaved latency trials per batch size (default 15).")] = None,
     batch_sizes: o.BatchSizes = None,
+    max_ppl_increase: Annotated[Optional[float], typer.Option("--max-ppl-increase", help="Text-generation builds: fail if the candidate's perplexity on --val text is this much above the baseline's, relative (0.02 is 2 %).")] = None,
     max_size_ratio: Annotated[Optional[float], typer.Option("--max-size-ratio", help="Fail if the candidate's model files are this many times the baseline's.")] = None,
     max_memory_ratio: Annotated[Optional[float], typer.Option("--max-memory-ratio", help="Fail if the candidate's peak memory is this many times the baseline's.")] = None,
     no_memory: Annotated[bool, typer.Option("--no-memory", metavar="", help="Skip the peak-memory measurement (two child processes).")] = False,
@@ -46,6 +47,7 @@ def gate(
                         baseline__min_top1=min_baseline_top1, latency__max_ratio=max_latency_ratio,
                         latency__confidence=confidence, latency__trials=trials,
                         latency__batch_sizes=o.parse_batch_sizes(batch_sizes), max_size_ratio=max_size_ratio,
+                        generation__max_ppl_increase=max_ppl_increase,
                         max_memory_ratio=max_memory_ratio)
     check_writable(junit, "--junit")
     check_writable(summary, "--summary")

@@ -1,0 +1,133 @@
+"""The release gate for text-generation builds: a candidate GenAI folder against a baseline's, in one process.
+
+Both folders are run by ``onnxruntime_genai``, the runtime that serves them:
+
+1. accuracy under teacher forcing on the held-out text (``--val``, a text file through the candidate's
+   tokenizer; else seeded random token ids, flagged): the candidate's top-1 agreement with the baseline at
+   every position (``baseline.min_top1``; by default the candidate's own top-1 budget for builds of the same
+   source model, else 0.99), and its perplexity against the baseline's (``generation.max_ppl_increase``,
+   relative; by default the candidate's own ``ppl_delta`` budget, else 0.02). Perplexity is gated only on
+   text, since on random ids it says nothing;
+2. TTFT (a prompt's pass, batch 1) and TPOT (each further token, at ``latency.batch_sizes``, default 1 and 8),
+   timed side by side in interleaved trials as every gate times latency (``validators/side_by_side.py``):
+   a ratio fails only when its lower confidence bound is above ``latency.max_ratio``.
+
+The model files' size ratio is reported by the caller as for every gate; peak memory is not measured here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from infopt.core.errors import UsageError
+from infopt.validators import generation
+from infopt.validators.gate_config import GateConfig
+from infopt.validators.gate_result import GateCheck, GateResult
+from infopt.validators.side_by_side import compare
+
+SERVER = "onnxruntime-genai"
+DEFAULT_TOP1, DEFAULT_PPL = 0.99, 0.02
+SEQUENCES, TOKENS = 32, 128
+TTFT_PROMPT, TPOT_PROMPT, NEW_TOKENS = 128, 32, 16
+
+
+def is_generation(manifest) -> bool:
+    return SERVER in manifest.artifacts
+
+
+def folder_of(root: Path, manifest) -> Path:
+    return root / manifest.artifacts.get(SERVER)
+
+
+def _budget(manifest, name: str) -> float | None:
+    return next((c["limit"] for c in manifest.validation.verdict.checks
+                 if isinstance(c, dict) and c.get("name") == name), None)
+
+
+def check(result: GateResult, config: GateConfig, cand_root: Path, cand, base_root: Path, base, *, same_source: bool,
+          val: str | Path | None, say: Callable[[str], Any]) -> None:
+    """Add the accuracy and latency checks of two text-generation builds to ``result``."""
+    import onnxruntime_genai as og
+
+    if not (is_generation(cand) and is_generation(base)):
+        raise UsageError("a text-generation build is gated against another text-generation build; one of the two is "
+                         "not", fix="pass two outputs of `infopt build ... --task text-generation`")
+    cand_dir, base_dir = folder_of(cand_root, cand), folder_of(base_root, base)
+    configs = [json.loads((d / "genai_config.json").read_text())["model"] for d in (cand_dir, base_dir)]
+    vocab = configs[0]["vocab_size"]
+    context = min(c["context_length"] for c in configs)
+    sequences, source = _sequences(val, cand_dir, vocab, min(TOKENS, context - 1))
+    say(f"teacher-forced logits of {len(sequences)} sequences from both folders")
+    found = generation.agreement(generation.teacher_forced(base_dir, sequences),
+                                 generation.teacher_forced(cand_dir, sequences), sequences)
+    result.measurements["generation"] = {"teacher_forced": {**found, "against": "baseline", "source": source}}
+    top1 = config.baseline.min_top1
+    if top1 is None:
+        top1 = (_budget(cand, "top1") if same_source else None) or DEFAULT_TOP1
+    result.checks.append(GateCheck("baseline", "top1 (teacher-forced)", found["top1"], None, f">= {top1:g}",
+                                   found["top1"] >= top1, f"over {found['tokens']} tokens of {source}"))
+    ppl = config.generation.max_ppl_increase
+    if ppl is None:
+        ppl = (_budget(cand, "ppl_delta") if same_source else None) or DEFAULT_PPL
+    text = val is not None
+    result.checks.append(GateCheck("baseline", "perplexity increase", found["ppl_delta"], None,
+                                   f"<= {ppl:g}" if text else "not gated", found["ppl_delta"] <= ppl if text else None,
+                                   f"perplexity {found['ppl']:.4g} vs {found['ppl_reference']:.4g}"
+                                   + ("" if text else "; on random token ids (pass --val text to gate it)")))
+    _latency(result, config, og, cand_dir, base_dir, vocab, context, say)
+    result.notes.append("text-generation builds: both folders run by onnxruntime_genai; peak memory is not measured")
+
+
+def _sequences(val, folder: Path, vocab: int, length: int) -> tuple[list[list[int]], str]:
+    if val is None:
+        rng = np.random.default_rng(0)
+        return [rng.integers(1, vocab, size=min(64, length)).tolist() for _ in range(8)], "random token ids (no --val)"
+    path = Path(val)
+    if path.suffix.lower() != ".txt" or not path.is_file():
+        raise UsageError(f"--val for text-generation builds is a text file, one passage per line; got {val}",
+                         where=str(val), fix="pass a .txt file of held-out text")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    found = [ids[:length] for ids in (tokenizer(line)["input_ids"] for line in lines) if len(ids) > 1][:SEQUENCES]
+    if not found:
+        raise UsageError(f"{val} gives no line of two tokens or more", where=str(val), fix="pass held-out text")
+    return found, str(val)
+
+
+def _latency(result: GateResult, config: GateConfig, og, cand_dir: Path, base_dir: Path, vocab: int, context: int,
+             say) -> None:
+    lat = config.latency
+    models = {"candidate": og.Model(str(cand_dir)), "baseline": og.Model(str(base_dir))}
+    rng = np.random.default_rng(0)
+    ttft_len = min(TTFT_PROMPT, context - 1)
+    tpot_len = min(TPOT_PROMPT, context - NEW_TOKENS)
+
+    def ttft(name):
+        return lambda feed: generation.first_token_seconds(og, models[name], feed["ids"])
+
+    def tpot(name):
+        return lambda feed: generation.per_token_seconds(og, models[name], feed["ids"], NEW_TOKENS)
+
+    runs = [("TTFT", ttft, {1: {"ids": rng.integers(1, vocab, size=(1, ttft_len)).astype(np.int32)}}),
+            ("TPOT", tpot, {b: {"ids": rng.integers(1, vocab, size=(b, tpot_len)).astype(np.int32)}
+                            for b in (lat.batch_sizes or [1, 8])})]
+    estimates = []
+    for label, fn, feeds in runs:
+        for e in compare(fn("candidate"), fn("baseline"), feeds, trials=lat.trials, iterations=min(lat.iterations, 3),
+                         warmup=min(lat.warmup, 2), confidence=lat.confidence, timer=lambda f, feed: f(feed),
+                         progress=lambda text, label=label: say(f"{label} {text}")):
+            estimates.append({"figure": label, **e.to_json()})
+            passed = None if lat.max_ratio is None else e.lower <= lat.max_ratio
+            result.checks.append(GateCheck("latency", f"{label} ratio b{e.batch}", e.ratio, None,
+                                           "not gated" if lat.max_ratio is None else f"lower bound <= {lat.max_ratio:g}",
+                                           passed, f"median ratio {e.ratio:.3f} over {e.trials} interleaved trials, "
+                                           f"bounds [{e.lower:.3f}, {e.upper:.3f}]; median trial "
+                                           f"{e.candidate_p50_ms:.3f} ms vs {e.baseline_p50_ms:.3f} ms"))
+    result.measurements["latency"] = {"timer": "host clock, onnxruntime_genai", "estimates": estimates,
+                                      "ttft_prompt_tokens": ttft_len, "tpot_prompt_tokens": tpot_len}
