@@ -172,6 +172,9 @@ def _json(text: str) -> dict[str, Any]:
 def _summary(folder: Path) -> dict[str, Any]:
     """What the comparison needs from a built cell's manifest."""
     m = read_manifest(folder)
+    generation = (m.validation.model_extra or {}).get("generation")
+    if generation:
+        return _generation_summary(m, generation)
     infopt = [r for r in m.validation.latency if r.runner == "infopt"]
     eager = {r.batch: r for r in m.validation.latency if r.runner == "eager"}
     worst = m.validation.drift.get("worst", {})
@@ -190,4 +193,21 @@ def _summary(folder: Path) -> dict[str, Any]:
         "model_bytes": m.files[m.artifacts.model].bytes if m.artifacts.model in m.files else None,
         "measured_on": m.validation.device,
         "measured_on_target": on_target,
+    }
+
+
+def _generation_summary(m, generation: dict[str, Any]) -> dict[str, Any]:
+    """A text-generation cell: its latency rows are TPOT per batch (throughput in tokens/s, cost per million
+    output tokens), its accuracy the teacher-forced top-1 agreement with FP32."""
+    forced = generation.get("teacher_forced") or {}
+    return {
+        "recipe": m.recipe.get("name"), "backend": m.backend, "precision": m.precision, "task": "text-generation",
+        "passed": m.validation.verdict.passed, "reasons": m.validation.verdict.reasons,
+        "drift": {"top1": forced.get("top1"), "ppl_delta": forced.get("ppl_delta")},
+        "latency": [{"batch": r["batch"], "p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"], "throughput": r["tokens_per_s"],
+                     "speedup": None, "usd_per_million": r.get("usd_per_million_tokens")} for r in generation["tpot"]],
+        "ttft_ms": generation["ttft"][0]["p50_ms"] if generation.get("ttft") else None,
+        "model_bytes": m.files[m.artifacts.model].bytes if m.artifacts.model in m.files else None,
+        "measured_on": m.validation.device,
+        "measured_on_target": True,
     }

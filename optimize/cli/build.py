@@ -151,7 +151,8 @@ def _build_generation(model, *, as_json: bool, quiet: bool, **options) -> None:
     result = build_generation(model, command=["infopt", *sys.argv[1:]], console=None if quiet else stderr(), **options)
     m = result.manifest
     if as_json:
-        print_json({"passed": result.passed, "output": shown_path(result.output_dir), **m.to_json()})
+        print_json({"passed": result.passed, "output": shown_path(result.output_dir), "output_dir": str(result.output_dir),
+                    **m.to_json()})
     else:
         print_sections(stdout(), [summary(m), passes_section(m), generation_section(m)])
         servers = ", ".join(f"{path}/" for path in (m.artifacts.model_extra or {}).values() if str(path).startswith("servers/"))

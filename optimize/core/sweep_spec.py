@@ -10,6 +10,7 @@ ordinary build. This module reads the file and lays out the cells; ``api/sweep.p
         dims: ["batch=1:8:64"]
         val: data/val/
         calib: data/calib/           # INT8 cells are static with it
+        task: text-generation        # optional: --task for this model's cells (a causal LM's default otherwise)
     targets: [cpu, h100]
     precisions: [fp32, int8, int4]
     backends: [auto]
@@ -26,7 +27,7 @@ import json
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -51,6 +52,9 @@ class SweepModel(BaseModel):
     val: Optional[str] = None
     calib: Optional[str] = None
     tokenizer: Optional[str] = None
+    task: Optional[Literal["text-generation", "logits"]] = None
+    """``--task`` for this model's cells; unset, ``infopt build`` chooses (text-generation for a causal LM where it
+    builds the cell's precision, target and backend)"""
     timeout_s: Optional[float] = Field(None, gt=0)
     """this model's cells' timeout, instead of the sweep's"""
 
@@ -157,7 +161,7 @@ def cells(spec: SweepSpec, base: Path, root: Path) -> list[Cell]:
         name = m.name or Path(m.model).stem.replace("/", "_")
         own = [a for i in m.inputs for a in ("--input", i)] + [a for d in m.dims for a in ("--dim", d)]
         for flag, value in (("--model-class", m.model_class), ("--model-args", m.model_args), ("--val", _local(base, m.val)),
-                            ("--tokenizer", _local(base, m.tokenizer))):
+                            ("--tokenizer", _local(base, m.tokenizer)), ("--task", m.task)):
             if value is not None:
                 own += [flag, value]
         for target in spec.targets:
@@ -166,7 +170,7 @@ def cells(spec: SweepSpec, base: Path, root: Path) -> list[Cell]:
                     folder = root / name / f"{target}-{precision}-{backend}"
                     args = [model, "--target", target, "--precision", precision, "--backend", backend, *own, *shared,
                             "--name", name, "--output", str(folder), "--force"]
-                    if precision == "int8" and m.calib is not None:
+                    if (precision == "int4" if m.task == "text-generation" else precision == "int8") and m.calib is not None:
                         args += ["--calib", _local(base, m.calib)]
                     found.append(Cell(name, target, precision, backend, folder, args, base, m.timeout_s or spec.timeout_s,
                                       _unsupported(target, precision, backend)))

@@ -32,7 +32,11 @@ def on_target(cell: dict[str, Any]) -> bool:
 
 def loss(cell: dict[str, Any]) -> tuple[str, float] | None:
     """(what, value): the accuracy a cell gave up, lower is better."""
-    drift = cell.get("summary", {}).get("drift") or {}
+    summary = cell.get("summary", {})
+    drift = summary.get("drift") or {}
+    if summary.get("task") == "text-generation":
+        return ("1 - top-1 agreement (teacher-forced)", max(0.0, 1.0 - float(drift["top1"]))) \
+            if drift.get("top1") is not None else None
     if drift.get("cosine_mean") is not None:
         return "1 - cosine (mean)", max(0.0, 1.0 - float(drift["cosine_mean"]))
     if drift.get("max_abs") is not None:
@@ -87,6 +91,9 @@ def model_section(model: str, cells: list[dict[str, Any]], picks: dict[str, str]
     if off:
         notes.append(f"timed on this machine, not on the target: {', '.join(off)}; those cells' latency and cost are not "
                      "the target's, so they are neither chosen nor on the front (run them where the GPU is: --ray)")
+    if any(c.get("summary", {}).get("task") == "text-generation" for c in cells):
+        notes.append("text-generation cells: latency is TPOT (each output token after the first), samples/s is output "
+                     "tokens/s, USD per 1M is per million output tokens; their accuracy loss is against the FP32 model")
     kinds = {loss(c)[0] for c in cells if loss(c)}
     notes.append(f"accuracy loss is {' or '.join(sorted(kinds)) or 'unmeasured'} against the eager model; latency is "
                  "p50 / p99 in ms at the smallest batch measured; speedup is eager p50 / the cell's; size in MiB; "
