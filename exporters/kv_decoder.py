@@ -20,6 +20,7 @@ from typing import Any
 
 from infopt.core.errors import CaptureError, first_line
 from infopt.core.logs import quiet_third_party
+from infopt.exporters import kv_attention
 
 PAST = "past_key_values.{}.{}"
 PRESENT = "present.{}.{}"
@@ -74,8 +75,9 @@ def _layers(cache) -> list[tuple[Any, Any]]:
     return [(k, v) for k, v in cache]
 
 
-def decoder_module(model, layout: CacheLayout):
-    """``(input_ids, attention_mask, *past) -> (logits, *present)`` around a transformers causal LM."""
+def decoder_module(model, layout: CacheLayout, fused: bool = False):
+    """``(input_ids, attention_mask, *past) -> (logits, *present)`` around a transformers causal LM; with
+    ``fused``, each layer's attention is one ``infopt::gqa`` op (``kv_attention.py``)."""
     import torch
     from transformers import DynamicCache
 
@@ -87,24 +89,36 @@ def decoder_module(model, layout: CacheLayout):
             self.lm = lm
 
         def forward(self, input_ids, attention_mask, *past):
+            # positions from the mask: a left-padded prompt's first real token is position 0
+            positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -input_ids.shape[1]:]
+            if fused:
+                return self._fused(input_ids, attention_mask, positions, past)
             cache = DynamicCache(config=self.lm.config)
             for i in range(layout.layers):
                 cache.update(past[2 * i], past[2 * i + 1], i)
-            # positions from the mask: a left-padded prompt's first real token is position 0
-            positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, -input_ids.shape[1]:]
             out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                           use_cache=True, return_dict=True, **{keyword: cache})
             return (out["logits"], *(t for pair in _layers(_cache_of(out)) for t in pair))
 
+        def _fused(self, input_ids, attention_mask, positions, past):
+            cache = kv_attention.pass_through_cache(self.lm.config, list(past))
+            seqlens = (attention_mask.sum(-1) - 1).to(torch.int32)
+            total = torch.full((), attention_mask.shape[1], dtype=torch.int32)
+            attention = kv_attention.Attention(cache, seqlens, total)
+            with kv_attention.fused_attention(self.lm, attention):
+                out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                              use_cache=True, return_dict=True, **{keyword: cache})
+            return (out["logits"], *(t for i in range(layout.layers) for t in attention.presents[i]))
+
     return KvDecoder(model).eval()
 
 
-def capture(model, layout: CacheLayout):
+def capture(model, layout: CacheLayout, fused: bool = False):
     """torch.export of the decoder with every batch and length dim dynamic (a past of 0 included)."""
     import torch
     from torch.export import Dim
 
-    decoder = decoder_module(model, layout)
+    decoder = decoder_module(model, layout, fused)
     ids = torch.zeros(2, 3, dtype=torch.long)
     mask = torch.ones(2, 7, dtype=torch.long)
     past = [torch.zeros(2, layout.kv_heads, 4, layout.head_size) for _ in range(2 * layout.layers)]

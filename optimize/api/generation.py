@@ -30,18 +30,21 @@ from infopt.api import provenance
 from infopt.api.builder import BuildResult
 from infopt.api.emit import base_manifest, source_info, write_output
 from infopt.api.provenance import call_text
-from infopt.core.errors import BuildError, EnvironmentProblem, UsageError, ValidationFailed, first_line
+from infopt.core.errors import BuildError, CaptureError, EnvironmentProblem, UsageError, ValidationFailed, first_line
 from infopt.core.inputspec import DimRange, InputSpec
 from infopt.core.lineage import PassRecord
-from infopt.core.manifest import data_sha256
+from infopt.core.logs import quiet_third_party
+from infopt.core.manifest import EXTERNAL_DATA_BYTES, data_sha256
 from infopt.core.recipe import Recipe
 from infopt.core.step_times import StepTimes
 from infopt.core.target import get_target
-from infopt.exporters import kv_decoder
+from infopt.exporters import kv_attention, kv_decoder
 from infopt.exporters.int4_checkpoint import CHECKPOINT_PRODUCT
 from infopt.exporters.servers import onnxruntime_genai as genai
 from infopt.exporters.staging import claim_output, staged_output
 from infopt.passes.lower.onnx_export import export_onnx
+from infopt.passes.onnx import transformer_fusion
+from infopt.passes.onnx.checks import onnxruntime_refuses
 from infopt.runtime.loading import load_model
 from infopt.validators import generation
 
@@ -72,7 +75,8 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                      force: bool = False, val: str | Path | None = None, precision: str = "fp32",
                      target: str = "cpu", calib: str | Path | None = None, max_drift: str | None = None,
                      int4_method: str | None = None, group_size: int | None = None, act_order: bool = False,
-                     price_per_hour: float | None = None, command: list[str] | None = None, console: Any = None) -> BuildResult:
+                     price_per_hour: float | None = None, attention: str = "fused", command: list[str] | None = None,
+                     console: Any = None) -> BuildResult:
     """Build the text-generation deployable of a causal LM (fp32, dynamic INT8 or INT4 weight-only)."""
     if precision not in quant.PRECISIONS or target != "cpu":
         raise UsageError(f"--task {TASK} builds fp32, --int8 and --int4 for the cpu target so far; asked {precision} "
@@ -125,25 +129,27 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
         say("capturing the decoder with its KV cache (torch.export)")
         start = time.perf_counter()
         layout = kv_decoder.cache_layout(deployed)
-        program = kv_decoder.capture(deployed, layout)
+        unfused = kv_attention.fusable(deployed, context) if attention == "fused" else "--attention unfused"
+        attention_note, program = _capture(deployed, layout, unfused)
         passes.append(PassRecord("capture_kv_decoder", "torch", "exported", time.perf_counter() - start, None, True,
                                  notes=[f"{layout.layers} layers, {layout.kv_heads} KV heads of {layout.head_size}; "
-                                        "past length dynamic from 0"]))
+                                        "past length dynamic from 0", attention_note]))
         times.add("capture", passes[-1].seconds)
         say("exporting to ONNX")
         start = time.perf_counter()
         onnx_file = work / "onnx" / "model.onnx"
         onnx_file.parent.mkdir()
         nbits = export_onnx(program, onnx_file, layout.input_names(), layout.output_names(),
-                            int4_accuracy_level=INT4_ACCURACY_LEVEL)
+                            int4_accuracy_level=INT4_ACCURACY_LEVEL, translations=kv_attention.translation_table())
         kv_decoder.name_dims(onnx_file, layout)
+        fusion_note = _fuse_ops(onnx_file)
         head = quant.int4_head(onnx_file, quantization["group_sizes"][0] if quantization["group_sizes"] else 128,
                                INT4_ACCURACY_LEVEL) if precision == "int4" else None
         notes = ["opset 20"] + ([f"{nbits} MatMulNBits (4-bit weights), accuracy level {INT4_ACCURACY_LEVEL} "
                                  "(activations to int8 per block inside the op)"] if nbits else [])
         passes.append(PassRecord("onnx_export", "exported", "onnx", time.perf_counter() - start,
                                  sum(p.stat().st_size for p in onnx_file.parent.iterdir()), True,
-                                 notes=notes + ([head] if head else [])))
+                                 notes=notes + [fusion_note] + ([head] if head else [])))
         times.add("onnx_export", passes[-1].seconds)
         if precision == "int8":
             say("quantizing the decoder's MatMuls to dynamic INT8")
@@ -217,6 +223,34 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
             typed = write_output(stage, manifest, onnx_file, spec, "cpu", recipe.emit,
                                  products={genai.PRODUCT: prepared, **products}, times=times)
     return BuildResult(name, out, typed, out / typed.artifacts.get("onnxruntime-genai"))
+
+
+def _capture(lm, layout: kv_decoder.CacheLayout, unfused: str | None):
+    """(note, program): the decoder with fused attention where it applies (else as transformers writes it)."""
+    if unfused is None:
+        try:
+            return ("attention as ONNX Runtime's GroupQueryAttention, one op per layer (the cache's concat, grouped "
+                    "KV heads and the mask inside)"), kv_decoder.capture(lm, layout, fused=True)
+        except CaptureError as exc:
+            unfused = f"the fused capture failed ({exc.what})"
+    return f"attention as transformers writes it, unfused: {unfused}", kv_decoder.capture(lm, layout)
+
+
+def _fuse_ops(onnx_file: Path) -> str:
+    """RMSNorm (with its residual add) and rotary subgraphs as ONNX Runtime's fused ops, in place, where
+    ONNX Runtime opens the result; returns the note saying what happened."""
+    if sum(p.stat().st_size for p in onnx_file.parent.iterdir()) > EXTERNAL_DATA_BYTES:
+        return "norms not fused: the model is stored as external data, which the rewriter would inline"
+    fused = onnx_file.with_name("fused.onnx")
+    with quiet_third_party():
+        fired = {k: v for k, v in transformer_fusion.fuse_norms_and_rotary(onnx_file, fused).items() if v}
+    refused = onnxruntime_refuses(fused, optimize=True) if fired else None
+    if not fired or refused:
+        fused.unlink()
+        return ("no norm or rotary pattern to fuse" if not fired else
+                f"fusions not applied: ONNX Runtime refuses the fused graph ({refused[:200]})")
+    fused.replace(onnx_file)
+    return "fused as ONNX Runtime's ops: " + ", ".join(f"{k} x{v}" for k, v in fired.items())
 
 
 def _weights_bytes(folder: Path) -> int:

@@ -39,10 +39,11 @@ class OnnxExportOptions(PassOptions):
 
 
 def export_onnx(program, path: Path, input_names, output_names, opset: int = 20, optimize: bool = True,
-                int4_accuracy_level: int = 0) -> int:
+                int4_accuracy_level: int = 0, translations: dict | None = None) -> int:
     """Export, save, check and infer shapes; returns the number of MatMulNBits nodes emitted.
 
-    Exporter chatter is kept off the user's terminal.
+    Exporter chatter is kept off the user's terminal. ``translations`` adds ``custom_translation_table``
+    entries (the KV decoder's fused attention) to the INT4 layer's.
     """
     import onnx
     import torch
@@ -51,7 +52,7 @@ def export_onnx(program, path: Path, input_names, output_names, opset: int = 20,
         onnx_program = torch.onnx.export(program, (), dynamo=True, input_names=list(input_names),
                                          output_names=list(output_names), opset_version=opset,
                                          optimize=optimize, verbose=False,
-                                         custom_translation_table=translation_table())
+                                         custom_translation_table={**translation_table(), **(translations or {})})
         matmul_nbits = lower_int4_nodes(onnx_program.model, int4_accuracy_level)
         big = sum(t.numel() * t.element_size() for t in program.state_dict.values()) > EXTERNAL_DATA_BYTES
         onnx_program.save(str(path), external_data=big)

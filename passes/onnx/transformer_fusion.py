@@ -39,6 +39,31 @@ def fuse(source, target) -> dict[str, int]:
     return {k: int(v) for k, v in counts.items()}
 
 
+def fuse_norms_and_rotary(source, target) -> dict[str, int]:
+    """Only the norm and rotary fusions of ``fuse``, for a graph whose attention is fused already (the KV
+    decoder's): ONNX Runtime's ``(Skip)SimplifiedLayerNormalization``, ``SkipLayerNormalization`` and
+    ``RotaryEmbedding``. The MatMul rewrites are left out: a head tied to the embedding would become a
+    ``FusedMatMul`` with ``transB``, which ONNX Runtime's CPU kernel runs several times slower than the
+    ``MatMul`` whose transposed weight its optimizer folds."""
+    import onnx_ir as ir
+    import onnx_ir.passes.common as common_passes
+    from onnxscript.optimizer import optimize
+    from onnxscript.rewriter.ort_fusions import cos_sin_cache, rms_normalization, rotary_embedding, skip_normalization
+
+    model = ir.load(str(source))
+    common_passes.ShapeInferencePass()(model)
+    optimize(model)
+    counts = {"rms_normalization": rms_normalization.fuse_rms_normalization(model),
+              "skip_layer_normalization": skip_normalization.fuse_skip_layer_normalization(model),
+              "skip_rms_normalization": skip_normalization.fuse_skip_rms_normalization(model),
+              "rotary_embedding": rotary_embedding.fuse_rotary_embedding(model),
+              "cos_sin_cache": cos_sin_cache.fuse_cos_sin_cache(model),
+              "partial_rotary_embedding": rotary_embedding.fuse_partial_rotary_embedding(model)}
+    optimize(model)
+    ir.save(model, str(target))
+    return {k: int(v) for k, v in counts.items()}
+
+
 def op_counts(path) -> Counter:
     import onnx
 
