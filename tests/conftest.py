@@ -85,6 +85,34 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+@pytest.hookimpl(trylast=True)
+def _group_xdist_items(config, items):  # registered below under the hook's name
+    """``--dist loadgroup``: a test marked ``xdist_group(NAME)`` (on itself or its module) runs on the worker
+    that runs the group's other tests, so a module's expensive fixture (a trained LM, a MiniLM build) is made
+    once. pytest-xdist 3.8 marks the group by setting ``item._nodeid``, which pytest 9 no longer reads (a
+    node's id is ``item._id``), so on pytest 9 the groups were silently spread over the workers; this does
+    what xdist means to do, where it did not."""
+    if not (os.environ.get("PYTEST_XDIST_WORKER") and getattr(config.option, "loadgroup", False)):
+        return
+    try:
+        from _pytest.nodeid import coerce_node_id
+    except ImportError:  # pytest before 9: xdist's own suffix works
+        return
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if names and "@" not in item.nodeid.rpartition("]")[2] and hasattr(item, "_id"):
+            item._id = coerce_node_id(f"{item.nodeid}@{'_'.join(names)}")
+
+
+class _GroupPlugin:
+    pytest_collection_modifyitems = staticmethod(_group_xdist_items)
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(_GroupPlugin(), "infopt-xdist-groups")
+
+
 def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the installed ``infopt`` command as a user would (``env``: variables to set on top of ours)."""
