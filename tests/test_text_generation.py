@@ -77,6 +77,13 @@ def test_a_causal_lm_builds_a_genai_folder_that_generates_what_transformers_gene
     assert manifest["source"]["task"] == {"name": "text-generation", "judged_by": "greedy tokens equal"}
     assert manifest["artifacts"]["onnxruntime-genai"] == "servers/onnxruntime-genai"
     assert "## Text generation" in (dist / "report.md").read_text()
+    import onnx
+
+    # attention as one GroupQueryAttention per layer (both layers of the tiny configs), the norms fused
+    ops = [n.op_type for n in onnx.load(str(dist / "servers" / "onnxruntime-genai" / "model.onnx")).graph.node]
+    assert ops.count("GroupQueryAttention") == 2, sorted(set(ops))
+    assert any(op in ops for op in ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
+                                    "SkipLayerNormalization", "LayerNormalization"))
 
     # the consumer: ONNX Runtime GenAI loads the folder as written and generates from a sentence no build saw
     folder = dist / "servers" / "onnxruntime-genai"
@@ -129,3 +136,17 @@ def test_without_onnxruntime_genai_the_build_says_what_to_install(decoders, tmp_
                    env={"PYTHONPATH": f"{shim}:{ROOT}"})
     assert_clean_failure(proc, 4, "onnxruntime_genai, which is not installed", "pip install 'infopt[llm]'",
                          out=tmp_path / "dist")
+
+
+def test_attention_stays_unfused_where_the_fused_op_would_not_compute_the_same():
+    import torch
+
+    from infopt.exporters.kv_attention import fusable
+
+    torch.manual_seed(0)
+    windowed = transformers.MistralForCausalLM(transformers.MistralConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, sliding_window=16))
+    assert fusable(windowed, 64) == "a sliding window of 16 tokens, shorter than the context of 64"
+    assert fusable(windowed, 16) is None  # a window as long as the context never cuts anything off
+    assert fusable(FAMILIES["llama"](), 64) is None
