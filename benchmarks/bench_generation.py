@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import RESULTS, environment  # noqa: E402
+from infopt.validators.generation import new_generator  # noqa: E402
 
 PROMPT, NEW_TOKENS, TTFT_PROMPT = 32, 32, 128
 
@@ -89,25 +90,17 @@ def build_folders(model: Path, work: Path, calib: Path | None = None) -> dict[st
     return folders
 
 
-def _generator(og, model, ids: np.ndarray, new_tokens: int):
-    params = og.GeneratorParams(model)
-    total = ids.shape[1] + new_tokens
-    params.set_search_options(max_length=total, min_length=total, do_sample=False, batch_size=ids.shape[0])
-    generator = og.Generator(model, params)
-    return generator
-
-
 def time_round(og, model, vocab: int, rng) -> dict[str, list[float]]:
     """One round: TTFT of a TTFT_PROMPT prompt, and every decode step at batch 1 and 8 (seconds)."""
     out: dict[str, list[float]] = {"ttft": [], "tpot1": [], "tpot8": []}
     ids = rng.integers(1, vocab, size=(1, TTFT_PROMPT)).astype(np.int32)
-    generator = _generator(og, model, ids, 1)
+    generator = new_generator(og, model, ids, 1)
     start = time.perf_counter()
     generator.append_tokens(ids)
     out["ttft"].append(time.perf_counter() - start)
     for batch in (1, 8):
         ids = rng.integers(1, vocab, size=(batch, PROMPT)).astype(np.int32)
-        generator = _generator(og, model, ids, NEW_TOKENS)
+        generator = new_generator(og, model, ids, NEW_TOKENS)
         generator.append_tokens(ids)
         generator.generate_next_token()
         while not generator.is_done():

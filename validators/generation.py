@@ -17,12 +17,42 @@ from pathlib import Path
 
 import numpy as np
 
+from infopt.core.errors import UsageError
+
 RUNS = 5
 """timed generations per row (fewer once ``SECONDS`` is spent, at least 2)"""
 SECONDS = 1.5
 """time per row"""
 TPOT_PROMPT_TOKENS = 32
 """the prompt TPOT is timed after"""
+
+
+def text_ids(path: str | Path, folder: Path, flag: str, lines_kept: int, tokens: int,
+             min_tokens: int = 1) -> list[list[int]]:
+    """The first ``lines_kept`` lines of a text file that give at least ``min_tokens`` tokens through the
+    folder's tokenizer, each cut to ``tokens``; a clear error for a file that is not text or gives none."""
+    path = Path(path)
+    if path.suffix.lower() != ".txt" or not path.is_file():
+        raise UsageError(f"{flag} for text generation is a text file, one passage per line; got {path}",
+                         where=str(path), fix="pass a .txt file")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    found = [ids[:tokens] for ids in (tokenizer(line)["input_ids"] for line in lines)
+             if len(ids) >= min_tokens][:lines_kept]
+    if not found:
+        raise UsageError(f"{path} gives no line of {min_tokens} token{'s' if min_tokens > 1 else ''} or more",
+                         where=str(path), fix="pass a text file with one passage per line")
+    return found
+
+
+def new_generator(og, model, prompts: np.ndarray, new_tokens: int):
+    """A greedy generator for ``prompts`` [batch, length] and exactly ``new_tokens`` more (prompt not yet fed)."""
+    params = og.GeneratorParams(model)
+    total = prompts.shape[1] + new_tokens
+    params.set_search_options(max_length=total, min_length=total, do_sample=False, batch_size=prompts.shape[0])
+    return og.Generator(model, params)
 
 
 def generate_folder(folder: Path, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
@@ -40,10 +70,7 @@ def generate_folder(folder: Path, prompts: list[list[int]], new_tokens: int) -> 
 
 
 def _generator(og, model, prompts: np.ndarray, new_tokens: int):
-    params = og.GeneratorParams(model)
-    total = prompts.shape[1] + new_tokens
-    params.set_search_options(max_length=total, min_length=total, do_sample=False, batch_size=prompts.shape[0])
-    generator = og.Generator(model, params)
+    generator = new_generator(og, model, prompts, new_tokens)
     generator.append_tokens(prompts)
     return generator
 

@@ -88,18 +88,7 @@ def _sequences(val, folder: Path, vocab: int, length: int) -> tuple[list[list[in
     if val is None:
         rng = np.random.default_rng(0)
         return [rng.integers(1, vocab, size=min(64, length)).tolist() for _ in range(8)], "random token ids (no --val)"
-    path = Path(val)
-    if path.suffix.lower() != ".txt" or not path.is_file():
-        raise UsageError(f"--val for text-generation builds is a text file, one passage per line; got {val}",
-                         where=str(val), fix="pass a .txt file of held-out text")
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    found = [ids[:length] for ids in (tokenizer(line)["input_ids"] for line in lines) if len(ids) > 1][:SEQUENCES]
-    if not found:
-        raise UsageError(f"{val} gives no line of two tokens or more", where=str(val), fix="pass held-out text")
-    return found, str(val)
+    return generation.text_ids(val, folder, "--val", SEQUENCES, length, min_tokens=2), str(val)
 
 
 def _latency(result: GateResult, config: GateConfig, og, cand_dir: Path, base_dir: Path, vocab: int, context: int,

@@ -109,7 +109,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                          fix="save the tokenizer beside the model (tokenizer.save_pretrained(FOLDER))")
     lm = loaded.module.model.float().eval()
     context = _context_length(lm.config)
-    calibration = _text_ids(calib, folder, "--calib", CALIB_PASSAGES, min(CALIB_TOKENS, context)) if calib else None
+    calibration = generation.text_ids(calib, folder, "--calib", CALIB_PASSAGES, min(CALIB_TOKENS, context)) if calib else None
     name = name or loaded.name or folder.name
     out = Path(output).absolute() if output else (Path("dist") / name).absolute()
     call = call_text(model, {"task": TASK, **({"precision": precision} if precision != "fp32" else {})})
@@ -304,7 +304,7 @@ def _prompts(val: str | Path | None, folder: Path, vocab: int, special: set[int]
     (none of them a special token)."""
     if val is None:
         return _random_ids(vocab, special, PROMPTS, 8), "random token ids (no --val)"
-    return _text_ids(val, folder, "--val", PROMPTS, PROMPT_TOKENS), str(val)
+    return generation.text_ids(val, folder, "--val", PROMPTS, PROMPT_TOKENS), str(val)
 
 
 def _held_out(val: str | Path | None, folder: Path, vocab: int, special: set[int], context: int):
@@ -313,31 +313,10 @@ def _held_out(val: str | Path | None, folder: Path, vocab: int, special: set[int
     length = min(HELD_OUT_TOKENS, context - 1)  # the folder is run for one token more
     if val is None:
         return _random_ids(vocab, special, 8, min(64, length)), "random token ids (no --val: pass held-out text)"
-    ids = [seq for seq in _text_ids(val, folder, "--val", HELD_OUT, length) if len(seq) > 1]
-    if not ids:
-        raise UsageError(f"{val} gives no line of two tokens or more to measure perplexity on", where=str(val),
-                         fix="pass held-out text, one passage per line")
-    return ids, str(val)
+    return generation.text_ids(val, folder, "--val", HELD_OUT, length, min_tokens=2), str(val)
 
 
 def _random_ids(vocab: int, special: set[int], count: int, length: int) -> list[list[int]]:
     rng = np.random.default_rng(0)
     choices = np.asarray([i for i in range(vocab) if i not in special])
     return [rng.choice(choices, size=length).tolist() for _ in range(count)]
-
-
-def _text_ids(path: str | Path, folder: Path, flag: str, lines_kept: int, tokens: int) -> list[list[int]]:
-    """The first ``lines_kept`` non-empty lines of a text file through the folder's tokenizer, each cut to ``tokens``."""
-    path = Path(path)
-    if path.suffix.lower() != ".txt" or not path.is_file():
-        raise UsageError(f"{flag} for --task {TASK} is a text file, one passage per line; got {path}",
-                         where=str(path), fix="pass a .txt file")
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    found = [ids[:tokens] for ids in (tokenizer(line)["input_ids"] for line in lines) if ids][:lines_kept]
-    if not found:
-        raise UsageError(f"{path} gives no text: no line tokenizes to anything", where=str(path),
-                         fix="pass a text file with one passage per line")
-    return found
