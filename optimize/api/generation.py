@@ -208,7 +208,8 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                                      **({"quantization": quantization} if quantization else {})},
                       "verdict": {"passed": not failed, "reasons": [
                           f"{c['name']} {c['measured']:.4g} {'<' if quant.METRICS[c['name']] == 'min' else '>'} "
-                          f"{c['limit']:g}" for c in failed], "checks": checks}}
+                          f"{c['limit']:g} ({quant.MEANING[c['name']]}); {quant.FIX}" for c in failed],
+                          "checks": checks}}
         recipe = Recipe(name=f"{precision}-onnxruntime-genai", precision=precision, backend="onnxruntime", passes=[],
                         description="the decoder with its KV cache, for ONNX Runtime GenAI",
                         emit=["onnxruntime-genai", *(["vllm"] if products else [])])

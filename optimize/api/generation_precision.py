@@ -36,6 +36,10 @@ HEADS = {"lm_head", "embed_out"}
 METRICS = {"top1": "min", "ppl_delta": "max"}
 """the budgets of a generation build: top-1 agreement with FP32 (at least) and the relative perplexity
 increase over FP32 (at most; 0.05 is 5 %)"""
+MEANING = {"top1": "top-1 agreement with the FP32 model under teacher forcing",
+           "ppl_delta": "relative perplexity increase over the FP32 model"}
+FIX = ("calibrate with --calib TEXT.txt (GPTQ), or set the budget with --max-drift top1=...,ppl_delta=...; "
+       "a model with random weights agrees little, its logits being nearly flat")
 DEFAULT_BUDGETS = {
     "fp32": {},
     "int8": {"top1": 0.90, "ppl_delta": 0.02},
