@@ -15,11 +15,10 @@ import json
 from pathlib import Path
 
 from infopt.api.generation_precision import METRICS, PRECISIONS
+from infopt.exporters.servers.onnxruntime_genai import has_tokenizer
 from infopt.runtime import hub
 
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
-"""what ONNX Runtime GenAI reads a tokenizer from"""
 
 
 def causal_lm_folder(model: str | Path) -> Path | None:
@@ -55,7 +54,7 @@ def default_task(model: str | Path, *, precision: str | None, target: str, val: 
         (calib is not None and (precision != "int4" or Path(calib).suffix.lower() != ".txt"),
          "takes --calib as text, for --int4"),
         (any(m not in METRICS for m in metrics), f"takes --max-drift {' and '.join(METRICS)}"),
-        (not any((folder / name).is_file() for name in TOKENIZER_FILES),
+        (not has_tokenizer(folder),
          "needs the folder's tokenizer (tokenizer.json or tokenizer.model)"),
         (importlib.util.find_spec("onnxruntime_genai") is None, "needs onnxruntime_genai (pip install 'infopt[llm]')"),
     ]
