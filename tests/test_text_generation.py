@@ -150,3 +150,31 @@ def test_attention_stays_unfused_where_the_fused_op_would_not_compute_the_same()
     assert fusable(windowed, 64) == "a sliding window of 16 tokens, shorter than the context of 64"
     assert fusable(windowed, 16) is None  # a window as long as the context never cuts anything off
     assert fusable(FAMILIES["llama"](), 64) is None
+
+
+@pytest.mark.slow
+def test_the_python_api_builds_a_causal_lm_as_text_generation_by_default(decoders, tmp_path, capsys):
+    import torch
+
+    import infopt
+    from infopt.core.errors import UsageError
+
+    folder = decoder(decoders, "llama")
+    result = infopt.build(folder, output=tmp_path / "api", val=decoders / "prompts.txt", progress=False)
+    assert result.passed and result.output_dir == tmp_path / "api"
+    manifest = json.loads((tmp_path / "api" / "manifest.json").read_text())
+    assert manifest["source"]["task"]["name"] == "text-generation"
+    assert manifest["validation"]["generation"]["greedy"]["equal"] == 4
+    assert og.Model(str(tmp_path / "api" / "servers" / "onnxruntime-genai")) is not None  # loads as written
+
+    # a causal LM kept on logits says why; an argument only the logits graph takes keeps it there
+    plan = infopt.build(folder, dims=["seq=1:8:16"], dry_run=True)
+    assert plan["dry_run"] and "text-generation" not in json.dumps(plan)
+    assert "task='text-generation', does not take dims=, dry_run=" in capsys.readouterr().err
+    with pytest.raises(UsageError, match=r"does not take dims, dry_run"):
+        infopt.build(folder, task="text-generation", dims=["seq=1:8:16"], dry_run=True)
+    with pytest.raises(UsageError, match="unknown task 'translation'"):
+        infopt.build(folder, task="translation")
+    with pytest.raises(UsageError, match="not a Linear"):
+        infopt.build(torch.nn.Linear(2, 2), task="text-generation")
+    assert not (tmp_path / "dist").exists()

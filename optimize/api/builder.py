@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from infopt.api import candidates as cand
-from infopt.api import provenance
+from infopt.api import provenance, task_choice
 from infopt.api.build_inputs import latency_feeds, raw_reader, validation_batches
 from infopt.api.build_notes import engine_notes, int8_notes, noise_notes, server_engine, shipped_fp32, triton_engine
 from infopt.api.emit import SAMPLES_FILE, base_manifest, read_samples, source_info, store_samples, write_output
@@ -159,7 +159,7 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
           allow_partial: bool = True, strict: bool = False, require_precision: bool = False,
           progress: bool | Any = True,
           command: Sequence[str] | None = None, dry_run: bool = False,
-          price_per_hour: float | None = None) -> BuildResult | dict[str, Any]:
+          price_per_hour: float | None = None, task: str | None = None) -> BuildResult | dict[str, Any]:
     """Build, validate and emit a deployable artifact.
 
     ``model`` is a path (TorchScript, ``.pt2``, state_dict with ``model_class``, ONNX, or a pickled
@@ -179,14 +179,28 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     ``cpu`` target's bandwidth and fp32 peak, which it cannot declare, are measured here for the
     roofline. ``dry_run``: load the model and resolve everything a build would (target,
     candidates and their passes, inputs, output folder), write nothing, and return that plan.
+
+    ``task="text-generation"`` builds a Hugging Face causal LM (its folder or hub id) as its decoder
+    with the KV cache, an ONNX Runtime GenAI folder judged by generating from it (fp32, int8, int4 for
+    the ``cpu`` target; ``calibration`` a text file for int4; ``val`` a text file; ``max_drift`` top1
+    and ppl_delta; the INT4 method, group size and act order as ``pass_options["quantize_int4"]``).
+    ``task="logits"`` builds one graph from the inputs to the head's output. Without ``task``, a
+    causal LM builds text-generation wherever that builds what was asked, and everything else logits;
+    a causal LM kept on logits says why on the progress console.
     """
 
-    times = StepTimes()
     defaults = build.__kwdefaults__
+    console = _console(progress)
+    routed = task_choice.generation_arguments(model, task, locals(), defaults,
+                                              lambda text: console and console.print(text, markup=False, soft_wrap=True))
+    if routed is not None:
+        from infopt.api.generation import build_generation  # imports this module (BuildResult)
+
+        return build_generation(model, **routed, command=list(command) if command else None, console=console)
+    times = StepTimes()
     call = call_text(model, {k: v for k, v in locals().items() if k in defaults and k not in ("progress", "command")
                              and v is not None and v != defaults[k]})
 
-    console = _console(progress)
     target_obj = get_target(target)
     if recipe:
         recipes = [load_recipe(recipe)]

@@ -60,3 +60,49 @@ def default_task(model: str | Path, *, precision: str | None, target: str, val: 
     ]
     why = next((text for found, text in reasons if found), None)
     return ("logits", why) if why else ("text-generation", None)
+
+
+TASKS = ("logits", "text-generation")
+# infopt.build's arguments that only the logits graph takes (the text-generation build has no use for them)
+LOGITS_ONLY = ("example_inputs", "backend", "inputs", "dims", "batch_sizes", "thresholds", "recipe", "model_class",
+               "model_args", "allow_pickle", "max_val_samples", "calib_samples", "calib_seed", "tokenizer",
+               "allow_partial", "strict", "require_precision", "dry_run")
+INT4_OPTIONS = {"method": "int4_method", "group_size": "group_size", "act_order": "act_order"}
+
+
+def generation_arguments(model, task: str | None, given: dict, defaults: dict, say) -> dict | None:
+    """For ``infopt.build``: the keyword arguments of ``build_generation`` when the call builds
+    ``text-generation`` (asked with ``task``, or the causal LM's default as :func:`default_task`
+    chooses it), else None. ``given`` holds the call's arguments, ``defaults`` build's own; ``say``
+    takes the one line that tells why a causal LM builds ``logits``."""
+    from infopt.core.errors import UsageError
+
+    if task is not None and task not in TASKS:
+        raise UsageError(f"unknown task {task!r}", fix="pass task='text-generation' or task='logits'")
+    if task == "logits" or not isinstance(model, (str, Path)):
+        if task == "text-generation":
+            raise UsageError("task='text-generation' builds a Hugging Face causal LM from its folder or hub id, "
+                             f"not a {type(model).__name__}", fix="pass the model's folder (save_pretrained) or hub id")
+        return None
+    options = dict(given.get("pass_options") or {})
+    int4 = options.pop("quantize_int4", {})
+    extra = [name for name in LOGITS_ONLY if given[name] != defaults.get(name)]  # example_inputs: None
+    extra += [f"pass_options[{name!r}]" for name in options] + [f"pass_options['quantize_int4'][{k!r}]"
+                                                                 for k in int4 if k not in INT4_OPTIONS]
+    calib = given["calibration"]
+    if calib is not None and not isinstance(calib, (str, Path)):
+        extra.append("calibration (as anything but a text file)")
+    if task is None:
+        task, why = default_task(model, precision=given["precision"], target=given["target"], val=given["val"],
+                                 calib=calib if isinstance(calib, (str, Path)) else None,
+                                 max_drift=given["max_drift"], logits_flags=[f"{name}=" for name in extra])
+        if why:
+            say(f"note: building task='logits'; a causal LM's default, task='text-generation', {why}")
+            return None
+    elif extra:
+        raise UsageError(f"task='text-generation' does not take {', '.join(extra)}",
+                         fix="drop them: it builds the ONNX Runtime GenAI folder for the cpu target")
+    return {"output": given["output"], "name": given["name"], "force": given["force"], "val": given["val"],
+            "precision": given["precision"] or "fp32", "target": given["target"], "calib": calib,
+            "max_drift": given["max_drift"], "price_per_hour": given["price_per_hour"],
+            **{INT4_OPTIONS[k]: v for k, v in int4.items() if k in INT4_OPTIONS}}

@@ -116,7 +116,7 @@ def build(
         max_drift=max_drift, pass_options={**api_flags.calibration_options(calib_method, calib_percentile, calib_bins, smoothquant_alpha),
                                            **api_flags.int4_options(int4_method, group_size, act_order, int4_checkpoint)},
         strict=strict, require_precision=require_precision, command=["infopt", *sys.argv[1:]],
-        dry_run=dry_run, price_per_hour=price_per_hour,
+        dry_run=dry_run, price_per_hour=price_per_hour, task="logits",
     )
     if dry_run:
         _print_plan(result, as_json)
