@@ -15,6 +15,7 @@ from config field names, which differ between families (GPT-2's ``n_layer``, Gem
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,9 +76,10 @@ def _layers(cache) -> list[tuple[Any, Any]]:
     return [(k, v) for k, v in cache]
 
 
-def decoder_module(model, layout: CacheLayout, fused: bool = False):
+def decoder_module(model, layout: CacheLayout, fused: bool = False, rotary=None):
     """``(input_ids, attention_mask, *past) -> (logits, *present)`` around a transformers causal LM; with
-    ``fused``, each layer's attention is one ``infopt::gqa`` op (``kv_attention.py``)."""
+    ``fused``, each layer's attention is one ``infopt::gqa`` op (``kv_attention.py``), which with ``rotary``
+    (``kv_attention.rotary_caches``) also rotates the query and key."""
     import torch
     from transformers import DynamicCache
 
@@ -87,6 +89,9 @@ def decoder_module(model, layout: CacheLayout, fused: bool = False):
         def __init__(self, lm):
             super().__init__()
             self.lm = lm
+            if rotary is not None:
+                self.register_buffer("cos_cache", rotary[0])
+                self.register_buffer("sin_cache", rotary[1])
 
         def forward(self, input_ids, attention_mask, *past):
             # positions from the mask: a left-padded prompt's first real token is position 0
@@ -104,8 +109,10 @@ def decoder_module(model, layout: CacheLayout, fused: bool = False):
             cache = kv_attention.pass_through_cache(self.lm.config, list(past))
             seqlens = (attention_mask.sum(-1) - 1).to(torch.int32)
             total = torch.full((), attention_mask.shape[1], dtype=torch.int32)
-            attention = kv_attention.Attention(cache, seqlens, total)
-            with kv_attention.fused_attention(self.lm, attention):
+            caches = (self.cos_cache, self.sin_cache) if rotary is not None else None
+            attention = kv_attention.Attention(cache, seqlens, total, caches)
+            unrotated = kv_attention.rotary_in_attention(self.lm) if caches else contextlib.nullcontext()
+            with kv_attention.fused_attention(self.lm, attention), unrotated:
                 out = self.lm(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
                               use_cache=True, return_dict=True, **{keyword: cache})
             return (out["logits"], *(t for i in range(layout.layers) for t in attention.presents[i]))
@@ -113,12 +120,12 @@ def decoder_module(model, layout: CacheLayout, fused: bool = False):
     return KvDecoder(model).eval()
 
 
-def capture(model, layout: CacheLayout, fused: bool = False):
+def capture(model, layout: CacheLayout, fused: bool = False, rotary=None):
     """torch.export of the decoder with every batch and length dim dynamic (a past of 0 included)."""
     import torch
     from torch.export import Dim
 
-    decoder = decoder_module(model, layout, fused)
+    decoder = decoder_module(model, layout, fused, rotary)
     ids = torch.zeros(2, 3, dtype=torch.long)
     mask = torch.ones(2, 7, dtype=torch.long)
     past = [torch.zeros(2, layout.kv_heads, 4, layout.head_size) for _ in range(2 * layout.layers)]

@@ -137,13 +137,16 @@ def quantize_static(src: Path, dst: Path, ranges: dict[str, tuple[float, float]]
 
 def quantize_dynamic(src: Path, dst: Path, nodes: list[str], *, per_channel: bool = True) -> Path:
     """Dynamic INT8: int8 MatMul weights (per channel or per tensor), activations quantized per batch at run time."""
+    from onnx import TensorProto
     from onnxruntime.quantization import QuantType
     from onnxruntime.quantization import quantize_dynamic as ort_dynamic
 
     with _quiet_quantizer():
+        # float where ONNX's shape inference stops at a contrib op (a decoder's GroupQueryAttention) and
+        # leaves a tensor's type unknown
         ort_dynamic(str(src), str(dst), op_types_to_quantize=list(DYNAMIC_OPS), per_channel=per_channel,
                     weight_type=QuantType.QInt8, nodes_to_quantize=list(nodes) or ["(none)"],
-                    use_external_data_format=False)
+                    use_external_data_format=False, extra_options={"DefaultTensorType": TensorProto.FLOAT})
     return dst
 
 

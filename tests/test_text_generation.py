@@ -24,6 +24,9 @@ DECODERS = ("llama", "gpt2", "qwen2", "mistral", "phi3", "gemma", "qwen3", "gptn
 EVERY_RUN = {"llama", "gpt2"}
 """the families ``make test`` builds (rotary with grouped KV heads, and learned positions); ``make zoo`` builds all"""
 NEW_TOKENS = 12
+ROTARY_INSIDE = {"llama", "qwen2", "mistral", "phi3", "gemma", "qwen3"}
+"""the families whose rotary embedding ``GroupQueryAttention`` computes (GPT-NeoX's tiny config rotates 4 dims, fewer
+than the op's 16; GPT-2 and OPT learn their positions)"""
 
 
 def tokenizer_for(folder: Path) -> None:
@@ -80,8 +83,14 @@ def test_a_causal_lm_builds_a_genai_folder_that_generates_what_transformers_gene
     import onnx
 
     # attention as one GroupQueryAttention per layer (both layers of the tiny configs), the norms fused
-    ops = [n.op_type for n in onnx.load(str(dist / "servers" / "onnxruntime-genai" / "model.onnx")).graph.node]
+    graph = onnx.load(str(dist / "servers" / "onnxruntime-genai" / "model.onnx")).graph
+    ops = [n.op_type for n in graph.node]
     assert ops.count("GroupQueryAttention") == 2, sorted(set(ops))
+    if family in ROTARY_INSIDE:  # the op rotates from its cos/sin tables: no rotate-half left in the graph
+        assert all(len(n.input) == 9 and n.input[7] and n.input[8] for n in graph.node if n.op_type == "GroupQueryAttention")
+        assert "Neg" not in ops
+    if family == "llama":  # per layer one MatMul for query/key/value, one for gate/up, and o and down; and the head
+        assert ops.count("MatMul") == 2 * 4 + 1
     assert any(op in ops for op in ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
                                     "SkipLayerNormalization", "LayerNormalization"))
 
@@ -178,3 +187,21 @@ def test_the_python_api_builds_a_causal_lm_as_text_generation_by_default(decoder
     with pytest.raises(UsageError, match="not a Linear"):
         infopt.build(torch.nn.Linear(2, 2), task="text-generation")
     assert not (tmp_path / "dist").exists()
+
+
+def test_the_rotary_goes_inside_the_attention_op_only_where_a_table_of_positions_holds_it():
+    import torch
+
+    from infopt.exporters.kv_attention import rotary_caches
+
+    torch.manual_seed(0)
+    cos, sin = rotary_caches(FAMILIES["llama"](), 64, 16)
+    assert cos.shape == sin.shape == (64, 8) and torch.allclose(cos[:, 0], torch.cos(torch.arange(64.0)))
+    assert rotary_caches(FAMILIES["gptneox"](), 64, 16) == (
+        "its rotary width of 4 is not a multiple of 16, which ONNX Runtime's op needs")
+    assert rotary_caches(FAMILIES["gpt2"](), 64, 16) == "no rotary embedding"
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
+    assert rotary_caches(transformers.LlamaForCausalLM(config), 64, 16) == (
+        "its dynamic rope rescales with the sequence length")

@@ -43,7 +43,7 @@ from infopt.exporters.int4_checkpoint import CHECKPOINT_PRODUCT
 from infopt.exporters.servers import onnxruntime_genai as genai
 from infopt.exporters.staging import claim_output, staged_output
 from infopt.passes.lower.onnx_export import export_onnx
-from infopt.passes.onnx import transformer_fusion
+from infopt.passes.onnx import decoder_plumbing, fuse_matmuls, transformer_fusion
 from infopt.passes.onnx.checks import onnxruntime_refuses
 from infopt.runtime.loading import load_model
 from infopt.validators import generation
@@ -130,7 +130,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
         start = time.perf_counter()
         layout = kv_decoder.cache_layout(deployed)
         unfused = kv_attention.fusable(deployed, context) if attention == "fused" else "--attention unfused"
-        attention_note, program = _capture(deployed, layout, unfused)
+        attention_note, program = _capture(deployed, layout, unfused, context)
         passes.append(PassRecord("capture_kv_decoder", "torch", "exported", time.perf_counter() - start, None, True,
                                  notes=[f"{layout.layers} layers, {layout.kv_heads} KV heads of {layout.head_size}; "
                                         "past length dynamic from 0", attention_note]))
@@ -226,32 +226,54 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
     return BuildResult(name, out, typed, out / typed.artifacts.get("onnxruntime-genai"))
 
 
-def _capture(lm, layout: kv_decoder.CacheLayout, unfused: str | None):
-    """(note, program): the decoder with fused attention where it applies (else as transformers writes it)."""
+def _capture(lm, layout: kv_decoder.CacheLayout, unfused: str | None, context: int):
+    """(note, program): the decoder with fused attention where it applies, the rotary inside where it can be
+    (else as transformers writes them)."""
     if unfused is None:
+        rotary = kv_attention.rotary_caches(lm, context, layout.head_size)
+        fused = ("attention as ONNX Runtime's GroupQueryAttention, one op per layer (the cache's concat, grouped "
+                 "KV heads and the mask inside")
+        if not isinstance(rotary, str):
+            try:
+                return (f"{fused}, and the rotary embedding from a table of {context} positions)",
+                        kv_decoder.capture(lm, layout, fused=True, rotary=rotary))
+            except CaptureError as exc:
+                rotary = f"the capture with it inside failed ({exc.what})"
         try:
-            return ("attention as ONNX Runtime's GroupQueryAttention, one op per layer (the cache's concat, grouped "
-                    "KV heads and the mask inside)"), kv_decoder.capture(lm, layout, fused=True)
+            return (f"{fused}; the rotary embedding as the model computes it"
+                    + (f": {rotary})" if rotary != "no rotary embedding" else ")"),
+                    kv_decoder.capture(lm, layout, fused=True))
         except CaptureError as exc:
             unfused = f"the fused capture failed ({exc.what})"
     return f"attention as transformers writes it, unfused: {unfused}", kv_decoder.capture(lm, layout)
 
 
 def _fuse_ops(onnx_file: Path) -> str:
-    """RMSNorm (with its residual add) and rotary subgraphs as ONNX Runtime's fused ops, in place, where
-    ONNX Runtime opens the result; returns the note saying what happened."""
+    """In place, where ONNX Runtime opens the result: RMSNorm (with its residual add) as ONNX Runtime's fused
+    ops, sibling projections (query/key/value, gate/up) packed into one MatMul each
+    (``passes/onnx/fuse_matmuls.py``), the Reshape chains between the projections and the attention
+    collapsed and the attention fed the packed query/key/value (``passes/onnx/decoder_plumbing.py``); returns
+    the note saying what happened."""
+    import onnx
+
     if sum(p.stat().st_size for p in onnx_file.parent.iterdir()) > EXTERNAL_DATA_BYTES:
-        return "norms not fused: the model is stored as external data, which the rewriter would inline"
+        return "norms not fused, projections not packed: the model is stored as external data, which the rewriter would inline"
     fused = onnx_file.with_name("fused.onnx")
     with quiet_third_party():
         fired = {k: v for k, v in transformer_fusion.fuse_norms_and_rotary(onnx_file, fused).items() if v}
-    refused = onnxruntime_refuses(fused, optimize=True) if fired else None
-    if not fired or refused:
+    model = onnx.load(str(fused))
+    rewrites = {"reshape chains collapsed": decoder_plumbing.collapse_reshapes(model),
+                "projections packed": fuse_matmuls.fuse(model)}
+    rewrites["attention ops taking packed QKV"] = decoder_plumbing.packed_attention_inputs(model)
+    onnx.save(model, str(fused))
+    refused = onnxruntime_refuses(fused, optimize=True) if fired or any(rewrites.values()) else None
+    if refused or not (fired or any(rewrites.values())):
         fused.unlink()
-        return ("no norm or rotary pattern to fuse" if not fired else
-                f"fusions not applied: ONNX Runtime refuses the fused graph ({refused[:200]})")
+        return (f"fusions not applied: ONNX Runtime refuses the fused graph ({refused[:200]})" if refused
+                else "no norm, projection or reshape pattern to fuse")
     fused.replace(onnx_file)
-    return "fused as ONNX Runtime's ops: " + ", ".join(f"{k} x{v}" for k, v in fired.items())
+    notes = ["fused as ONNX Runtime's ops: " + ", ".join(f"{k} x{v}" for k, v in fired.items())] if fired else []
+    return "; ".join(notes + [f"{k} x{v}" for k, v in rewrites.items() if v])
 
 
 def _weights_bytes(folder: Path) -> int:
