@@ -116,7 +116,8 @@ def test_int4_gptq_with_calibration_text_holds_agreement_and_perplexity(trained,
     assert manifest["precision"] == "int4" and manifest["provenance"]["calibration"]["samples"] == 128
     folder = trained / "int4" / "servers" / "onnxruntime-genai"
     counts = ops(folder / "model.onnx")
-    assert counts.get("MatMulNBits") == 15  # every projection of both layers, and the output head (RTN)
+    # per layer: query/key/value packed into one, o, gate/up packed into one, down; and the output head (RTN)
+    assert counts.get("MatMulNBits") == 9 and counts.get("GroupQueryAttention") == 2
     assert generation["weights_bytes"] < 0.6 * (trained / "lm" / "model.safetensors").stat().st_size
     assert manifest["source"]["task"]["name"] == "text-generation"  # the default for a causal LM
     assert len(generates(folder)) == 8

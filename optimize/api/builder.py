@@ -13,14 +13,15 @@ from infopt.api import candidates as cand
 from infopt.api import provenance, task_choice
 from infopt.api.build_inputs import latency_feeds, raw_reader, validation_batches
 from infopt.api.build_notes import engine_notes, int8_notes, noise_notes, server_engine, shipped_fp32, triton_engine
+from infopt.api.build_result import BuildResult, load  # noqa: F401 - load: infopt.load
 from infopt.api.emit import SAMPLES_FILE, base_manifest, read_samples, source_info, store_samples, write_output
-from infopt.api.provenance import call_text, check_files, check_sealed
+from infopt.api.generation import build_generation
+from infopt.api.provenance import call_text, check_files
 from infopt.api.signing import check_signature
 from infopt.core import progress as progress_display
-from infopt.core.errors import BuildError, EnvironmentProblem, InputSpecError, UsageError, ValidationFailed
+from infopt.core.errors import BuildError, EnvironmentProblem, InputSpecError, UsageError
 from infopt.core.inputspec import InputSpec, parse_dim
 from infopt.core.manifest import data_sha256, model_bytes, read_manifest
-from infopt.core.manifest_schema import LatencyRow, Manifest
 from infopt.core.pipeline import Pipeline, SharedPrefixes
 from infopt.core.recipe import MIN_CURVE_RUNS, MIN_LATENCY_RUNS, Recipe, load_recipe, recipes_for
 from infopt.core.registry import get_pass
@@ -48,33 +49,6 @@ from infopt.validators.roofline import count_work
 from infopt.validators.verdict import judge
 
 DEFAULT_MAX_VAL_SAMPLES = 256
-
-
-@dataclass
-class BuildResult:
-    """What a build made: the chosen artifact, its validation and where it was written."""
-
-    name: str
-    output_dir: Path
-    manifest: Manifest
-    """``manifest.json``, typed (``manifest.to_json()`` is the file's content)"""
-    artifact: Any
-    candidates: list[Any] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return self.manifest.validation.verdict.passed
-
-    @property
-    def drift(self) -> dict[str, Any]:
-        return self.manifest.validation.drift
-
-    @property
-    def latency(self) -> list[LatencyRow]:
-        return self.manifest.validation.latency
-
-    def load(self, *, threads: int = 0, cuda_graphs: bool | None = None):
-        return load(self.output_dir, allow_failed=True, threads=threads, cuda_graphs=cuda_graphs)
 
 
 def _console(progress: bool | Any):
@@ -194,8 +168,6 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     routed = task_choice.generation_arguments(model, task, locals(), defaults,
                                               lambda text: console and console.print(text, markup=False, soft_wrap=True))
     if routed is not None:
-        from infopt.api.generation import build_generation  # imports this module (BuildResult)
-
         return build_generation(model, **routed, command=list(command) if command else None, console=console)
     times = StepTimes()
     call = call_text(model, {k: v for k, v in locals().items() if k in defaults and k not in ("progress", "command")
@@ -526,22 +498,6 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
     cand.survivors(candidates, allow_partial, target.device)
     cand.drop_duplicates(candidates)
     return candidates
-
-
-def load(dist_dir: str | Path, *, allow_failed: bool = False, threads: int = 0, key: str | Path | None = None,
-         cuda_graphs: bool | None = None):
-    """A callable runner for an output folder's model; refuses one whose validation failed, and one
-    whose files differ from its manifest (or, with ``key``, whose manifest's signature does not verify).
-    ``threads`` sets ONNX Runtime's intra-op threads (0: its default, one per core). ``cuda_graphs``:
-    a CUDA AOTInductor package replays CUDA graphs per batch bucket unless False (None: on for CUDA)."""
-
-    root = Path(dist_dir)
-    manifest = read_manifest(root)
-    check_sealed(root, manifest, "output", key)
-    if not manifest.validation.verdict.passed and not allow_failed:
-        raise ValidationFailed(f"{root} failed validation: {'; '.join(manifest.validation.verdict.reasons)}",
-                               fix="rebuild it, or pass allow_failed=True to load it anyway")
-    return manifest_runner(root, manifest, threads, cuda_graphs=cuda_graphs)
 
 
 def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None,

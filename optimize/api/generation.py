@@ -27,7 +27,7 @@ import numpy as np
 
 from infopt.api import generation_precision as quant
 from infopt.api import provenance
-from infopt.api.builder import BuildResult
+from infopt.api.build_result import BuildResult
 from infopt.api.emit import base_manifest, source_info, write_output
 from infopt.api.provenance import call_text
 from infopt.core.errors import BuildError, CaptureError, EnvironmentProblem, UsageError, ValidationFailed, first_line
@@ -263,7 +263,7 @@ def _fuse_ops(onnx_file: Path) -> str:
         fired = {k: v for k, v in transformer_fusion.fuse_norms_and_rotary(onnx_file, fused).items() if v}
     model = onnx.load(str(fused))
     rewrites = {"reshape chains collapsed": decoder_plumbing.collapse_reshapes(model),
-                "projections packed": fuse_matmuls.fuse(model)}
+                "projections packed": fuse_matmuls.fuse(model) + fuse_matmuls.fuse_nbits(model)}
     rewrites["attention ops taking packed QKV"] = decoder_plumbing.packed_attention_inputs(model)
     onnx.save(model, str(fused))
     refused = onnxruntime_refuses(fused, optimize=True) if fired or any(rewrites.values()) else None

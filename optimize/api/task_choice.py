@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 from infopt.api.generation_precision import METRICS, PRECISIONS
+from infopt.core.errors import UsageError
 from infopt.exporters.servers.onnxruntime_genai import has_tokenizer
 from infopt.runtime import hub
 
@@ -75,8 +76,6 @@ def generation_arguments(model, task: str | None, given: dict, defaults: dict, s
     ``text-generation`` (asked with ``task``, or the causal LM's default as :func:`default_task`
     chooses it), else None. ``given`` holds the call's arguments, ``defaults`` build's own; ``say``
     takes the one line that tells why a causal LM builds ``logits``."""
-    from infopt.core.errors import UsageError
-
     if task is not None and task not in TASKS:
         raise UsageError(f"unknown task {task!r}", fix="pass task='text-generation' or task='logits'")
     if task == "logits" or not isinstance(model, (str, Path)):
@@ -98,6 +97,7 @@ def generation_arguments(model, task: str | None, given: dict, defaults: dict, s
                                  max_drift=given["max_drift"], logits_flags=[f"{name}=" for name in extra])
         if why:
             say(f"note: building task='logits'; a causal LM's default, task='text-generation', {why}")
+        if task == "logits":
             return None
     elif extra:
         raise UsageError(f"task='text-generation' does not take {', '.join(extra)}",
