@@ -21,6 +21,7 @@ from typing import Any
 
 from infopt.core.errors import EnvironmentProblem, ModelLoadError, UsageError
 from infopt.core.inputspec import InputSpec
+from infopt.core.logs import quiet_third_party
 from infopt.runtime.tasks import TASKS, Task, task_for
 
 
@@ -81,15 +82,17 @@ def load_hf_folder(path: Path) -> HFSource:
                              fix="save the model with save_pretrained(..., safe_serialization=True)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        import transformers
+        with quiet_third_party():  # torchao's "Failed to load" CUDA kernels, from the Python API too
+            import transformers
     except ImportError as exc:
         raise EnvironmentProblem("Hugging Face model folders need transformers",
                                  fix="pip install 'infopt[llm]'") from exc
     names = [a for a in config.get("architectures") or [] if hasattr(transformers, a)]
     cls = getattr(transformers, names[0]) if names else transformers.AutoModel
     try:
-        model = cls.from_pretrained(str(path), use_safetensors=True, attn_implementation="eager", dtype="float32",
-                                    **_exportable_experts(transformers))
+        with quiet_third_party():  # the "Loading weights" bar
+            model = cls.from_pretrained(str(path), use_safetensors=True, attn_implementation="eager",
+                                        dtype="float32", **_exportable_experts(transformers))
     except Exception as exc:  # noqa: BLE001 - transformers raises many types for a bad folder
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"transformers cannot load {path} as {cls.__name__}: {first}",
