@@ -39,6 +39,8 @@ MS_DOMAIN = "com.microsoft"
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 """rope types whose angle for a position is the same at any sequence length (dynamic NTK and LongRoPE rescale
 with the length, so their table cannot be computed once)"""
+NO_ROTARY = "no rotary embedding"
+"""what :func:`rotary_caches` answers for a model with learned positions (GPT-2, OPT)"""
 
 
 @torch.library.custom_op("infopt::gqa", mutates_args=())
@@ -194,6 +196,11 @@ def _attention_layers(model) -> list:
         n.endswith(("q_proj", "c_attn", "query_key_value", "qkv_proj")) for n, _ in m.named_children())]
 
 
+def _modeling_modules(model) -> set:
+    """The Python modules the attention layers' classes come from (one for a model of one family)."""
+    return {sys.modules[type(layer).__module__] for layer in _attention_layers(model)}
+
+
 def rotary_caches(model, context: int, head_size: int) -> tuple[torch.Tensor, torch.Tensor] | str:
     """``(cos_cache, sin_cache)``, each ``[context, rotary/2]`` in float32, for the op to rotate inside; or why the
     rotary stays where the model computes it."""
@@ -203,9 +210,9 @@ def rotary_caches(model, context: int, head_size: int) -> tuple[torch.Tensor, to
     if kind not in STATIC_ROPE:
         return f"its {kind} rope rescales with the sequence length"
     tables = [m for name, m in model.named_modules() if name.endswith("rotary_emb")]
-    modules = {sys.modules[type(layer).__module__] for layer in _attention_layers(model)}
+    modules = _modeling_modules(model)
     if not tables or not modules:
-        return "no rotary embedding"
+        return NO_ROTARY
     if len(tables) != 1 or len(modules) != 1:
         return "not one rotary table"
     module = next(iter(modules))
@@ -230,7 +237,7 @@ def rotary_caches(model, context: int, head_size: int) -> tuple[torch.Tensor, to
 def rotary_in_attention(model) -> Iterator[None]:
     """Inside the block the model's ``apply_rotary_pos_emb`` hands the query and key through unrotated (the op
     rotates them)."""
-    module = next(iter({sys.modules[type(layer).__module__] for layer in _attention_layers(model)}))
+    module = next(iter(_modeling_modules(model)))
     before = module.apply_rotary_pos_emb
     module.apply_rotary_pos_emb = lambda q, k, *args, **kwargs: (q, k)
     try:

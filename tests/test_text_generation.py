@@ -174,7 +174,10 @@ def test_the_python_api_builds_a_causal_lm_as_text_generation_by_default(decoder
     manifest = json.loads((tmp_path / "api" / "manifest.json").read_text())
     assert manifest["source"]["task"]["name"] == "text-generation"
     assert manifest["validation"]["generation"]["greedy"]["equal"] == 4
-    assert og.Model(str(tmp_path / "api" / "servers" / "onnxruntime-genai")) is not None  # loads as written
+    from infopt.validators.generation import generate_folder
+
+    # the consumer loads the folder as written and generates from it (the 4 new tokens)
+    assert [len(t) for t in generate_folder(tmp_path / "api" / "servers" / "onnxruntime-genai", [[5, 6, 7]], 4)] == [4]
 
     # a causal LM kept on logits says why; an argument only the logits graph takes keeps it there
     plan = infopt.build(folder, dims=["seq=1:8:16"], dry_run=True)
@@ -193,10 +196,20 @@ def test_the_rotary_goes_inside_the_attention_op_only_where_a_table_of_positions
     import torch
 
     from infopt.exporters.kv_attention import rotary_caches
+    from infopt.exporters.kv_decoder import cache_layout, decoder_module
 
     torch.manual_seed(0)
-    cos, sin = rotary_caches(FAMILIES["llama"](), 64, 16)
+    llama = FAMILIES["llama"]().eval()
+    cos, sin = rotary_caches(llama, 64, 16)
     assert cos.shape == sin.shape == (64, 8) and torch.allclose(cos[:, 0], torch.cos(torch.arange(64.0)))
+    # the decoder with the rotary inside the op computes, eagerly, the logits transformers computes
+    layout = cache_layout(llama)
+    ids = torch.randint(3, 512, (1, 9))
+    past = [torch.zeros(1, layout.kv_heads, 0, layout.head_size) for _ in range(2 * layout.layers)]
+    with torch.no_grad():
+        got = decoder_module(llama, layout, fused=True, rotary=(cos, sin))(ids, torch.ones_like(ids), *past)[0]
+        want = llama(input_ids=ids).logits
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
     assert rotary_caches(FAMILIES["gptneox"](), 64, 16) == (
         "its rotary width of 4 is not a multiple of 16, which ONNX Runtime's op needs")
     assert rotary_caches(FAMILIES["gpt2"](), 64, 16) == "no rotary embedding"

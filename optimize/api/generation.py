@@ -241,7 +241,7 @@ def _capture(lm, layout: kv_decoder.CacheLayout, unfused: str | None, context: i
                 rotary = f"the capture with it inside failed ({exc.what})"
         try:
             return (f"{fused}; the rotary embedding as the model computes it"
-                    + (f": {rotary})" if rotary != "no rotary embedding" else ")"),
+                    + (f": {rotary})" if rotary != kv_attention.NO_ROTARY else ")"),
                     kv_decoder.capture(lm, layout, fused=True))
         except CaptureError as exc:
             unfused = f"the fused capture failed ({exc.what})"
@@ -260,17 +260,18 @@ def _fuse_ops(onnx_file: Path) -> str:
         return "norms not fused, projections not packed: the model is stored as external data, which the rewriter would inline"
     fused = onnx_file.with_name("fused.onnx")
     with quiet_third_party():
-        fired = {k: v for k, v in transformer_fusion.fuse_norms_and_rotary(onnx_file, fused).items() if v}
-    model = onnx.load(str(fused))
+        model, counts = transformer_fusion.fuse_norms_and_rotary(onnx_file)
+    fired = {k: v for k, v in counts.items() if v}
     rewrites = {"reshape chains collapsed": decoder_plumbing.collapse_reshapes(model),
                 "projections packed": fuse_matmuls.fuse(model) + fuse_matmuls.fuse_nbits(model)}
     rewrites["attention ops taking packed QKV"] = decoder_plumbing.packed_attention_inputs(model)
+    if not fired and not any(rewrites.values()):
+        return "no norm, projection or reshape pattern to fuse"
     onnx.save(model, str(fused))
-    refused = onnxruntime_refuses(fused, optimize=True) if fired or any(rewrites.values()) else None
-    if refused or not (fired or any(rewrites.values())):
+    refused = onnxruntime_refuses(fused, optimize=True)
+    if refused:
         fused.unlink()
-        return (f"fusions not applied: ONNX Runtime refuses the fused graph ({refused[:200]})" if refused
-                else "no norm, projection or reshape pattern to fuse")
+        return f"fusions not applied: ONNX Runtime refuses the fused graph ({refused[:200]})"
     fused.replace(onnx_file)
     notes = ["fused as ONNX Runtime's ops: " + ", ".join(f"{k} x{v}" for k, v in fired.items())] if fired else []
     return "; ".join(notes + [f"{k} x{v}" for k, v in rewrites.items() if v])

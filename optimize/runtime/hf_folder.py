@@ -82,15 +82,14 @@ def load_hf_folder(path: Path) -> HFSource:
                              fix="save the model with save_pretrained(..., safe_serialization=True)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        with quiet_third_party():  # torchao's "Failed to load" CUDA kernels, from the Python API too
-            import transformers
+        import transformers
     except ImportError as exc:
         raise EnvironmentProblem("Hugging Face model folders need transformers",
                                  fix="pip install 'infopt[llm]'") from exc
     names = [a for a in config.get("architectures") or [] if hasattr(transformers, a)]
     cls = getattr(transformers, names[0]) if names else transformers.AutoModel
     try:
-        with quiet_third_party():  # the "Loading weights" bar
+        with quiet_third_party():  # transformers' "Loading weights" bar, from the Python API too
             model = cls.from_pretrained(str(path), use_safetensors=True, attn_implementation="eager",
                                         dtype="float32", **_exportable_experts(transformers))
     except Exception as exc:  # noqa: BLE001 - transformers raises many types for a bad folder

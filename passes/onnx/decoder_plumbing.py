@@ -21,6 +21,8 @@ themselves. Two rewrites, after the query/key/value projections are packed into 
 
 from __future__ import annotations
 
+from infopt.quantize import onnx_int8
+
 PROJECTIONS = ("MatMul", "MatMulNBits", "MatMulInteger", "Split", "Add", "GroupQueryAttention")
 """what a collapsed chain reads from or feeds (a projection, its bias or the packed projections' split, or the
 attention op)"""
@@ -34,10 +36,7 @@ def collapse_reshapes(model) -> int:
     graph = model.graph
     constants = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
     producer = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, list] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    consumers = onnx_int8.consumers(graph)
     outputs = {o.name for o in graph.output}
     for node in graph.node:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
@@ -78,11 +77,9 @@ def packed_attention_inputs(model) -> int:
     order, that Split's input (packed QKV), in place; returns how many ops now take it."""
     graph = model.graph
     producer = {out: node for node in graph.node for out in node.output}
-    consumers: dict[str, list] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    consumers = onnx_int8.consumers(graph)
     dropped: set[int] = set()
+    fed = 0
     for node in graph.node:
         if node.op_type != "GroupQueryAttention" or len(node.input) < 3:
             continue
@@ -95,8 +92,9 @@ def packed_attention_inputs(model) -> int:
             continue
         node.input[0], node.input[1], node.input[2] = split.input[0], "", ""
         dropped |= {id(split), *(id(v) for v in views)}
+        fed += 1
     if dropped:
         kept = [n for n in graph.node if id(n) not in dropped]
         del graph.node[:]
         graph.node.extend(kept)
-    return len(dropped) // 4
+    return fed

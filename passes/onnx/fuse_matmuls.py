@@ -156,10 +156,9 @@ def fuse_nbits(model) -> int:
                 stacked.append("")
                 continue
             arrays = [numpy_helper.to_array(inits[n.input[slot]]) for n in nodes]
-            rows = [a.reshape(attributes(n)["N"], -1) if slot != 5 else a for a, n in zip(arrays, nodes)]
-            joined = np.concatenate(rows, axis=0)
-            if slot != 5:
-                joined = joined.reshape((-1, *arrays[0].shape[1:]) if arrays[0].ndim > 1 else (-1,))
+            # each row of the weights, scales, zero points and bias belongs to one output: stack the rows
+            joined = np.concatenate([a.reshape(attributes(n)["N"], -1) for a, n in zip(arrays, nodes)])
+            joined = joined.reshape(-1, *arrays[0].shape[1:]) if arrays[0].ndim > 1 else joined.reshape(-1)
             name = f"{head}_fused_{slot}"
             graph.initializer.append(numpy_helper.from_array(joined, name))
             stacked.append(name)

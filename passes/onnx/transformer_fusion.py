@@ -39,10 +39,11 @@ def fuse(source, target) -> dict[str, int]:
     return {k: int(v) for k, v in counts.items()}
 
 
-def fuse_norms_and_rotary(source, target) -> dict[str, int]:
+def fuse_norms_and_rotary(source):
     """Only the norm and rotary fusions of ``fuse``, for a graph whose attention is fused already (the KV
     decoder's): ONNX Runtime's ``(Skip)SimplifiedLayerNormalization``, ``SkipLayerNormalization`` and
-    ``RotaryEmbedding``. The MatMul rewrites are left out: a head tied to the embedding would become a
+    ``RotaryEmbedding``; returns the ``onnx.ModelProto`` (for the caller's further rewrites, saved once) and
+    how often each rule fired. The MatMul rewrites are left out: a head tied to the embedding would become a
     ``FusedMatMul`` with ``transB``, which ONNX Runtime's CPU kernel runs several times slower than the
     ``MatMul`` whose transposed weight its optimizer folds."""
     import onnx_ir as ir
@@ -60,8 +61,7 @@ def fuse_norms_and_rotary(source, target) -> dict[str, int]:
               "cos_sin_cache": cos_sin_cache.fuse_cos_sin_cache(model),
               "partial_rotary_embedding": rotary_embedding.fuse_partial_rotary_embedding(model)}
     optimize(model)
-    ir.save(model, str(target))
-    return {k: int(v) for k, v in counts.items()}
+    return ir.serde.serialize_model(model), {k: int(v) for k, v in counts.items()}
 
 
 def op_counts(path) -> Counter:
