@@ -13,7 +13,7 @@ from google.protobuf import text_format
 
 import infopt
 from infopt.runtime.backends.inductor import AotiRunner
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_cli_here
 from tests.test_bad_input import assert_clean_failure
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
@@ -27,8 +27,8 @@ def triton_config(path):
 @pytest.fixture(scope="module")
 def cnn_auto(files, tmp_path_factory):
     out = tmp_path_factory.mktemp("auto") / "digits"
-    proc = run_cli("build", str(files / "cnn_ts.pt"), *CNN, "--val", str(files / "digits_val.npz"),
-                   "--batch-sizes", "1,16", "--backend", "auto", "--name", "digits", "--output", str(out))
+    proc = run_cli_here("build", str(files / "cnn_ts.pt"), *CNN, "--val", str(files / "digits_val.npz"),
+                        "--batch-sizes", "1,16", "--backend", "auto", "--name", "digits", "--output", str(out), cwd=out.parent)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out, proc.stdout
 
@@ -57,8 +57,8 @@ def test_auto_builds_every_cpu_candidate_and_ships_the_fastest(cnn_auto):
 
 def test_inductor_backend_ships_a_pt2_that_loads_validates_and_serves(files, digits, tmp_path):
     out = tmp_path / "digits"
-    proc = run_cli("build", str(files / "cnn_ts.pt"), *CNN, "--val", str(files / "digits_val.npz"),
-                   "--batch-sizes", "1", "--backend", "inductor", "--name", "digits", "--output", str(out))
+    proc = run_cli_here("build", str(files / "cnn_ts.pt"), *CNN, "--val", str(files / "digits_val.npz"),
+                        "--batch-sizes", "1", "--backend", "inductor", "--name", "digits", "--output", str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["backend"] == "inductor" and manifest["artifacts"]["model"] == "model/model.pt2"
@@ -82,8 +82,9 @@ def test_h100_int8_without_tensorrt_ships_onnx_and_a_server_built_engine(digits,
     calib = tmp_path / "calib.npz"
     np.savez(calib, x=digits[1]["train"][0][:200])
     out = tmp_path / "digits"
-    proc = run_cli("build", str(files / "cnn_ts.pt"), *CNN, "--target", "h100", "--int8", "--calib", str(calib),
-                   "--val", str(files / "digits_val.npz"), "--batch-sizes", "1", "--name", "digits", "--output", str(out))
+    proc = run_cli_here("build", str(files / "cnn_ts.pt"), *CNN, "--target", "h100", "--int8", "--calib", str(calib),
+                        "--val", str(files / "digits_val.npz"), "--batch-sizes", "1", "--name", "digits", "--output", str(out),
+                        cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["backend"] == "tensorrt" and manifest["recipe"]["name"] == "int8-tensorrt"
@@ -119,5 +120,5 @@ def test_combinations_that_cannot_be_built_here(files, tmp_path, args, code, nee
     if code == 4 and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     out = tmp_path / "dist" / "m"
-    proc = run_cli("build", str(files / "cnn_ts.pt"), *CNN, *args, "-o", str(out))
+    proc = run_cli_here("build", str(files / "cnn_ts.pt"), *CNN, *args, "-o", str(out), cwd=tmp_path)
     assert_clean_failure(proc, code, *needles, out=out)

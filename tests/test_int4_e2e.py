@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.bad_models import ConvOnly
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, run_cli_here
 from tests.test_bad_input import assert_clean_failure
 
 pytestmark = pytest.mark.slow
@@ -44,18 +44,20 @@ def llama(tmp_path_factory):
     return folder
 
 
-def build(llama, out, *args):
-    """``infopt build tiny-llama --int4 ...`` in the folder that holds it, with relative paths, as the README shows it.
+def build(llama, out, *args, process: bool = False):
+    """``infopt build tiny-llama --int4 ...`` in the folder that holds it, with relative paths, as the README shows it:
+    the CLI's entry point in this process, or with ``process`` in an interpreter of its own (what stderr shows).
     Batches up to 8: the default 64 times the latency curve and the range check on 64 x 32 x 30522 logits."""
-    return run_cli("build", "tiny-llama", "--int4", "-o", str(out.relative_to(llama)), "--json", "--quiet",
-                   "--dim", "seq=1:32:64", "--dim", "batch=1:4:8", "--batch-sizes", "1,4", *args, cwd=llama)
+    args = ("build", "tiny-llama", "--int4", "-o", str(out.relative_to(llama)), "--json", "--quiet",
+            "--dim", "seq=1:32:64", "--dim", "batch=1:4:8", "--batch-sizes", "1,4", *args)
+    return run_cli(*args, cwd=llama) if process else run_cli_here(*args, cwd=llama)
 
 
 @pytest.fixture(scope="module")
 def gptq_build(llama):
     """``infopt build tiny-llama --int4 --calib calib.txt``: (output folder, manifest)."""
     out = llama / "dist-gptq"
-    proc = build(llama, out, "--calib", "calib.txt", "--backend", "onnxruntime")
+    proc = build(llama, out, "--calib", "calib.txt", "--backend", "onnxruntime", process=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     # quiet by default: loading a Hugging Face folder and GPTQ print nothing of their own (torchao's CUDA
     # kernel warnings, torch's pytree deprecations, transformers' weight-loading bar); -v shows them
@@ -147,13 +149,13 @@ def test_calibration_text_that_tokenizes_to_nothing(llama):
 def test_model_without_linear_layers(tmp_path):
     torch.save(ConvOnly().state_dict(), tmp_path / "conv.pt")
     out = tmp_path / "dist"
-    proc = run_cli("build", str(tmp_path / "conv.pt"), "--model-class", "tests.bad_models:ConvOnly",
-                   "--input", "x:float32[batch,1,8,8]", "--int4", "-o", str(out), cwd=ROOT)
+    proc = run_cli_here("build", str(tmp_path / "conv.pt"), "--model-class", "tests.bad_models:ConvOnly",
+                        "--input", "x:float32[batch,1,8,8]", "--int4", "-o", str(out), cwd=ROOT)
     assert_clean_failure(proc, 2, "no nn.Linear layers", "--int8", out=out)
 
 
 def test_int4_from_torchscript_through_inductor_is_refused(files, tmp_path):
     out = tmp_path / "dist"
-    proc = run_cli("build", str(files / "cnn_ts.pt"), "--input", "x:float32[batch,1,8,8]", "--int4", "--backend",
-                   "inductor", "-o", str(out))
+    proc = run_cli_here("build", str(files / "cnn_ts.pt"), "--input", "x:float32[batch,1,8,8]", "--int4", "--backend",
+                        "inductor", "-o", str(out), cwd=tmp_path)
     assert_clean_failure(proc, 2, "needs the model's Python module", out=out)

@@ -9,7 +9,13 @@ fusion ONNX Runtime refused, ELECTRA's token-classification head on an output na
 built from the input they read (ViT, ResNet, wav2vec2), and an encoder-decoder refused with what to do. Each
 cell asserts exit 0, every candidate built, no traceback, and the drift the manifest measured.
 ``--backend onnxruntime`` keeps each build to seconds (the AOTInductor candidate's C++ compile is
-what the default adds; the CPU matrix covers it)."""
+what the default adds; the CPU matrix covers it).
+
+The builds run the CLI's own entry point (``infopt.cli.app.main``: the same argument parsing, loading,
+build and exit codes) in the test's process, as the CPU matrix does, so that each cell does not pay
+the interpreter's start-up and the imports of torch and transformers again (about 5 s a cell); the
+refusals below, and the text-generation, hub and README tests, run ``python -m infopt.cli`` in a
+process of its own."""
 
 from __future__ import annotations
 
@@ -18,7 +24,7 @@ import json
 import pytest
 
 from infopt.api.builder import DEFAULT_MAX_VAL_SAMPLES
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, run_cli_here
 from tests.test_bad_input import assert_clean_failure
 
 transformers = pytest.importorskip("transformers")
@@ -148,8 +154,8 @@ def test_a_transformers_folder_builds_from_the_command_line(zoo, family, precisi
     media = {"wav2vec2": ["--dim", "samples=4000:8000:16000"]}
     dims = media.get(family, [] if family in INPUT else ["--dim", "seq=1:16:32"])
     backend = [] if backend == "auto" else ["--backend", backend]
-    proc = run_cli("build", f"tiny-{family}", f"--{precision}", *backend, "--dim", "batch=1:2:4",
-                   *dims, "--batch-sizes", "1,4", "-o", out, "--json", "-q", "--strict", cwd=zoo, timeout=600)
+    proc = run_cli_here("build", f"tiny-{family}", f"--{precision}", *backend, "--dim", "batch=1:2:4",
+                        *dims, "--batch-sizes", "1,4", "-o", out, "--json", "-q", "--strict", cwd=zoo)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     manifest = json.loads((zoo / out / "manifest.json").read_text())
@@ -197,9 +203,8 @@ def assert_segments_read_as_transformers_reads_them(zoo, family, dist):
 
 def build_int4(zoo, family):
     out = f"dist-{family}-int4"
-    proc = run_cli("build", f"tiny-{family}", "--int4", "--backend", "onnxruntime", "--dim", "batch=1:2:4",
-                   "--dim", "seq=1:16:32", "--batch-sizes", "1,4", "-o", out, "--json", "-q", "--strict",
-                   cwd=zoo, timeout=600)
+    proc = run_cli_here("build", f"tiny-{family}", "--int4", "--backend", "onnxruntime", "--dim", "batch=1:2:4",
+                        "--dim", "seq=1:16:32", "--batch-sizes", "1,4", "-o", out, "--json", "-q", "--strict", cwd=zoo)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     manifest = json.loads((zoo / out / "manifest.json").read_text())
@@ -292,9 +297,9 @@ def media(zoo):
 def test_an_image_model_calibrates_and_validates_on_a_folder_of_images(media):
     """--calib and --val take image files: through the folder's image processor, every image (of
     several sizes) becomes the 32x32 pixel_values the model reads; INT8 is judged on them."""
-    proc = run_cli("build", "vit-with-processor", "--int8", "--require-precision", "--calib", "images", "--val", "images",
-                   "--backend", "onnxruntime", "--dim", "batch=1:2:4", "--batch-sizes", "1,4", "-o", "vit-images",
-                   "--json", "-q", cwd=media, timeout=600)
+    proc = run_cli_here("build", "vit-with-processor", "--int8", "--require-precision", "--calib", "images", "--val",
+                        "images", "--backend", "onnxruntime", "--dim", "batch=1:2:4", "--batch-sizes", "1,4", "-o",
+                        "vit-images", "--json", "-q", cwd=media)
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifest = json.loads((media / "vit-images" / "manifest.json").read_text())
     assert manifest["provenance"]["calibration"]["source"] == "images"
@@ -306,9 +311,9 @@ def test_an_image_model_calibrates_and_validates_on_a_folder_of_images(media):
 @pytest.mark.slow
 def test_a_text_model_validates_on_a_text_file_through_its_tokenizer(media):
     lines = [line for line in (media / "sentences.txt").read_text().splitlines() if line.strip()]
-    proc = run_cli("build", "bert-with-tokenizer", "--val", "sentences.txt", "--backend", "onnxruntime", "--dim",
-                   "batch=1:2:4", "--dim", "seq=1:16:32", "--batch-sizes", "1", "-o", "bert-text", "--json", "-q",
-                   cwd=media, timeout=600)
+    proc = run_cli_here("build", "bert-with-tokenizer", "--val", "sentences.txt", "--backend", "onnxruntime", "--dim",
+                        "batch=1:2:4", "--dim", "seq=1:16:32", "--batch-sizes", "1", "-o", "bert-text", "--json", "-q",
+                        cwd=media)
     assert proc.returncode == 0, proc.stderr[-3000:]
     drift = json.loads((media / "bert-text" / "manifest.json").read_text())["validation"]["drift"]
     assert drift["source"] == "sentences.txt" and not drift["random_inputs"]
@@ -317,9 +322,9 @@ def test_a_text_model_validates_on_a_text_file_through_its_tokenizer(media):
 
 @pytest.mark.slow
 def test_an_audio_model_validates_on_wav_files(media):
-    proc = run_cli("build", "wav2vec2-with-processor", "--val", "audio", "--backend", "onnxruntime", "--dim", "batch=1:2:4",
-                   "--dim", "samples=4000:8000:16000", "--batch-sizes", "1", "-o", "w2v-audio", "--json", "-q",
-                   cwd=media, timeout=600)
+    proc = run_cli_here("build", "wav2vec2-with-processor", "--val", "audio", "--backend", "onnxruntime", "--dim",
+                        "batch=1:2:4", "--dim", "samples=4000:8000:16000", "--batch-sizes", "1", "-o", "w2v-audio",
+                        "--json", "-q", cwd=media)
     assert proc.returncode == 0, proc.stderr[-3000:]
     drift = json.loads((media / "w2v-audio" / "manifest.json").read_text())["validation"]["drift"]
     assert drift["source"] == "audio" and drift["samples"] == 6 and not drift["random_inputs"]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import infopt
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_cli_here
 
 CNN_INPUT = "x:float32[batch,1,8,8]"
 
@@ -95,8 +95,8 @@ def test_rebuild_with_other_thresholds_reads_the_calibration_cache(static_cnn, d
 def test_unreachable_budget_is_a_failed_verdict_that_says_so(files, calib, tmp_path, monkeypatch):
     monkeypatch.setenv("INFOPT_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "strict"
-    proc = run_cli("build", str(files / "cnn_ts.pt"), "--input", CNN_INPUT, "--int8", "--calib", str(calib),
-                   "--max-drift", "max_abs=0", "--output", str(out), "--batch-sizes", "1")
+    proc = run_cli_here("build", str(files / "cnn_ts.pt"), "--input", CNN_INPUT, "--int8", "--calib", str(calib),
+                        "--max-drift", "max_abs=0", "--output", str(out), "--batch-sizes", "1", cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "NOT met" in proc.stdout and "every layer in FP32" in (out / "report.md").read_text()
     manifest = json.loads((out / "manifest.json").read_text())
