@@ -17,6 +17,10 @@ $(STAMP): pyproject.toml constraints.txt
 	BUILD_CUDA_EXT=0 $(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
 	# the KServe SDK only for its model classes (tests deserialize the manifests); its own dependencies would downgrade protobuf
 	$(PY) -m pip install --quiet --no-deps "kserve==0.21.0"
+	# the real Triton Inference Server (a binary with its Python backend) for the tests; the wheel's own pins would
+	# move NumPy below 2 here, so the server runs models in an environment of NumPy 1.x made beside this one
+	$(PY) -m pip install --quiet --no-deps "nvidia-pytriton==0.7.0"
+	$(PY) -c "from infopt.runtime.serving.triton_server import stub_python; stub_python()"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import numpy as np
 from infopt.core.cache import cache_root
 from infopt.core.manifest import model_sha256
 from infopt.core.threads import ort_session_options
+from infopt.core.work_folders import work_folder
 from infopt.quantize.calib_data import CalibrationSet
 from infopt.quantize.observers import Observer
 
@@ -94,7 +94,7 @@ def _run(model_path: Path, tensors: list[str], channel_tensors: list[str], data:
     wanted = list(dict.fromkeys([*tensors, *channel_tensors]))
     observers = {t: replace(observer) for t in tensors}
     absmax: dict[str, np.ndarray] = {}
-    with tempfile.TemporaryDirectory(prefix="infopt-calib-") as tmp:
+    with work_folder("calib") as tmp:
         session = _tapped_session(model_path, wanted, Path(tmp))
         for batch in data.batches:
             for name, value in zip(wanted, session.run(wanted, batch)):

@@ -15,13 +15,13 @@ The fallback uses it to move to FP32 the layers that cost the most drift per mil
 from __future__ import annotations
 
 import json
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 from infopt.core.threads import ort_session_options
+from infopt.core.work_folders import work_folder
 
 SEPARATORS = ("/", "_")
 
@@ -43,7 +43,7 @@ def kernel_times(path: Path, feed: dict[str, np.ndarray], runs: int) -> dict[str
     neighbour's stalls do not count)."""
     import onnxruntime as ort
 
-    with tempfile.TemporaryDirectory(prefix="infopt-profile-") as tmp:
+    with work_folder("profile") as tmp:
         options = ort_session_options()
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(tmp) / "run")

@@ -11,7 +11,6 @@ quantized model is built from the chosen set and validated on its own.
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -20,6 +19,7 @@ import numpy as np
 
 from infopt.core.errors import UsageError
 from infopt.core.threads import ort_session_options
+from infopt.core.work_folders import work_folder
 from infopt.quantize.onnx_int8 import Layer
 from infopt.validators import metrics
 from infopt.validators.drift import worst
@@ -94,7 +94,7 @@ class Probe:
 
         model = onnx.load(str(model_path))
         _insert_switches(model, layers, ranges, symmetric)
-        self._tmp = tempfile.TemporaryDirectory(prefix="infopt-probe-")
+        self._tmp = work_folder("probe")
         path = Path(self._tmp.name) / "probe.onnx"
         onnx.save(model, str(path), save_as_external_data=True, location="probe.onnx.data")
         options = ort_session_options(optimize=False)

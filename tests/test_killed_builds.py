@@ -83,3 +83,46 @@ def test_sigterm_landing_while_a_module_is_half_imported_still_stops_cleanly():
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.returncode == 143
     assert proc.stderr.startswith("error (interrupted): stopped by SIGTERM")
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended."""
+    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    return int(done.stdout)
+
+
+def test_work_folders_of_killed_builds_are_removed_by_the_next_build_and_by_doctor(tmp_path, monkeypatch):
+    """A build killed with SIGKILL cannot remove its folders in $TMPDIR; the next build and ``infopt doctor``
+    remove those whose process is gone, and leave a running process's and anything not infopt's."""
+    import tempfile
+
+    from tests.conftest import run_cli_here
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    torch.jit.save(torch.jit.trace(Tiny().eval(), torch.randn(2, 4)), str(tmp_path / "tiny.pt"))
+
+    def leave() -> list:
+        pid = _dead_pid()
+        folders = [tmp / f"infopt-build-{pid}-a1b2c3", tmp / f"infopt-calib-{pid}-x_y"]
+        for folder in folders:
+            folder.mkdir()
+            (folder / "model.onnx").write_bytes(b"0" * 1024)
+        return folders
+
+    running = tmp / f"infopt-build-{os.getppid()}-live"  # the test runner's parent runs
+    running.mkdir()
+    theirs = tmp / "infopt-something-else"
+    theirs.mkdir()
+    left = leave()
+    proc = run_cli("doctor", "--clean", "dist", cwd=tmp_path, env={"TMPDIR": str(tmp)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not any(f.exists() for f in left) and running.is_dir() and theirs.is_dir()
+    assert proc.stdout.count("left by a build that was killed") == 2
+
+    left = leave()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    proc = run_cli_here(*BUILD, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not any(f.exists() for f in left) and running.is_dir() and theirs.is_dir()
+    assert sorted(p.name for p in tmp.iterdir() if p.name.startswith("infopt-")) == sorted([running.name, theirs.name])

@@ -28,11 +28,12 @@ known ones. Without a ``reference`` section the candidate's own recipe threshold
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from infopt.core.errors import UsageError
 from infopt.core.recipe import DriftThresholds
@@ -50,6 +51,17 @@ class TaskGate(_Strict):
     higher_is_better: bool | None = Field(None, description="for a module:function metric (default true)")
     max_drop: float | None = Field(0.01, ge=0, description="largest allowed drop of the candidate's score below the baseline's")
     min: float | None = Field(None, description="smallest allowed candidate score (largest, for a lower-is-better metric)")
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, value: str | None) -> str | None:
+        """Checked when the gate is configured, not when labels are first read: a gate whose data has no
+        labels would otherwise pass with a metric that does not exist."""
+        if value is None or value in ("accuracy", "mse") or re.fullmatch(r"top[1-9]\d*", value) \
+                or re.fullmatch(r"[\w.]+:\w+", value):
+            return value
+        raise ValueError(f"unknown task metric {value!r}: the metrics are accuracy, topK (e.g. top5), mse, "
+                         "or module:function(outputs, labels) -> float")
 
 
 class LatencyGate(_Strict):
@@ -112,7 +124,8 @@ def parse(raw: dict[str, Any], where: str) -> GateConfig:
             known = SECTIONS[parent].model_fields if parent in SECTIONS else GateConfig.model_fields
             raise UsageError(f"unknown key {loc!r} in the gate file", where=where,
                              fix=f"the keys{' of ' + str(parent) if parent else ''} are: {', '.join(known)}") from None
-        raise UsageError(f"gate file key {loc}: {error['msg']}", where=where,
+        message = str(error["msg"]).removeprefix("Value error, ")
+        raise UsageError(f"gate setting {loc}: {message}", where=where,
                          fix="see `infopt gate --help` for the keys and their meaning") from None
 
 

@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from infopt.core.errors import ValidationFailed
 from infopt.core.manifest import read_manifest
 from infopt.core.sample_inputs import random_feed
+from infopt.core.work_folders import work_folder
 from infopt.runtime.backends import manifest_runner
 
 CHILD_TIMEOUT_S = 600
@@ -79,7 +79,7 @@ def measure_here(dist: Path, batch: int) -> dict:
 
 def measure(dist: Path, batch: int) -> dict:
     """``measure_here`` in a fresh child process, which writes its figures to a file of ours."""
-    with tempfile.TemporaryDirectory(prefix="infopt-memory-") as tmp:
+    with work_folder("memory") as tmp:
         result = Path(tmp) / "memory.json"
         cmd = [sys.executable, "-m", "infopt.validators.memory", str(dist), str(batch), str(result)]
         try:

@@ -45,7 +45,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -53,6 +52,7 @@ from typing import Any
 from infopt.core.errors import BuildError, EnvironmentProblem, UsageError
 from infopt.core.inputspec import InputSpec
 from infopt.core.manifest_schema import Manifest
+from infopt.core.work_folders import work_folder
 from infopt.exporters.servers.emitter import EmitJob, ServerEmitter, register
 
 HANDLER_FILE = "infopt_handler.py"
@@ -182,7 +182,7 @@ def write_torchserve(folder: Path, name: str, model_file: Path, manifest: Manife
     io = io_description(name, model_file, manifest)
     store = folder / "model-store"
     store.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="infopt-torchserve-") as tmp:
+    with work_folder("torchserve") as tmp:
         work = Path(tmp)
         (work / HANDLER_FILE).write_text(HANDLER)
         (work / IO_FILE).write_text(json.dumps(io, indent=2) + "\n")

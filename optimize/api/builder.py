@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -30,6 +29,7 @@ from infopt.core.step_times import StepTimes
 from infopt.core.target import get_target
 from infopt.core.threads import ENV as THREADS_ENV
 from infopt.core.threads import thread_cap
+from infopt.core.work_folders import clean_dead_work_folders, work_folder
 from infopt.exporters.staging import MAX_NAME_BYTES, check_output, claim_output, removed_if_stopped, staged_output
 from infopt.exporters.torch_export import user_frame
 from infopt.passes.fx.quantize_int4 import has_python_module
@@ -263,7 +263,8 @@ def _build_claimed(loaded, spec, recipes, target_obj, name, out, force, val, max
                                      hold_out=val is None, reader=ctx.reader)
     ctx.calib = calib
 
-    with tempfile.TemporaryDirectory(prefix="infopt-build-") as work, removed_if_stopped(Path(work)):
+    clean_dead_work_folders()  # what builds killed outright (SIGKILL) left in $TMPDIR
+    with work_folder("build") as work, removed_if_stopped(Path(work)):
         return _build_in(Path(work), loaded, artifact, reference, spec, recipes, target_obj, name, out, force,
                          val, max_val_samples, console, ctx)
 

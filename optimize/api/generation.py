@@ -17,7 +17,6 @@ decoder), and ``servers/onnxruntime-genai/``. It builds for the CPU.
 
 from __future__ import annotations
 
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -38,6 +37,7 @@ from infopt.core.manifest import EXTERNAL_DATA_BYTES, data_sha256
 from infopt.core.recipe import Recipe
 from infopt.core.step_times import StepTimes
 from infopt.core.target import get_target
+from infopt.core.work_folders import work_folder
 from infopt.exporters import kv_attention, kv_decoder
 from infopt.exporters.int4_checkpoint import CHECKPOINT_PRODUCT
 from infopt.exporters.servers import onnxruntime_genai as genai
@@ -113,7 +113,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
     name = name or loaded.name or folder.name
     out = Path(output).absolute() if output else (Path("dist") / name).absolute()
     call = call_text(model, {"task": TASK, **({"precision": precision} if precision != "fp32" else {})})
-    with claim_output(out, force), tempfile.TemporaryDirectory(prefix="infopt-generation-") as work:
+    with claim_output(out, force), work_folder("generation") as work:
         work = Path(work)
         passes, quantization, deployed, products = [], None, lm, {}
         if precision == "int4":

@@ -117,7 +117,7 @@ def build_cell(args: list[str], paths: list[str], folder: str, timeout: float, *
     """On the worker: the cell's inputs unpacked, its build run, its output folder packed."""
     import ray
 
-    work = Path(tempfile.mkdtemp(prefix="infopt-cell-"))
+    work = Path(tempfile.mkdtemp(prefix=f"infopt-cell-{os.getpid()}-"))
     try:
         local = {}
         for n, (path, blob) in enumerate(zip(paths, blobs)):

@@ -67,12 +67,13 @@ def doctor(
     as_json: o.Json = False,
     clean: Annotated[Path, typer.Option("--clean", help="Folder whose leftovers of killed builds to remove (those no live build owns).")] = Path("dist"),
 ) -> None:
-    """Which backends and devices are available here, and why not; removes what killed builds left in dist/."""
+    """Which backends and devices are available here, and why not; removes what killed builds left in dist/ and $TMPDIR."""
+    from infopt.core.work_folders import clean_dead_work_folders
     from infopt.exporters.staging import clean_stale
     from infopt.runtime.doctor import checks
 
     found = checks()
-    removed = clean_stale(clean)
+    removed = clean_stale(clean) + clean_dead_work_folders()
     if as_json:
         print_json(found)
         return

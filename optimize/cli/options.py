@@ -38,4 +38,28 @@ def parse_batch_sizes(text: str | None) -> list[int] | None:
 
 
 def thresholds(**values: float | None) -> dict[str, float]:
-    return {k: v for k, v in values.items() if v is not None}
+    """The limits given on the command line, each checked before any work: a limit that is not a number
+    (``nan``, ``inf``) or lies outside its metric's range could never be met, or always would be."""
+    import math
+
+    from pydantic import ValidationError
+
+    from infopt.core.errors import UsageError
+    from infopt.core.recipe import DriftThresholds
+
+    given = {k: v for k, v in values.items() if v is not None}
+    drift = {k: v for k, v in given.items() if k in DriftThresholds.model_fields}
+    try:
+        DriftThresholds.model_validate(drift)
+        problem = None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        problem = (str(first["loc"][0]), first["msg"].lower())
+    if problem is None and "max_p99_ms" in given and not (math.isfinite(given["max_p99_ms"]) and given["max_p99_ms"] > 0):
+        problem = ("max_p99_ms", "input should be a finite number greater than 0")
+    if problem:
+        name, why = problem
+        raise UsageError(f"--{name.replace('_', '-')} {given[name]}: {why}",
+                         fix="give a finite limit in the metric's range, e.g. --max-abs 0.01, --min-cosine 0.99, "
+                             "--min-top1 0.95, --max-p99-ms 20")
+    return given

@@ -33,13 +33,14 @@ class PassStep(_Strict):
 class DriftThresholds(_Strict):
     """Limits on the candidate's drift from the eager reference; ``None`` means unchecked."""
 
-    max_abs: float | None = Field(None, description="largest absolute difference")
-    mean_abs: float | None = Field(None, description="mean absolute difference")
-    max_rel: float | None = Field(None, description="largest relative difference")
-    min_cosine: float | None = Field(None, description="smallest cosine similarity per sample")
-    min_mean_cosine: float | None = Field(None, description="smallest mean cosine similarity over the samples")
-    min_sqnr_db: float | None = Field(None, description="smallest signal-to-quantization-noise ratio, dB")
-    min_top1: float | None = Field(None, description="smallest top-1 agreement for classifier outputs")
+    max_abs: float | None = Field(None, ge=0, allow_inf_nan=False, description="largest absolute difference")
+    mean_abs: float | None = Field(None, ge=0, allow_inf_nan=False, description="mean absolute difference")
+    max_rel: float | None = Field(None, ge=0, allow_inf_nan=False, description="largest relative difference")
+    min_cosine: float | None = Field(None, ge=-1, le=1, allow_inf_nan=False, description="smallest cosine similarity per sample")
+    min_mean_cosine: float | None = Field(None, ge=-1, le=1, allow_inf_nan=False,
+                                          description="smallest mean cosine similarity over the samples")
+    min_sqnr_db: float | None = Field(None, allow_inf_nan=False, description="smallest signal-to-quantization-noise ratio, dB")
+    min_top1: float | None = Field(None, ge=0, le=1, allow_inf_nan=False, description="smallest top-1 agreement for classifier outputs")
 
 
 MIN_CURVE_RUNS = 3

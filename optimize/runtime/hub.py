@@ -36,10 +36,18 @@ class HubSnapshot:
         return {"repo_id": self.repo_id, "revision": self.revision, "commit": self.commit}
 
 
+MODEL_FILE_SUFFIXES = (".pt", ".pt2", ".pth", ".onnx", ".ts", ".jit", ".ckpt", ".bin", ".safetensors", ".pkl", ".zip")
+"""what a model file's name ends in: ``fx/model.pt`` that does not exist is a mistyped path, not a repository"""
+
+
 def is_hub_id(source: str | Path) -> bool:
-    """A string that names no file or folder here and reads as ``org/name[@revision]``."""
+    """A string that names no file or folder here and reads as ``org/name[@revision]``, unless it reads
+    as a path that is missing: a model file's suffix, or a first part that is a folder here."""
     text = str(source)
-    return not Path(text).exists() and HUB_ID.match(text) is not None
+    if Path(text).exists() or HUB_ID.match(text) is None:
+        return False
+    repo = HUB_ID.match(text)["repo"]
+    return not repo.lower().endswith(MODEL_FILE_SUFFIXES) and not Path(repo).parent.is_dir()
 
 
 def offline() -> bool:
@@ -62,7 +70,8 @@ def snapshot(source: str) -> HubSnapshot:
         folder = Path(snapshot_download(repo, revision=revision, allow_patterns=WANTED))
     except LocalEntryNotFoundError as exc:
         why = "HF_HUB_OFFLINE is set" if offline() else "the hub could not be reached"
-        raise EnvironmentProblem(f"{repo}@{revision} is not in the Hugging Face cache and {why}",
+        raise EnvironmentProblem(f"{repo}@{revision} is not in the Hugging Face cache and {why} (and no file or folder "
+                                 f"here is named {source})",
                                  where=str(HF_HUB_CACHE),
                                  fix=f"fetch it once where the hub is reachable (hf download {repo} --revision {revision}), "
                                      "point HF_HUB_CACHE at a cache that has it, or pass a local folder") from exc

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
-import sys
 
 import numpy as np
 import pytest
-from google.protobuf import json_format, text_format
+from google.protobuf import text_format
 
 from infopt.core.errors import UsageError
 from infopt.core.inputspec import InputSpec
@@ -137,6 +136,7 @@ def test_python_backend_config_for_pt2(tmp_path):
 
 @pytest.mark.slow
 def test_python_backend_model_runs_a_real_pt2(tmp_path, monkeypatch):
+    """model.py's inference logic on its own; a real Triton serves it in test_triton_server.py."""
     torch = pytest.importorskip("torch")
     from torch.export import Dim
 
@@ -164,36 +164,3 @@ def test_python_backend_model_runs_a_real_pt2(tmp_path, monkeypatch):
             want = model(torch.from_numpy(x)).numpy()
         assert got.shape == (n, 3)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-
-    # The Triton entry points, fed the config as Triton passes it (JSON) and a stand-in pb_utils.
-    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", _stand_in_pb_utils())
-    config = json_format.MessageToJson(parse((folder / "config.pbtxt").read_text()), preserving_proto_field_name=True)
-    served = module.TritonPythonModel()
-    served.initialize({"model_config": config, "model_instance_kind": "CPU", "model_instance_device_id": "0",
-                       "model_repository": str(folder), "model_version": "1", "model_name": "lin"})
-    x = np.random.default_rng(7).standard_normal((3, 6), dtype=np.float32)
-    (response,) = served.execute([{"x": x}])
-    assert response.error is None and [t.name for t in response.output_tensors] == ["y"]
-    with torch.no_grad():
-        np.testing.assert_allclose(response.output_tensors[0].array, model(torch.from_numpy(x)).numpy(), rtol=1e-5, atol=1e-5)
-    (failed,) = served.execute([{"x": np.zeros((2, 5), np.float32)}])  # wrong width: an error response
-    assert failed.error is not None and failed.output_tensors == []
-
-
-def _stand_in_pb_utils():
-    """The parts of triton_python_backend_utils that model.py uses; a request is a dict of arrays."""
-    from types import SimpleNamespace
-
-    class Tensor:
-        def __init__(self, name, array):
-            self.name, self.array = name, array
-
-        def as_numpy(self):
-            return self.array
-
-    class InferenceResponse:
-        def __init__(self, output_tensors, error=None):
-            self.output_tensors, self.error = output_tensors, error
-
-    return SimpleNamespace(Tensor=Tensor, InferenceResponse=InferenceResponse, TritonError=RuntimeError,
-                           get_input_tensor_by_name=lambda request, name: Tensor(name, request[name]))

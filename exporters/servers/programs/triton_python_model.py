@@ -2,9 +2,15 @@
 
 ``load_package`` and ``infer`` hold the inference logic and need only torch and numpy;
 ``TritonPythonModel`` adapts them to Triton's request and response objects.
+
+Triton's Python backend exchanges tensors with the server through NumPy 1.x: under NumPy 2 the inputs
+arrive as zeros and the outputs leave empty, with no error (Triton 2.51 and 2.52 list NumPy 2 as
+unsupported). The model therefore refuses to load under NumPy 2, saying so, unless
+``INFOPT_TRITON_NUMPY2=1`` says the Triton in use handles it.
 """
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +40,20 @@ def infer(package, arrays):
     return [t.detach().cpu().numpy() for t in tree_leaves(result) if isinstance(t, torch.Tensor)]
 
 
+def check_numpy(version=None, allowed=None):
+    """Raise where NumPy is 2 or later and ``INFOPT_TRITON_NUMPY2`` is not 1: the backend would serve zeros."""
+    version = np.__version__ if version is None else version
+    allowed = os.environ.get("INFOPT_TRITON_NUMPY2") == "1" if allowed is None else allowed
+    if int(version.split(".")[0]) >= 2 and not allowed:
+        raise RuntimeError(f"NumPy {version} in the Python environment Triton runs this model in: Triton's Python "
+                           "backend passes tensors through NumPy 1.x, and under NumPy 2 requests would get zeros in "
+                           "and empty outputs back. Install numpy<2 in that environment (set "
+                           "INFOPT_TRITON_NUMPY2=1 where the Triton in use supports NumPy 2)")
+
+
 class TritonPythonModel:
     def initialize(self, args):
+        check_numpy()
         config = json.loads(args["model_config"])
         self.input_names = [i["name"] for i in config["input"]]
         self.output_names = [o["name"] for o in config["output"]]

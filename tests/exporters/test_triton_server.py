@@ -1,0 +1,163 @@
+"""A real Triton Inference Server serving the repositories infopt writes, queried with ``tritonclient``.
+
+The server is the ``tritonserver`` binary the ``nvidia-pytriton`` wheel ships (2.51, Python backend, on
+this CPU), started by ``infopt.runtime.serving.triton_server.serving`` on loopback ports and always
+stopped. It serves the AOTInductor Python-backend models of two builds: the digits CNN (float images,
+a batch dim) and the token encoder (int64 ids, a dynamic sequence dim), in one repository.
+
+Not served here: the ONNX Runtime backend's repositories (that backend is not in the binary; their
+config is checked against Triton's schema in ``test_triton.py``, and the ONNX model itself runs in ONNX
+Runtime in every build) and TensorRT plans (no GPU).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from infopt.core.errors import EnvironmentProblem
+
+http = pytest.importorskip("tritonclient.http")
+grpc = pytest.importorskip("tritonclient.grpc")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from infopt.runtime.serving.triton_server import bundled, serving  # noqa: E402
+
+
+def _server_missing() -> str | None:
+    try:
+        bundled()
+    except EnvironmentProblem as exc:
+        return exc.what
+    return None
+
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(_server_missing() is not None, reason=_server_missing() or ""),
+              pytest.mark.xdist_group("triton-server")]
+
+
+@pytest.fixture(scope="module")
+def served(digits, encoder, tmp_path_factory):
+    """(the running server's endpoints, the digits CNN, the encoder) with both builds' Triton repositories."""
+    import infopt
+    from infopt.core.cache import cache_dir
+
+    root = tmp_path_factory.mktemp("triton-server")
+    cnn, data = digits
+    enc, edata = encoder
+    # infopt's own Inductor cache, as builds use it: a fresh one recompiles the AOTI headers
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache_dir("inductor")))
+        infopt.build(cnn, example_inputs=(torch.from_numpy(data["val"][0][:2]),), backend="inductor", name="digits",
+                     dims=["batch=1:8:16"], output=root / "digits", progress=False)
+        infopt.build(enc, inputs=["input_ids:int64[batch,seq]"], backend="inductor", name="encoder",
+                     dims=["batch=1:4:8", "seq=2:16:64"], output=root / "encoder", progress=False)
+    repository = root / "repository"
+    for name in ("digits", "encoder"):
+        shutil.copytree(root / name / "servers" / "triton" / name, repository / name)
+    with serving(repository, root / "server", verbose=True) as endpoints:
+        yield endpoints, cnn, enc
+
+
+def eager(model, x: np.ndarray) -> np.ndarray:
+    with torch.inference_mode():
+        return model(torch.from_numpy(x)).numpy()
+
+
+def ask(client_module, url: str, model: str, name: str, x: np.ndarray, output: str = "output") -> np.ndarray:
+    client = client_module.InferenceServerClient(url)
+    inputs = [client_module.InferInput(name, list(x.shape), {np.float32: "FP32", np.int64: "INT64"}[x.dtype.type])]
+    inputs[0].set_data_from_numpy(x)
+    return client.infer(model, inputs).as_numpy(output)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_served_models_answer_what_eager_computes(served, digits, encoder, protocol):
+    endpoints, cnn, enc = served
+    module, url = (http, endpoints.http) if protocol == "http" else (grpc, endpoints.grpc)
+    images = digits[1]["val"][0]
+    for batch in (1, 3, 16):
+        x = np.ascontiguousarray(images[:batch])
+        got = ask(module, url, "digits", "x", x)
+        assert got.shape == (batch, 10)
+        np.testing.assert_allclose(got, eager(cnn, x), atol=1e-4)
+    ids = encoder[1]["val"][0]
+    for batch, seq in ((1, 2), (2, 16), (8, 64)):
+        x = np.ascontiguousarray(np.resize(ids[:batch], (batch, seq)).astype(np.int64))
+        got = ask(module, url, "encoder", "input_ids", x)
+        assert got.shape == (batch, 2)
+        np.testing.assert_allclose(got, eager(enc, x), atol=1e-4)
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(served, digits):
+    endpoints, cnn, _ = served
+    images = digits[1]["val"][0][:48]
+
+    def one(i: int) -> np.ndarray:
+        return ask(http, endpoints.http, "digits", "x", np.ascontiguousarray(images[i:i + 1]))
+
+    before = _batches(endpoints.statistics("digits"))
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(one, range(len(images))))
+    np.testing.assert_allclose(np.concatenate(answers), eager(cnn, images), atol=1e-4)
+    after = _batches(endpoints.statistics("digits"))
+    ran = {size: after.get(size, 0) - before.get(size, 0) for size in after}
+    assert sum(size * count for size, count in ran.items()) == len(images)
+    assert any(size > 1 and count for size, count in ran.items()), ran  # the dynamic batcher joined requests
+
+
+def _batches(stats: dict) -> dict[int, int]:
+    """Executions by batch size, from the server's own statistics."""
+    model = stats["model_stats"][0]
+    return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in model.get("batch_stats", [])}
+
+
+@pytest.mark.parametrize(("x", "datatype", "needle"), [
+    (np.zeros((1, 1, 8, 4), np.float32), "FP32", "unexpected shape for input 'x'"),
+    (np.zeros((1, 1, 8, 8), np.int32), "INT32", "data-type is 'INT32'"),
+    (np.zeros((17, 1, 8, 8), np.float32), "FP32", "batch-size must be <= 16"),
+])
+def test_a_bad_request_is_a_400_naming_it_and_the_model_stays_up(served, digits, x, datatype, needle):
+    endpoints, cnn, _ = served
+    client = http.InferenceServerClient(endpoints.http)
+    request = http.InferInput("x", list(x.shape), datatype)
+    request.set_data_from_numpy(x)
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("digits", [request])
+    assert caught.value.status() == "400" and needle in caught.value.message(), caught.value
+    good = np.ascontiguousarray(digits[1]["val"][0][:2])
+    np.testing.assert_allclose(ask(http, endpoints.http, "digits", "x", good), eager(cnn, good), atol=1e-4)
+
+
+def test_the_warm_up_the_config_asks_for_ran_before_the_server_was_ready(served):
+    """Every warm-up sample of each config ran as often as it says, before the server answered ready."""
+    import re
+
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    endpoints, _, _ = served
+    log = endpoints.log.read_text(errors="replace")
+    for name in ("digits", "encoder"):
+        config = text_format.Parse((endpoints.repository / name / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+        assert config.model_warmup, f"{name}'s config asks for no warm-up"
+        for sample in config.model_warmup:
+            runs = re.findall(rf"model '{name}' instance \S+ is running warmup sample '{sample.name}' for iteration", log)
+            assert len(runs) == sample.count, (name, sample.name, len(runs))
+
+
+def test_the_model_refuses_numpy_2_which_the_backend_would_serve_zeros_under():
+    source = Path(__file__).resolve().parents[2] / "exporters" / "servers" / "programs" / "triton_python_model.py"
+    loaded = importlib.util.spec_from_file_location("triton_program", source)
+    module = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(module)
+    with pytest.raises(RuntimeError, match="NumPy 2.2.6 in the Python environment Triton runs this model in"):
+        module.check_numpy("2.2.6", allowed=False)
+    module.check_numpy("1.26.4", allowed=False)
+    module.check_numpy("2.2.6", allowed=True)
