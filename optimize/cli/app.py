@@ -17,6 +17,7 @@ from infopt.cli.build import build
 from infopt.cli.gate import gate
 from infopt.cli.info import doctor, recipes, targets
 from infopt.cli.inspect_model import inspect
+from infopt.cli.serve import serve
 from infopt.cli.sweep import sweep
 from infopt.cli.validate import validate
 from infopt.cli.verify import sign, verify
@@ -73,6 +74,7 @@ app.command()(inspect)
 app.command()(targets)
 app.command()(recipes)
 app.command()(doctor)
+app.command()(serve)
 
 
 def main() -> None:

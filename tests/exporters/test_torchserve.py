@@ -354,3 +354,19 @@ def test_torchserve_serves_an_aoti_package(digits, tmp_path_factory, tmp_path, m
         np.testing.assert_allclose(predict(server, "digits", x), eager(model, x), atol=1e-4)
         np.testing.assert_allclose(predict(server, "digits", x[5:6]), eager(model, x[5:6]), atol=1e-4)
         check_bad_requests(server, "digits", x)
+
+
+@needs_server
+@pytest.mark.slow
+def test_infopt_serve_starts_torchserve_for_an_onnx_build_and_stops_on_ctrl_c(digits, digits_onnx):
+    """``infopt serve DIST``: an ONNX build goes to TorchServe (the bundled Triton has no ONNX Runtime backend)."""
+    from tests.served import serve_and_ask
+
+    model, _ = digits
+    dist, _ = digits_onnx
+    reply, printed, code = serve_and_ask(dist)
+    assert code == 0, printed[-3000:]
+    assert "with TorchServe on http://127.0.0.1:" in printed and "stopped" in printed
+    (output,) = reply["outputs"]
+    np.testing.assert_allclose(np.asarray(output["data"], np.float32).reshape(1, 10),
+                               eager(model, np.zeros((1, 1, 8, 8), np.float32)), atol=1e-4)

@@ -44,7 +44,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(_server_missing() is not None
 
 @pytest.fixture(scope="module")
 def served(digits, encoder, tmp_path_factory):
-    """(the running server's endpoints, the digits CNN, the encoder) with both builds' Triton repositories."""
+    """(the running server's endpoints, the digits CNN, the encoder, the folder holding both builds) with both
+    builds' Triton repositories."""
     import infopt
     from infopt.core.cache import cache_dir
 
@@ -62,7 +63,7 @@ def served(digits, encoder, tmp_path_factory):
     for name in ("digits", "encoder"):
         shutil.copytree(root / name / "servers" / "triton" / name, repository / name)
     with serving(repository, root / "server", verbose=True) as endpoints:
-        yield endpoints, cnn, enc
+        yield endpoints, cnn, enc, root
 
 
 def eager(model, x: np.ndarray) -> np.ndarray:
@@ -79,7 +80,7 @@ def ask(client_module, url: str, model: str, name: str, x: np.ndarray, output: s
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_the_served_models_answer_what_eager_computes(served, digits, encoder, protocol):
-    endpoints, cnn, enc = served
+    endpoints, cnn, enc, _ = served
     module, url = (http, endpoints.http) if protocol == "http" else (grpc, endpoints.grpc)
     images = digits[1]["val"][0]
     for batch in (1, 3, 16):
@@ -96,7 +97,7 @@ def test_the_served_models_answer_what_eager_computes(served, digits, encoder, p
 
 
 def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(served, digits):
-    endpoints, cnn, _ = served
+    endpoints, cnn, _, _ = served
     images = digits[1]["val"][0][:48]
 
     def one(i: int) -> np.ndarray:
@@ -124,7 +125,7 @@ def _batches(stats: dict) -> dict[int, int]:
     (np.zeros((17, 1, 8, 8), np.float32), "FP32", "batch-size must be <= 16"),
 ])
 def test_a_bad_request_is_a_400_naming_it_and_the_model_stays_up(served, digits, x, datatype, needle):
-    endpoints, cnn, _ = served
+    endpoints, cnn, _, _ = served
     client = http.InferenceServerClient(endpoints.http)
     request = http.InferInput("x", list(x.shape), datatype)
     request.set_data_from_numpy(x)
@@ -142,7 +143,7 @@ def test_the_warm_up_the_config_asks_for_ran_before_the_server_was_ready(served)
     from google.protobuf import text_format
     from tritonclient.grpc import model_config_pb2
 
-    endpoints, _, _ = served
+    endpoints, _, _, _ = served
     log = endpoints.log.read_text(errors="replace")
     for name in ("digits", "encoder"):
         config = text_format.Parse((endpoints.repository / name / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
@@ -161,3 +162,17 @@ def test_the_model_refuses_numpy_2_which_the_backend_would_serve_zeros_under():
         module.check_numpy("2.2.6", allowed=False)
     module.check_numpy("1.26.4", allowed=False)
     module.check_numpy("2.2.6", allowed=True)
+
+
+def test_infopt_serve_starts_triton_prints_a_request_that_works_and_stops_on_ctrl_c(served):
+    """``infopt serve dist/digits`` as the README shows it: an AOTInductor build goes to the bundled Triton."""
+    from tests.served import serve_and_ask
+
+    _, cnn, _, root = served
+    reply, printed, code = serve_and_ask(root / "digits")
+    assert code == 0, printed[-3000:]
+    assert "with Triton Inference Server on http://127.0.0.1:" in printed and "stopped" in printed
+    (output,) = reply["outputs"]
+    assert output["name"] == "output" and output["shape"] == [1, 10]
+    np.testing.assert_allclose(np.asarray(output["data"], np.float32).reshape(1, 10),
+                               eager(cnn, np.zeros((1, 1, 8, 8), np.float32)), atol=1e-4)

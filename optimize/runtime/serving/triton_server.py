@@ -166,20 +166,22 @@ def free_ports(count: int) -> list[int]:
 
 @contextlib.contextmanager
 def serving(repository: Path, workdir: Path, *, ready_timeout_s: float = READY_TIMEOUT_S,
-            verbose: bool = False) -> Iterator[Endpoints]:
-    """``tritonserver`` on ``repository``, on free loopback ports, its backends and log in ``workdir``
-    (``verbose``: the server's own verbose log, which names each warm-up run).
+            verbose: bool = False, first_http_port: int | None = None) -> Iterator[Endpoints]:
+    """``tritonserver`` on ``repository``, on free loopback ports (or HTTP on ``first_http_port``, gRPC and
+    metrics on the two after it), its backends and log in ``workdir`` (``verbose``: the server's own
+    verbose log, which names each warm-up run).
 
     Yields once the server and every model in the repository are ready; a model that fails to load is an
     error with the server's log. On the way out the server and the stubs it started are stopped (SIGTERM,
     then SIGKILL to the whole process group)."""
     found = bundled()
+    repository, workdir = Path(repository).resolve(), Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     backends = workdir / "backends"
     shutil.rmtree(backends, ignore_errors=True)
     shutil.copytree(found.root / "backends", backends)
     shutil.copy2(found.stub, backends / "python" / "triton_python_backend_stub")
-    http, grpc, metrics = free_ports(3)
+    http, grpc, metrics = range(first_http_port, first_http_port + 3) if first_http_port else free_ports(3)
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(found.libs), env.get("LD_LIBRARY_PATH")) if p)
     env["PATH"] = os.pathsep.join((str(stub_python()), env.get("PATH", "")))

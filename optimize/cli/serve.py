@@ -1,0 +1,137 @@
+"""``infopt serve DIST``: the real server on an output folder, on loopback, until Ctrl-C.
+
+Triton (the ``tritonserver`` binary ``nvidia-pytriton`` ships: its Python backend serves an
+AOTInductor ``model.pt2``; it has no ONNX Runtime or TensorRT backend) or TorchServe (the
+``servers/torchserve/`` archive: ONNX Runtime or a ``.pt2``; Java 17). ``--server auto`` takes Triton
+where it can serve the model and TorchServe otherwise. Once the model is ready the command prints the
+endpoint and a request that works, then waits; Ctrl-C (or SIGTERM) stops the server and everything it
+started, and the command exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import signal
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from infopt.cli.output import stdout
+
+MAX_EXAMPLE_VALUES = 4096
+"""inputs up to this many values are written out in the example request; larger ones name their shape"""
+TRITON_DTYPES = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16", "int64": "INT64", "int32": "INT32",
+                 "bool": "BOOL", "uint8": "UINT8", "int8": "INT8", "float64": "FP64"}
+
+
+def serve(
+    dist: Annotated[Path, typer.Argument(help="An output folder written by `infopt build`.")],
+    server: Annotated[str, typer.Option("--server", help="triton, torchserve, or auto (Triton where the bundled "
+                                                         "binary can serve the model, else TorchServe).")] = "auto",
+    port: Annotated[Optional[int], typer.Option("--port", min=1, max=65530,
+                                                help="HTTP port (the server's other ports follow it); default: Triton "
+                                                     "8000, TorchServe 8080.")] = None,
+) -> None:
+    """Serve an output folder with the real server on 127.0.0.1 until Ctrl-C."""
+    from infopt.core.errors import EnvironmentProblem, UsageError
+    from infopt.core.manifest import read_manifest
+    from infopt.core.work_folders import work_folder
+
+    if server not in ("auto", "triton", "torchserve"):
+        raise UsageError(f"--server {server!r} is not a server infopt starts", fix="use triton, torchserve or auto")
+    if not (dist / "manifest.json").is_file():
+        raise UsageError(f"{dist} is not an output folder of infopt (no manifest.json)", fix="pass the folder `infopt build` wrote")
+    manifest = read_manifest(dist)
+    model = Path(manifest.artifacts.model)
+    chosen = _choose(server, model.suffix, dist)
+    if chosen == "triton" and model.suffix != ".pt2":
+        raise EnvironmentProblem(f"the Triton binary here (nvidia-pytriton's) has no backend for {model.name}: it serves "
+                                 "AOTInductor packages through its Python backend only",
+                                 fix=f"use --server torchserve, or serve {dist / 'servers' / 'triton'} with NVIDIA's Triton "
+                                     "container (tritonserver --model-repository=...)")
+    with work_folder("serve") as work:
+        if chosen == "triton":
+            from infopt.runtime.serving.triton_server import serving
+
+            context = serving(dist / "servers" / "triton", Path(work), first_http_port=port or 8000)
+        else:
+            from infopt.runtime.serving.torchserve_server import serving
+
+            context = serving(dist / "servers" / "torchserve", manifest.name, Path(work), first_http_port=port or 8080)
+        with context as endpoints:
+            if chosen == "triton":
+                url = f"http://{endpoints.http}/v2/models/{manifest.name}/infer"
+                where = f"Triton Inference Server on http://{endpoints.http} (gRPC {endpoints.grpc})"
+            else:
+                url = f"{endpoints.inference}/predictions/{manifest.name}"
+                where = f"TorchServe on {endpoints.inference} (management {endpoints.management})"
+            _say_ready(manifest, where, url)
+            _wait(endpoints.process)
+    stdout().print("stopped; the server and everything it started have exited", markup=False)
+
+
+def _choose(server: str, suffix: str, dist: Path) -> str:
+    if server != "auto":
+        return server
+    if suffix == ".pt2" and (dist / "servers" / "triton").is_dir():
+        from infopt.core.errors import EnvironmentProblem
+        from infopt.runtime.serving.triton_server import bundled
+
+        try:
+            bundled()
+            return "triton"
+        except EnvironmentProblem:
+            pass
+    return "torchserve"
+
+
+def example_body(manifest) -> dict:
+    """The Open Inference Protocol request body both servers take: each input at batch 1, its other
+    dims at their opt size, filled with zeros (the ids of a text model: token 0)."""
+    dims = manifest.inputs.dims
+    body = []
+    for tensor in manifest.inputs.inputs:
+        shape = [d if isinstance(d, int) else (1 if i == 0 else dims[d].opt) for i, d in enumerate(tensor.shape)]
+        count = 1
+        for d in shape:
+            count *= d
+        zero = 0.0 if tensor.dtype.startswith(("float", "bfloat")) else 0
+        body.append({"name": tensor.name, "shape": shape, "datatype": TRITON_DTYPES.get(tensor.dtype, tensor.dtype.upper()),
+                     "data": [zero] * count})
+    return {"inputs": body}
+
+
+def _say_ready(manifest, where: str, url: str) -> None:
+    console = stdout()
+    body = example_body(manifest)
+    console.print(f"serving {manifest.name} with {where}; Ctrl-C stops it", markup=False)
+    if sum(len(t["data"]) for t in body["inputs"]) <= MAX_EXAMPLE_VALUES:
+        text = json.dumps(body, separators=(",", ":"))
+        console.print("a request:", markup=False)
+        console.print(f"curl -s -X POST {url} -H 'Content-Type: application/json' -d {shlex.quote(text)}",
+                      markup=False, soft_wrap=True)
+    else:
+        shapes = ", ".join(f"{t['name']} {t['datatype']}{t['shape']}" for t in body["inputs"])
+        console.print(f"POST {url} a JSON body {{\"inputs\": [{{\"name\", \"shape\", \"datatype\", \"data\"}}]}} "
+                      f"with {shapes}", markup=False, soft_wrap=True)
+
+
+def _wait(process) -> None:
+    """Until Ctrl-C or SIGTERM, or the server exits on its own (an error: exit 3)."""
+    from infopt.core.errors import BuildError
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        while process.poll() is None:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        return
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    raise BuildError(f"the server exited on its own with {process.returncode}", fix="see its log in the messages above")

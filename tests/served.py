@@ -1,0 +1,85 @@
+"""``infopt serve DIST`` as a user runs it: started, asked with the request it prints, stopped with Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+READY_TIMEOUT_S = 180
+
+
+def consecutive_free_ports(count: int) -> int:
+    """The first of ``count`` consecutive ports free on loopback."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count >= 65535:
+            continue
+        taken = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket()
+                taken.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in taken:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def serve_and_ask(dist: Path, *args: str) -> tuple[dict, str, int]:
+    """Run ``infopt serve DIST ARGS --port P``, send the request it prints, then Ctrl-C it.
+    Returns (the answer, everything it printed, its exit code); the server's ports are closed after."""
+    port = consecutive_free_ports(5)
+    process = subprocess.Popen([sys.executable, "-m", "infopt.cli", "serve", str(dist), *args, "--port", str(port)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)})
+    printed: list[str] = []
+    request_line: list[str] = []
+    seen = threading.Event()
+
+    def read() -> None:
+        for line in process.stdout:
+            printed.append(line)
+            if line.startswith("curl ") and not request_line:
+                request_line.append(line)
+                seen.set()
+        seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        seen.wait(READY_TIMEOUT_S)
+        said = process.stderr.read()[-3000:] if process.poll() is not None else "(running)"
+        assert request_line, f"no request was printed; stdout: {''.join(printed)[-2000:]}\nstderr: {said}"
+        words = shlex.split(request_line[0])
+        url, body = words[words.index("POST") + 1], words[words.index("-d") + 1]
+        ask = urllib.request.Request(url, data=body.encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(ask, timeout=60) as answer:
+            reply = json.loads(answer.read())
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+        code = process.wait(timeout=120)
+        reader.join(timeout=10)
+    assert not any(listening(p) for p in range(port, port + 3)), "the server still listens after Ctrl-C"
+    return reply, "".join(printed) + process.stderr.read(), code
