@@ -14,16 +14,12 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -35,11 +31,11 @@ from infopt.core.errors import EnvironmentProblem, UsageError
 from infopt.core.manifest import read_manifest
 from infopt.core.manifest_schema import Manifest
 from infopt.exporters.servers.torchserve import DEFAULT_PORTS, HANDLER, write_torchserve
+from infopt.runtime.serving.torchserve_server import TorchServeEndpoints, serving
 from tests.manifests import typed_manifest
 
 HAS_ARCHIVER = importlib.util.find_spec("model_archiver") is not None
 TORCHSERVE = Path(sys.executable).with_name("torchserve")
-READY_TIMEOUT_S = 120
 
 needs_archiver = pytest.mark.skipif(not HAS_ARCHIVER, reason="torch-model-archiver is not installed "
                                     "(pip install torch-model-archiver)")
@@ -158,24 +154,6 @@ def test_missing_archiver_is_an_environment_problem(tmp_path, monkeypatch):
 
 # ---- a real server ------------------------------------------------------------------------------
 
-@dataclass
-class Server:
-    inference: str
-    management: str
-    logs: Path
-
-
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 def request(url: str, body: Any = None, timeout: float = 60) -> tuple[int, Any]:
     data = None if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"} if data else {})
@@ -198,55 +176,17 @@ def session_processes(sid: int) -> list[int]:
     return found
 
 
-def log_tail(path: Path, chars: int = 3000) -> str:
-    return path.read_text()[-chars:] if path.is_file() else f"({path.name} was not written)"
-
-
-def wait_ready(server: subprocess.Popen, management: str, name: str, output: Path, logs: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            pytest.fail(f"torchserve exited with {server.returncode}:\n{log_tail(output)}")
-        with contextlib.suppress(OSError, ValueError):
-            status, described = request(f"{management}/models/{name}", timeout=5)
-            if status == 200 and described[0]["workers"] and described[0]["workers"][0]["status"] == "READY":
-                return
-        time.sleep(1)
-    pytest.fail(f"{name} was not ready after {READY_TIMEOUT_S}s; the worker's log ends:\n{log_tail(logs / 'model_log.log')}")
-
-
 @contextlib.contextmanager
-def torchserve(folder: Path, name: str, tmp: Path) -> Iterator[Server]:
-    """The written config with free ports, served from ``folder``; stopped and reaped on exit."""
-    ports = dict(zip(DEFAULT_PORTS, free_ports(len(DEFAULT_PORTS))))
-    text = (folder / "config.properties").read_text()
-    for key, port in ports.items():
-        prefix = f"{key}_address=http://127.0.0.1:" if key in ("inference", "management", "metrics") else f"{key}_port="
-        text, found = re.subn(rf"^{re.escape(prefix)}{DEFAULT_PORTS[key]}$", f"{prefix}{port}", text, flags=re.M)
-        assert found == 1, f"config.properties has no {prefix}{DEFAULT_PORTS[key]}"
-    config = tmp / "config.properties"
-    config.write_text(text)
-    private, logs, output = tmp / "tmp", tmp / "logs", tmp / "server.out"
-    private.mkdir()
-    env = {**os.environ, "TMPDIR": str(private), "TEMP": str(private), "LOG_LOCATION": str(logs),
-           "METRICS_LOCATION": str(logs)}
-    with open(output, "w") as sink:
-        server = subprocess.Popen([str(TORCHSERVE), "--start", "--foreground", "--ncs", "--ts-config", str(config)],
-                                  cwd=folder, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        management = f"http://127.0.0.1:{ports['management']}"
-        wait_ready(server, management, name, output, logs)
-        yield Server(f"http://127.0.0.1:{ports['inference']}", management, logs)
-    finally:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            subprocess.run([str(TORCHSERVE), "--stop", "--foreground"], cwd=folder, env=env, capture_output=True, timeout=90)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)
-        server.wait(timeout=30)
-        deadline = time.monotonic() + 20
-        while session_processes(server.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not session_processes(server.pid), "TorchServe processes were left running"
+def torchserve(folder: Path, name: str, tmp: Path) -> Iterator[TorchServeEndpoints]:
+    """The written config with free ports, served from ``folder`` by infopt's launcher (what ``infopt serve``
+    runs); afterwards every process of the server's session is gone."""
+    with serving(folder, name, tmp) as server:
+        sid = server.process.pid
+        yield server
+    deadline = time.monotonic() + 20
+    while session_processes(sid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not session_processes(sid), "TorchServe processes were left running"
 
 
 def build_digits(tmp_path_factory, digits, backend: str) -> tuple[Path, Manifest]:
@@ -264,13 +204,13 @@ def eager(model: torch.nn.Module, x: np.ndarray) -> np.ndarray:
         return model(torch.from_numpy(x)).numpy()
 
 
-def predict(server: Server, name: str, x: np.ndarray) -> np.ndarray:
+def predict(server: TorchServeEndpoints, name: str, x: np.ndarray) -> np.ndarray:
     status, answer = request(f"{server.inference}/predictions/{name}", {"inputs": {"x": x.tolist()}})
     assert status == 200, answer
     return np.asarray(answer["outputs"]["output"], dtype=np.float32)
 
 
-def check_bad_requests(server: Server, name: str, x: np.ndarray) -> None:
+def check_bad_requests(server: TorchServeEndpoints, name: str, x: np.ndarray) -> None:
     url = f"{server.inference}/predictions/{name}"
     status, answer = request(url, {"inputs": {"image": x.tolist()}})
     assert status == 400 and "missing input x" in answer["error"] and "unknown input image" in answer["error"]
