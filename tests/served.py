@@ -83,3 +83,31 @@ def serve_and_ask(dist: Path, *args: str) -> tuple[dict, str, int]:
         reader.join(timeout=10)
     assert not any(listening(p) for p in range(port, port + 3)), "the server still listens after Ctrl-C"
     return reply, "".join(printed) + process.stderr.read(), code
+
+
+def bounded_load(url: str, model, images, clients: int = 8, seconds: float = 4.0):
+    """``clients`` clients for ``seconds`` sending batches of 1, 2 and 4 digit images to ``url`` (the Open
+    Inference Protocol's JSON), each answer checked against the eager ``model``."""
+    import numpy as np
+    import torch
+
+    from infopt.validators.server_load import run_load
+
+    cases = [{"x": np.ascontiguousarray(images[i:i + size])} for i, size in zip(range(0, 96, 8), [1, 2, 4] * 4)]
+    with torch.inference_mode():
+        expected = [{"output": model(torch.from_numpy(c["x"])).numpy()} for c in cases]
+    return run_load(url, cases, expected, clients=clients, seconds=seconds)
+
+
+def session_processes(sid: int) -> list[int]:
+    """Live (not zombie) processes in session ``sid``: a server started in a session of its own and what it started."""
+    import contextlib
+
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                if os.getsid(int(entry)) == sid and state != "Z":
+                    found.append(int(entry))
+    return found

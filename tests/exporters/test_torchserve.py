@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
-import os
 import re
 import shutil
 import sys
@@ -33,6 +32,7 @@ from infopt.core.manifest_schema import Manifest
 from infopt.exporters.servers.torchserve import DEFAULT_PORTS, HANDLER, write_torchserve
 from infopt.runtime.serving.torchserve_server import TorchServeEndpoints, serving
 from tests.manifests import typed_manifest
+from tests.served import bounded_load, session_processes
 
 HAS_ARCHIVER = importlib.util.find_spec("model_archiver") is not None
 TORCHSERVE = Path(sys.executable).with_name("torchserve")
@@ -164,18 +164,6 @@ def request(url: str, body: Any = None, timeout: float = 60) -> tuple[int, Any]:
         return exc.code, json.loads(exc.read() or b"null")
 
 
-def session_processes(sid: int) -> list[int]:
-    """Live (not zombie) processes in session ``sid``: the launcher, java and its Python workers."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-                if os.getsid(int(entry)) == sid and state != "Z":
-                    found.append(int(entry))
-    return found
-
-
 @contextlib.contextmanager
 def torchserve(folder: Path, name: str, tmp: Path) -> Iterator[TorchServeEndpoints]:
     """The written config with free ports, served from ``folder`` by infopt's launcher (what ``infopt serve``
@@ -275,6 +263,11 @@ def test_torchserve_serves_the_onnx_model(digits, digits_onnx, tmp_path):
         assert manifest.inputs.dims["batch"].max < 100
         big = data["val"][0][:100]
         np.testing.assert_allclose(predict(server, "digits", big), eager(model, big), atol=1e-4)
+
+        # a bounded load: 8 clients for 4 s, every answer checked
+        load = bounded_load(f"{server.inference}/predictions/digits", model, data["val"][0])
+        assert load.failed == 0 and load.wrong == 0, load.errors
+        assert load.requests >= 8, load
 
 
 @needs_server

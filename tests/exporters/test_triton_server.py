@@ -64,6 +64,9 @@ def served(digits, encoder, tmp_path_factory):
         shutil.copytree(root / name / "servers" / "triton" / name, repository / name)
     with serving(repository, root / "server", verbose=True) as endpoints:
         yield endpoints, cnn, enc, root
+    from tests.served import session_processes
+
+    assert not session_processes(endpoints.process.pid), "the server or a stub of its Python backend still runs"
 
 
 def eager(model, x: np.ndarray) -> np.ndarray:
@@ -176,3 +179,13 @@ def test_infopt_serve_starts_triton_prints_a_request_that_works_and_stops_on_ctr
     assert output["name"] == "output" and output["shape"] == [1, 10]
     np.testing.assert_allclose(np.asarray(output["data"], np.float32).reshape(1, 10),
                                eager(cnn, np.zeros((1, 1, 8, 8), np.float32)), atol=1e-4)
+
+
+def test_a_bounded_load_gets_every_answer_right(served, digits):
+    """8 clients for 4 s on the digits model, batches of 1, 2 and 4: no failed and no wrong answer."""
+    from tests.served import bounded_load
+
+    endpoints, cnn, _, _ = served
+    load = bounded_load(f"http://{endpoints.http}/v2/models/digits/infer", cnn, digits[1]["val"][0])
+    assert load.failed == 0 and load.wrong == 0, load.errors
+    assert load.requests >= 8, load
