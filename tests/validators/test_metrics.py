@@ -38,3 +38,17 @@ def test_drift_includes_top1_only_for_classifiers():
     x = np.random.default_rng(1).standard_normal((5, 3, 2)).astype(np.float32)
     assert metrics.drift(x, x)["top1"] is None
     assert metrics.drift(x[:, :, 0], x[:, :, 0])["top1"] == 1.0
+
+
+def test_subnormal_outputs_count_as_zero_and_tiny_ones_keep_their_cosine():
+    """A randomly initialised head that computes 1e-41 (MobileViT's tiny config does): ONNX Runtime flushes
+    such subnormals to zero, and the outputs are equal at float32's precision. Outputs of 1e-30 are
+    normal numbers: their cosine is computed, not floored away."""
+    reference = np.full((3, 5), 3e-41, np.float32)
+    flushed = np.zeros((3, 5), np.float32)
+    d = metrics.drift(reference, flushed)
+    assert d["cosine_min"] == 1.0 and d["max_abs"] == 0.0 and d["sqnr_db"] == float("inf")
+    small = np.random.default_rng(0).standard_normal((3, 5)).astype(np.float32) * 1e-30
+    assert metrics.drift(small, small * 1.001)["cosine_min"] > 0.999999
+    assert metrics.drift(small, -small)["cosine_min"] == -1.0
+    assert metrics.drift(small, np.zeros_like(small))["cosine_min"] == 0.0  # a candidate that lost the signal
