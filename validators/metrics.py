@@ -22,7 +22,6 @@ import math
 
 import numpy as np
 
-
 SUBNORMAL = float(np.finfo(np.float32).tiny)
 """float32's smallest normal magnitude: anything smaller counts as zero"""
 
