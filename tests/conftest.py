@@ -79,6 +79,23 @@ def digits_dist(digits, files, tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def digits_aoti(digits, tmp_path_factory):
+    """An AOTInductor (``--backend inductor``) build of the digits CNN named ``digits``, for the tests that serve
+    it (TorchServe, Triton; they share the xdist group ``digits-aoti``, so it is built once). Read it, or copy it."""
+    import infopt
+    from infopt.core.cache import cache_dir
+
+    model, data = digits
+    out = tmp_path_factory.mktemp("digits-aoti") / "dist"
+    with pytest.MonkeyPatch.context() as mp:
+        # infopt's own Inductor cache, as builds use it: a fresh one recompiles the AOTI headers (about 9 s)
+        mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache_dir("inductor")))
+        infopt.build(model, example_inputs=(torch.from_numpy(data["val"][0][:8]),), target="cpu", backend="inductor",
+                     name="digits", output=out, progress=False)
+    return out
+
+
 def pytest_collection_modifyitems(items):
     """Tests marked ``slow`` (real models, end-to-end builds) first, so that side-by-side workers
     take them one each and finish together instead of one worker running the last long test alone."""

@@ -79,7 +79,12 @@ def serve_and_ask(dist: Path, *args: str) -> tuple[dict, str, int]:
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGINT)
-        code = process.wait(timeout=120)
+        try:
+            code = process.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # never leave a server behind: SIGTERM stops it too
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=60)
+            raise
         reader.join(timeout=10)
     assert not any(listening(p) for p in range(port, port + 3)), "the server still listens after Ctrl-C"
     return reply, "".join(printed) + process.stderr.read(), code

@@ -31,11 +31,13 @@ def _pair(reference, candidate) -> tuple[np.ndarray, np.ndarray]:
     c = np.asarray(candidate, dtype=np.float64)
     if r.shape != c.shape:
         raise ValueError(f"shapes differ: reference {r.shape}, candidate {c.shape}")
-    for a in (r, c):
-        small = np.abs(a) < SUBNORMAL
-        if small.any():
-            a[small] = 0.0
-    return r, c
+    return _flushed(r), _flushed(c)
+
+
+def _flushed(a: np.ndarray) -> np.ndarray:
+    """``a`` with its subnormal values as zero (a new array where there are any: ``a`` may be the caller's)."""
+    small = (np.abs(a) < SUBNORMAL) & (a != 0)
+    return np.where(small, 0.0, a) if small.any() else a
 
 
 def max_abs(reference, candidate) -> float:

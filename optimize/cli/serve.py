@@ -126,12 +126,15 @@ def _wait(process) -> None:
     def stop(signum, frame):
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    # both set here: a process started with SIGINT ignored (a background job of a script, a test worker)
+    # would otherwise not stop on Ctrl-C
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         while process.poll() is None:
             time.sleep(0.5)
     except KeyboardInterrupt:
         return
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     raise BuildError(f"the server exited on its own with {process.returncode}", fix="see its log in the messages above")

@@ -272,14 +272,13 @@ def test_torchserve_serves_the_onnx_model(digits, digits_onnx, tmp_path):
 
 @needs_server
 @pytest.mark.slow
-def test_torchserve_serves_an_aoti_package(digits, tmp_path_factory, tmp_path, monkeypatch):
-    from infopt.core.cache import cache_dir
-
-    # infopt's own Inductor cache, as builds use it: a fresh one recompiles the AOTI headers (about 9 s)
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache_dir("inductor")))
+@pytest.mark.xdist_group("digits-aoti")  # the build is shared with the Triton tests
+def test_torchserve_serves_an_aoti_package(digits, digits_aoti, tmp_path):
     model, data = digits
     x = data["val"][0][:16]
-    dist, manifest = build_digits(tmp_path_factory, digits, "inductor")
+    dist = tmp_path / "dist"
+    shutil.copytree(digits_aoti, dist)
+    manifest = read_manifest(dist)
     folder = dist / "servers" / "torchserve"
     write_torchserve(folder, "digits", dist / "model" / "model.pt2", manifest)
 
