@@ -69,7 +69,10 @@ def serve(
                 url = f"{endpoints.inference}/predictions/{manifest.name}"
                 where = f"TorchServe on {endpoints.inference} (management {endpoints.management})"
             _say_ready(manifest, where, url)
-            _wait(endpoints.process)
+            handlers = _wait(endpoints.process)
+            stdout().print("stopping the server", markup=False)
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
     stdout().print("stopped; the server and everything it started have exited", markup=False)
 
 
@@ -119,22 +122,27 @@ def _say_ready(manifest, where: str, url: str) -> None:
                       f"with {shapes}", markup=False, soft_wrap=True)
 
 
-def _wait(process) -> None:
-    """Until Ctrl-C or SIGTERM, or the server exits on its own (an error: exit 3)."""
+def _wait(process) -> dict:
+    """Until Ctrl-C or SIGTERM (then further ones are ignored until the caller restores the handlers it gets
+    back: a second Ctrl-C while the server stops must not leave it running without this process), or the
+    server exits on its own (an error: exit 3)."""
     from infopt.core.errors import BuildError
 
+    signals = (signal.SIGINT, signal.SIGTERM)
+
     def stop(signum, frame):
+        for sig in signals:
+            signal.signal(sig, signal.SIG_IGN)
         raise KeyboardInterrupt
 
     # both set here: a process started with SIGINT ignored (a background job of a script, a test worker)
     # would otherwise not stop on Ctrl-C
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, stop) for sig in signals}
     try:
         while process.poll() is None:
             time.sleep(0.5)
     except KeyboardInterrupt:
-        return
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        return previous
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
     raise BuildError(f"the server exited on its own with {process.returncode}", fix="see its log in the messages above")

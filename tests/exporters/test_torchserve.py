@@ -264,8 +264,8 @@ def test_torchserve_serves_the_onnx_model(digits, digits_onnx, tmp_path):
         big = data["val"][0][:100]
         np.testing.assert_allclose(predict(server, "digits", big), eager(model, big), atol=1e-4)
 
-        # a bounded load: 8 clients for 4 s, every answer checked
-        load = bounded_load(f"{server.inference}/predictions/digits", model, data["val"][0])
+        # a bounded load: 8 clients for 2 s, every answer checked
+        load = bounded_load(f"{server.inference}/predictions/digits", model, data["val"][0], seconds=2.0)
         assert load.failed == 0 and load.wrong == 0, load.errors
         assert load.requests >= 8, load
 
