@@ -44,9 +44,10 @@ def is_hub_id(source: str | Path) -> bool:
     """A string that names no file or folder here and reads as ``org/name[@revision]``, unless it reads
     as a path that is missing: a model file's suffix, or a first part that is a folder here."""
     text = str(source)
-    if Path(text).exists() or HUB_ID.match(text) is None:
+    match = HUB_ID.match(text)
+    if match is None or Path(text).exists():
         return False
-    repo = HUB_ID.match(text)["repo"]
+    repo = match["repo"]
     return not repo.lower().endswith(MODEL_FILE_SUFFIXES) and not Path(repo).parent.is_dir()
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Iterator
 
 from infopt.core.errors import BuildError, EnvironmentProblem
-from infopt.runtime.serving.triton_server import free_ports
+from infopt.runtime.serving.triton_server import free_ports, log_tail
 
 READY_TIMEOUT_S = 120.0
 ADDRESSES = ("inference_address", "management_address", "metrics_address")
@@ -103,7 +103,7 @@ def _wait_ready(process, management: str, name: str, output: Path, logs: Path, t
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise BuildError(f"torchserve exited with {process.returncode} before {name} was ready", where=str(output),
-                             fix=f"read its output; it ends:\n{_tail(output)}")
+                             fix=f"read its output; it ends:\n{log_tail(output)}")
         with contextlib.suppress(OSError, ValueError, urllib.error.URLError):
             with urllib.request.urlopen(f"{management}/models/{name}", timeout=5) as answer:
                 described = json.loads(answer.read())
@@ -111,8 +111,5 @@ def _wait_ready(process, management: str, name: str, output: Path, logs: Path, t
                     return
         time.sleep(0.5)
     raise BuildError(f"{name} was not ready in TorchServe after {timeout_s:.0f} s", where=str(logs),
-                     fix=f"read the worker's log; it ends:\n{_tail(logs / 'model_log.log')}")
+                     fix=f"read the worker's log; it ends:\n{log_tail(logs / 'model_log.log')}")
 
-
-def _tail(path: Path, chars: int = 2000) -> str:
-    return path.read_text(errors="replace")[-chars:] if path.is_file() else f"({path.name} was not written)"

@@ -205,14 +205,14 @@ def _wait_ready(process: subprocess.Popen, http: str, log: Path, timeout_s: floa
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise BuildError(f"tritonserver exited with {process.returncode} before it was ready",
-                             where=str(log), fix=f"read the server's log; it ends:\n{_tail(log)}")
+                             where=str(log), fix=f"read the server's log; it ends:\n{log_tail(log)}")
         with contextlib.suppress(OSError, urllib.error.URLError):
             with urllib.request.urlopen(f"http://{http}/v2/health/ready", timeout=2) as answer:
                 if answer.status == 200:
                     return
         time.sleep(0.3)
     raise BuildError(f"tritonserver was not ready after {timeout_s:.0f} s", where=str(log),
-                     fix=f"read the server's log; it ends:\n{_tail(log)}")
+                     fix=f"read the server's log; it ends:\n{log_tail(log)}")
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -231,5 +231,6 @@ def stop(process: subprocess.Popen) -> None:
     process.wait(timeout=STOP_TIMEOUT_S)
 
 
-def _tail(log: Path, chars: int = 2000) -> str:
-    return log.read_text(errors="replace")[-chars:] if log.is_file() else "(no log was written)"
+def log_tail(log: Path, chars: int = 2000) -> str:
+    """The end of a server's log, for an error message."""
+    return log.read_text(errors="replace")[-chars:] if log.is_file() else f"({log.name} was not written)"
