@@ -47,10 +47,13 @@ METHOD_CONFIGS: Registry[type[Int4MethodConfig]] = Registry("INT4 method", lambd
 
 @METHOD_CONFIGS.register
 class RTNConfig(Int4MethodConfig):
-    """Round to nearest: each weight to its group's min/max grid; no data."""
+    """Round to nearest: each weight to its group's grid; no data."""
 
     name: ClassVar[str] = "rtn"
     needs_data: ClassVar[bool] = False
+
+    mse_grid: bool = Field(True, description="RTN: clip each group's min/max range to the fraction (80-100 %) "
+                                             "that leaves the least rounding error; false: the plain min/max grid")
 
 
 @METHOD_CONFIGS.register
@@ -79,7 +82,7 @@ Method = Literal["rtn", "gptq", "awq"]
 """the names in :data:`METHOD_CONFIGS` (a test keeps them equal)"""
 
 
-class Int4Config(GPTQConfig, AWQConfig):
+class Int4Config(RTNConfig, GPTQConfig, AWQConfig):
     """Every method's settings side by side, and the method: the ``quantize_int4`` pass's options."""
 
     model_config = ConfigDict(extra="forbid", frozen=False)

@@ -150,13 +150,13 @@ def quantize_dynamic(src: Path, dst: Path, nodes: list[str], *, per_channel: boo
     return dst
 
 
-def save_model(model, dst: Path) -> Path:
-    """Save an ``onnx.ModelProto`` at ``dst``; a model over ``EXTERNAL_DATA_BYTES`` keeps its tensors in
-    ``<name>.data`` beside it (one protobuf cannot exceed 2 GB)."""
+def save_model(model, dst: Path, external: bool | None = None) -> Path:
+    """Save an ``onnx.ModelProto`` at ``dst``; a model over ``EXTERNAL_DATA_BYTES`` (or with ``external``) keeps its
+    tensors in ``<name>.data`` beside it (one protobuf cannot exceed 2 GB)."""
     import onnx
 
     dst.parent.mkdir(parents=True, exist_ok=True)
-    if model.ByteSize() > EXTERNAL_DATA_BYTES:
+    if external or (external is None and model.ByteSize() > EXTERNAL_DATA_BYTES):
         onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
     else:
         onnx.save(model, str(dst))

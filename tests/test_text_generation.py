@@ -97,7 +97,8 @@ def test_a_causal_lm_builds_a_genai_folder_that_generates_what_transformers_gene
     # the consumer: ONNX Runtime GenAI loads the folder as written and generates from a sentence no build saw
     folder = dist / "servers" / "onnxruntime-genai"
     config = json.loads((folder / "genai_config.json").read_text())
-    assert config["search"]["past_present_share_buffer"] is False
+    # every layer's attention is GroupQueryAttention: the cache is one buffer each step writes into
+    assert config["search"]["past_present_share_buffer"] is True
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
     prompt = tokenizer((decoders / "held-out.txt").read_text().strip())["input_ids"][:24]
     model = og.Model(str(folder))
@@ -190,6 +191,51 @@ def test_the_python_api_builds_a_causal_lm_as_text_generation_by_default(decoder
     with pytest.raises(UsageError, match="not a Linear"):
         infopt.build(torch.nn.Linear(2, 2), task="text-generation")
     assert not (tmp_path / "dist").exists()
+
+
+@pytest.mark.slow
+def test_unfused_attention_concatenates_its_cache_and_still_generates_what_transformers_generates(decoders, tmp_path):
+    """Where attention stays as transformers writes it (a sliding window shorter than the context), the
+    present cache is a new tensor each step: the folder must not ask ONNX Runtime GenAI for a shared buffer."""
+    import onnx
+
+    from infopt.api.generation import build_generation
+
+    folder = decoder(decoders, "llama")
+    result = build_generation(folder, output=tmp_path / "unfused", val=decoders / "prompts.txt", attention="unfused")
+    manifest = json.loads((result.output_dir / "manifest.json").read_text())
+    assert manifest["validation"]["generation"]["greedy"]["equal"] == 4
+    genai = result.output_dir / "servers" / "onnxruntime-genai"
+    assert json.loads((genai / "genai_config.json").read_text())["search"]["past_present_share_buffer"] is False
+    assert "GroupQueryAttention" not in {n.op_type for n in onnx.load(str(genai / "model.onnx")).graph.node}
+
+
+@pytest.mark.slow
+def test_a_decoder_stored_as_external_data_is_fused_and_packed_too(decoders, tmp_path, monkeypatch):
+    """A model over 1.8 GB is exported with its tensors in ``model.onnx.data``; the norm fusions and the packed
+    projections apply to it as to a small one, and the folder keeps the data file beside the graph (the
+    threshold is lowered here so that the tiny Llama takes that path)."""
+    import onnx
+
+    import infopt.api.generation as generation
+    import infopt.passes.lower.onnx_export as onnx_export
+    from infopt.api.generation import build_generation
+
+    monkeypatch.setattr(generation, "EXTERNAL_DATA_BYTES", 10_000)
+    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 10_000)
+    folder = decoder(decoders, "llama")
+    result = build_generation(folder, output=tmp_path / "external", val=decoders / "prompts.txt")
+    manifest = json.loads((result.output_dir / "manifest.json").read_text())
+    assert manifest["validation"]["generation"]["greedy"]["equal"] == 4
+    genai = result.output_dir / "servers" / "onnxruntime-genai"
+    graph = onnx.load(str(genai / "model.onnx"), load_external_data=False).graph
+    assert (genai / "model.onnx.data").stat().st_size > (genai / "model.onnx").stat().st_size
+    assert all(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.initializer if len(t.dims) == 2)
+    ops = [n.op_type for n in graph.node]
+    assert "SkipSimplifiedLayerNormalization" in ops and ops.count("MatMul") == 2 * 4 + 1, sorted(ops)
+    assert all(n.input[1] == "" for n in graph.node if n.op_type == "GroupQueryAttention")  # packed QKV
+    export = next(p for p in manifest["passes"] if p["name"] == "onnx_export")
+    assert "projections packed x4" in " ".join(export["notes"])
 
 
 def test_the_rotary_goes_inside_the_attention_op_only_where_a_table_of_positions_holds_it():

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from infopt.core.errors import UsageError
+from infopt.core.threads import thread_cap
 
 RUNS = 5
 """timed generations per row (fewer once ``SECONDS`` is spent, at least 2)"""
@@ -47,6 +49,17 @@ def text_ids(path: str | Path, folder: Path, flag: str, lines_kept: int, tokens:
     return found
 
 
+def open_folder(og, folder: Path):
+    """``onnxruntime_genai.Model`` of the folder as its ``genai_config.json`` says, but for the decoder's threads
+    when ``$INFOPT_THREADS`` caps infopt's own runs (then the figures are for that many threads)."""
+    cap = thread_cap()
+    if not cap:
+        return og.Model(str(folder))
+    config = og.Config(str(folder))
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": cap}}}}))
+    return og.Model(config)
+
+
 def new_generator(og, model, prompts: np.ndarray, new_tokens: int):
     """A greedy generator for ``prompts`` [batch, length] and exactly ``new_tokens`` more (prompt not yet fed)."""
     params = og.GeneratorParams(model)
@@ -59,7 +72,7 @@ def generate_folder(folder: Path, prompts: list[list[int]], new_tokens: int) -> 
     """Greedy continuations from the GenAI folder, one prompt at a time."""
     import onnxruntime_genai as og
 
-    model = og.Model(str(folder))
+    model = open_folder(og, folder)
     out = []
     for prompt in prompts:
         generator = _generator(og, model, np.asarray([prompt], dtype=np.int32), new_tokens)
@@ -114,7 +127,7 @@ def teacher_forced(folder: Path, sequences: list[list[int]]) -> list[np.ndarray]
     ONNX Runtime GenAI, which returns them all)."""
     import onnxruntime_genai as og
 
-    model = og.Model(str(folder))
+    model = open_folder(og, folder)
     out = []
     for ids in sequences:
         generator = _generator(og, model, np.asarray([ids], dtype=np.int32), 1)
@@ -199,7 +212,7 @@ def time_generation(folder: Path, vocab: int, prompt_lengths: list[int], batch_s
     the shortest TTFT prompt where that is shorter), from the folder."""
     import onnxruntime_genai as og
 
-    model = og.Model(str(folder))
+    model = open_folder(og, folder)
     rng = np.random.default_rng(seed)
 
     def prompt(batch: int, length: int) -> np.ndarray:

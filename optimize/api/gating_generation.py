@@ -94,7 +94,7 @@ def _sequences(val, folder: Path, vocab: int, length: int) -> tuple[list[list[in
 def _latency(result: GateResult, config: GateConfig, og, cand_dir: Path, base_dir: Path, vocab: int, context: int,
              say) -> None:
     lat = config.latency
-    models = {"candidate": og.Model(str(cand_dir)), "baseline": og.Model(str(base_dir))}
+    models = {"candidate": generation.open_folder(og, cand_dir), "baseline": generation.open_folder(og, base_dir)}
     rng = np.random.default_rng(0)
     ttft_len = min(TTFT_PROMPT, context - 1)
     tpot_len = min(TPOT_PROMPT, context - NEW_TOKENS)

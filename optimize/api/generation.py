@@ -17,6 +17,7 @@ decoder), and ``servers/onnxruntime-genai/``. It builds for the CPU.
 
 from __future__ import annotations
 
+import shutil
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -37,6 +38,7 @@ from infopt.core.manifest import EXTERNAL_DATA_BYTES, data_sha256
 from infopt.core.recipe import Recipe
 from infopt.core.step_times import StepTimes
 from infopt.core.target import get_target
+from infopt.core.threads import physical_cores
 from infopt.core.work_folders import work_folder
 from infopt.exporters import kv_attention, kv_decoder
 from infopt.exporters.int4_checkpoint import CHECKPOINT_PRODUCT
@@ -45,6 +47,7 @@ from infopt.exporters.staging import claim_output, staged_output
 from infopt.passes.lower.onnx_export import export_onnx
 from infopt.passes.onnx import decoder_plumbing, fuse_matmuls, transformer_fusion
 from infopt.passes.onnx.checks import onnxruntime_refuses
+from infopt.quantize.onnx_int8 import save_model
 from infopt.runtime.loading import load_model
 from infopt.validators import generation
 
@@ -130,7 +133,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
         start = time.perf_counter()
         layout = kv_decoder.cache_layout(deployed)
         unfused = kv_attention.fusable(deployed, context) if attention == "fused" else "--attention unfused"
-        attention_note, program = _capture(deployed, layout, unfused, context)
+        attention_note, program, fused = _capture(deployed, layout, unfused, context)
         passes.append(PassRecord("capture_kv_decoder", "torch", "exported", time.perf_counter() - start, None, True,
                                  notes=[f"{layout.layers} layers, {layout.kv_heads} KV heads of {layout.head_size}; "
                                         "past length dynamic from 0", attention_note]))
@@ -157,7 +160,8 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                 record, quantization = quant.int8_onnx(onnx_file, work / "onnx-int8" / "model.onnx")
             passes.append(record)
             onnx_file = work / "onnx-int8" / "model.onnx"
-        config = genai.genai_config(lm.config, layout, context, folder)
+        threads = physical_cores()
+        config = genai.genai_config(lm.config, layout, context, folder, threads=threads, share_buffer=fused)
         prepared = genai.write_folder(work / "genai", onnx_file, config, folder)
         prompts, source = _prompts(val, folder, layout.vocab, _special(config))
         held_out, held_source = _held_out(val, folder, layout.vocab, _special(config), context)
@@ -200,7 +204,11 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                  "transformers' generate" + (" of the FP32 model (reported; a quantized build is judged by the "
                                             "teacher-forced figures)" if precision != "fp32" else ""),
                  f"teacher-forced logits of {len(held_out)} sequences ({forced['tokens']} tokens) from {held_source}, "
-                 "against the FP32 model's"]
+                 "against the FP32 model's",
+                 f"the folder's decoder runs {threads} intra-op thread{'s' if threads > 1 else ''} (this machine's "
+                 "physical cores; set model.decoder.session_options.intra_op_num_threads in genai_config.json for "
+                 "another machine) and " + ("writes its KV cache into one shared buffer" if fused else
+                                            "concatenates its KV cache each step (attention not fused)")]
         validation = {"device": "cpu (onnxruntime_genai, CPU)", "runs_on": "cpu", "notes": notes,
                       "generation": {"greedy": greedy, "teacher_forced": forced, **timing,
                                      "weights_bytes": _weights_bytes(prepared),
@@ -227,8 +235,8 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
 
 
 def _capture(lm, layout: kv_decoder.CacheLayout, unfused: str | None, context: int):
-    """(note, program): the decoder with fused attention where it applies, the rotary inside where it can be
-    (else as transformers writes them)."""
+    """(note, program, fused): the decoder with fused attention where it applies, the rotary inside where it can
+    be (else as transformers writes them)."""
     if unfused is None:
         rotary = kv_attention.rotary_caches(lm, context, layout.head_size)
         fused = ("attention as ONNX Runtime's GroupQueryAttention, one op per layer (the cache's concat, grouped "
@@ -236,16 +244,16 @@ def _capture(lm, layout: kv_decoder.CacheLayout, unfused: str | None, context: i
         if not isinstance(rotary, str):
             try:
                 return (f"{fused}, and the rotary embedding from a table of {context} positions)",
-                        kv_decoder.capture(lm, layout, fused=True, rotary=rotary))
+                        kv_decoder.capture(lm, layout, fused=True, rotary=rotary), True)
             except CaptureError as exc:
                 rotary = f"the capture with it inside failed ({exc.what})"
         try:
             return (f"{fused}; the rotary embedding as the model computes it"
                     + (f": {rotary})" if rotary != kv_attention.NO_ROTARY else ")"),
-                    kv_decoder.capture(lm, layout, fused=True))
+                    kv_decoder.capture(lm, layout, fused=True), True)
         except CaptureError as exc:
             unfused = f"the fused capture failed ({exc.what})"
-    return f"attention as transformers writes it, unfused: {unfused}", kv_decoder.capture(lm, layout)
+    return f"attention as transformers writes it, unfused: {unfused}", kv_decoder.capture(lm, layout), False
 
 
 def _fuse_ops(onnx_file: Path) -> str:
@@ -254,25 +262,30 @@ def _fuse_ops(onnx_file: Path) -> str:
     (``passes/onnx/fuse_matmuls.py``), the Reshape chains between the projections and the attention
     collapsed and the attention fed the packed query/key/value (``passes/onnx/decoder_plumbing.py``); returns
     the note saying what happened."""
-    import onnx
+    from onnx.external_data_helper import load_external_data_for_model
 
-    if sum(p.stat().st_size for p in onnx_file.parent.iterdir()) > EXTERNAL_DATA_BYTES:
-        return "norms not fused, projections not packed: the model is stored as external data, which the rewriter would inline"
-    fused = onnx_file.with_name("fused.onnx")
+    big = sum(p.stat().st_size for p in onnx_file.parent.iterdir()) > EXTERNAL_DATA_BYTES
     with quiet_third_party():
         model, counts = transformer_fusion.fuse_norms_and_rotary(onnx_file)
+    load_external_data_for_model(model, str(onnx_file.parent))  # a large model's tensors, for the packing
     fired = {k: v for k, v in counts.items() if v}
     rewrites = {"reshape chains collapsed": decoder_plumbing.collapse_reshapes(model),
                 "projections packed": fuse_matmuls.fuse(model) + fuse_matmuls.fuse_nbits(model)}
     rewrites["attention ops taking packed QKV"] = decoder_plumbing.packed_attention_inputs(model)
     if not fired and not any(rewrites.values()):
         return "no norm, projection or reshape pattern to fuse"
-    onnx.save(model, str(fused))
+    fused = onnx_file.parent.with_name(onnx_file.parent.name + "-fused") / onnx_file.name
+    save_model(model, fused, external=big)  # a large model's tensors in <name>.data beside it, as exported
+    del model
     refused = onnxruntime_refuses(fused, optimize=True)
     if refused:
-        fused.unlink()
+        shutil.rmtree(fused.parent)
         return f"fusions not applied: ONNX Runtime refuses the fused graph ({refused[:200]})"
-    fused.replace(onnx_file)
+    for old in onnx_file.parent.glob(f"{onnx_file.name}*"):
+        old.unlink()
+    for new in fused.parent.iterdir():
+        new.replace(onnx_file.parent / new.name)
+    fused.parent.rmdir()
     notes = ["fused as ONNX Runtime's ops: " + ", ".join(f"{k} x{v}" for k, v in fired.items())] if fired else []
     return "; ".join(notes + [f"{k} x{v}" for k, v in rewrites.items() if v])
 

@@ -7,9 +7,12 @@
 - ``--int8``: dynamic INT8 on the exported decoder: int8 weights per output channel, activations
   quantized per call (``MatMulInteger``), ONNX Runtime's ``quantize_dynamic``.
 
-The output head (``lm_head``) stays in float in both, as serving engines keep it: its logits pick
-every token. A quantized folder is judged under teacher forcing on held-out text against the FP32
-model: per-token top-1 agreement and perplexity, each held to a budget (``--max-drift``).
+The output head (``lm_head``) is left out of the methods (its logits pick every token). ``--int8`` keeps it
+in float; ``--int4`` rounds it afterwards in the ONNX graph (RTN, :func:`int4_head`), since in a small LM
+it is the largest layer, read for every token, as ONNX Runtime GenAI's builder does too.
+
+A quantized folder is judged under teacher forcing on held-out text against the FP32 model: per-token top-1
+agreement and perplexity, each held to a budget (``--max-drift``).
 """
 
 from __future__ import annotations
@@ -110,7 +113,7 @@ def int4_decoder(lm, method: str, group_size: int | None, act_order: bool, calib
     sizes = sorted({row.group_size for row in result.layers}, reverse=True)
     notes = [f"{len(result.layers)} Linear layers to INT4 with {method.upper()} (group size "
              f"{'/'.join(map(str, sizes)) or config.group_size}, {'symmetric' if config.symmetric else 'asymmetric'}"
-             f"{', act-order' if act_order else ''}); the output head stays in float"]
+             f"{', act-order' if act_order else ''}); the output head is left to the ONNX graph (RTN)"]
     notes += [f"kept {name} in float: {why}" for name, why in result.kept.items()]
     if conv1d:
         notes.append(f"{len(conv1d)} transformers Conv1D layers quantized as the Linears they are (weight transposed)")

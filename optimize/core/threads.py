@@ -52,3 +52,18 @@ def cap_torch_threads() -> None:
         sys.modules["torch"].set_num_threads(threads)
     else:
         os.environ["OMP_NUM_THREADS"] = str(threads)
+
+
+def physical_cores() -> int:
+    """The physical cores this process may run on (its CPU affinity, SMT siblings counted once): the thread
+    count ONNX Runtime's own default picks, and the one a deployable written for this machine declares."""
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    cores = set()
+    for cpu in allowed:
+        topology = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
+        try:
+            with open(topology + "core_id") as core, open(topology + "physical_package_id") as package:
+                cores.add((package.read().strip(), core.read().strip()))
+        except OSError:
+            cores.add(("cpu", str(cpu)))
+    return max(1, len(cores))

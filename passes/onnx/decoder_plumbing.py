@@ -97,4 +97,15 @@ def packed_attention_inputs(model) -> int:
         kept = [n for n in graph.node if id(n) not in dropped]
         del graph.node[:]
         graph.node.extend(kept)
+        _drop_unread_initializers(graph)
     return fed
+
+
+def _drop_unread_initializers(graph) -> None:
+    """Remove the initializers no node reads any more (the dropped Splits' sizes, the Reshapes' shapes), which
+    ONNX Runtime would otherwise warn about on every session it opens."""
+    read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    kept = [init for init in graph.initializer if init.name in read]
+    if len(kept) != len(graph.initializer):
+        del graph.initializer[:]
+        graph.initializer.extend(kept)

@@ -41,9 +41,9 @@ def test_pack_layout_is_low_nibble_first_and_round_trips():
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
-def test_rtn_stays_within_half_a_step(symmetric):
+def test_rtn_on_the_min_max_grid_stays_within_half_a_step(symmetric):
     weight = torch.randn(16, 256, generator=torch.Generator().manual_seed(1))
-    packed = rtn_quantize(weight, 64, symmetric)
+    packed = rtn_quantize(weight, 64, symmetric, search=False)
     step = packed.scales.repeat_interleave(64, 1)
     assert packed.qweight.shape == (16, 128) and packed.scales.shape == (16, 4)
     if symmetric:
@@ -52,6 +52,19 @@ def test_rtn_stays_within_half_a_step(symmetric):
         assert bool(((packed.dequantize() - weight).abs()[inside] <= step[inside] / 2 + 1e-6).all())
     else:
         assert float(((packed.dequantize() - weight).abs() / step).max()) <= 0.5 + 1e-4
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_rtn_searched_grid_clips_ranges_and_never_rounds_a_group_worse_than_min_max(symmetric):
+    weight = torch.randn(64, 256, generator=torch.Generator().manual_seed(4))
+    weight[::4, 5] = 4.0  # an outlier in every fourth row's first group
+    plain, searched = rtn_quantize(weight, 64, symmetric, search=False), rtn_quantize(weight, 64, symmetric)
+    group_error = [((p.dequantize() - weight) ** 2).reshape(64, 4, 64).sum(-1) for p in (plain, searched)]
+    assert bool((group_error[1] <= group_error[0] * (1 + 1e-5)).all())
+    assert float(group_error[1].sum()) < 0.95 * float(group_error[0].sum())
+    clipped = searched.scales < plain.scales * (1 - 1e-6)  # a finer step than min/max: the range was clipped
+    assert float(clipped.float().mean()) > 0.5 and float(clipped[::4, 0].float().mean()) > 0.5
+    assert float((searched.scales / plain.scales).min()) >= 0.8 - 1e-6  # never below 80 % of the range
 
 
 def test_hessian_streamed_in_batches_equals_the_whole_gram_matrix():
