@@ -14,7 +14,10 @@ its own warm-up and timed block at batch 1 and 32:
    (``AutoQuantizationConfig.avx512_vnni(is_static=False, per_channel=False)``: dynamic, QOperator,
    u8 activations, symmetric s8 weights per tensor, every op ONNX Runtime's integer registry knows),
    written out here with ONNX Runtime's own quantizer because ``optimum-onnx`` does not install beside
-   this project's pinned versions;
+   this project's pinned versions; and, for MiniLM, ONNX Runtime's documented BERT path: the
+   ``torch.onnx.export(dynamo=False)`` graph through its transformer optimizer (``--model_type bert``:
+   fused Attention, SkipLayerNormalization, BiasGelu), then ``quantize_dynamic``, or ``quant_pre_process``
+   and ``quantize_static`` (defaults);
 4. for MiniLM, not a peer: Optimum's configuration on the plain export after infopt's
    ``attention_mask_fill`` pass alone (the attention mask filled with -40 instead of float32's lowest),
    to show how much of infopt's lead that one pass is;
@@ -50,6 +53,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -63,7 +67,8 @@ from infopt.validators.side_by_side import compare  # noqa: E402
 EAGER, ORT32, ORTQ, ORTS, OPTIMUM, OPTIMUM_FILLED, STATIC, DYNAMIC = (
     "eager fp32", "onnxruntime fp32 (infopt build)", "ORT quantize_dynamic defaults", "ORT quantize_static defaults",
     "Optimum avx512_vnni config", "Optimum config + infopt's mask fill", "infopt int8 static", "infopt int8 dynamic")
-PEERS = (ORTQ, ORTS, OPTIMUM)
+ORT_BERT_Q, ORT_BERT_S = ("ORT BERT optimizer + quantize_dynamic", "ORT BERT optimizer + quantize_static")
+PEERS = (ORTQ, ORTS, OPTIMUM, ORT_BERT_Q, ORT_BERT_S)
 FULL_128 = "128, no padding"
 
 
@@ -96,8 +101,8 @@ def ort_defaults(plain: Path, out: Path, tag: str, notes: list[str]) -> Path:
     return out
 
 
-def ort_static_defaults(plain: Path, out: Path, calib: dict[str, np.ndarray]) -> Path:
-    """quantize_static with every default, fed the calibration samples one at a time."""
+def ort_static_defaults(plain: Path, out: Path, calib: dict[str, np.ndarray], extra_options: dict | None = None) -> Path:
+    """quantize_static with every default (but ``extra_options``), fed the calibration samples one at a time."""
     from onnxruntime.quantization import CalibrationDataReader, quantize_static
 
     class Reader(CalibrationDataReader):
@@ -108,8 +113,45 @@ def ort_static_defaults(plain: Path, out: Path, calib: dict[str, np.ndarray]) ->
         def get_next(self):
             return next(self.items, None)
 
-    quantize_static(str(plain), str(out), Reader())
+    quantize_static(str(plain), str(out), Reader(), extra_options=extra_options)
     return out
+
+
+def torchscript_export(module, example: tuple, names: list[str], dynamic: dict, path: Path) -> Path:
+    """The FP32 ONNX of ``torch.onnx.export(dynamo=False)``, the graph ONNX Runtime's transformer optimizer's
+    BERT patterns are written for (on the dynamo export it fuses the GELUs only)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, example, str(path), dynamo=False, opset_version=17, input_names=names,
+                          output_names=["output"], dynamic_axes={**dynamic, "output": {0: "batch"}})
+    return path
+
+
+def ort_bert_optimized(plain: Path, out: Path, heads: int, hidden: int) -> Path:
+    """ONNX Runtime's documented BERT path before quantizing: its transformer optimizer
+    (``python -m onnxruntime.transformers.optimizer --model_type bert``: fused attention,
+    SkipLayerNormalization, BiasGelu where its patterns match the export)."""
+    from onnxruntime.transformers import optimizer
+
+    from infopt.core.logs import quiet_third_party
+
+    with quiet_third_party():
+        optimized = optimizer.optimize_model(str(plain), model_type="bert", num_heads=heads, hidden_size=hidden)
+    optimized.save_model_to_file(str(out))
+    return out
+
+
+def ort_bert_static(optimized: Path, out: Path, calib: dict[str, np.ndarray]) -> Path:
+    """quantize_static (defaults) on the transformer optimizer's graph after ``quant_pre_process``, as ONNX
+    Runtime's quantization guide asks."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    pre = optimized.with_name(optimized.stem + "_preprocessed.onnx")
+    # its symbolic shape inference cannot follow the fused graph's dims; ONNX's own shape inference runs
+    quant_pre_process(str(optimized), str(pre), skip_optimization=True, skip_symbolic_shape=True)
+    return ort_static_defaults(pre, out, calib, {"DefaultTensorType": onnx.TensorProto.FLOAT})
 
 
 def optimum_avx512_vnni(plain: Path, out: Path) -> Path:
@@ -175,6 +217,17 @@ def minilm_case(work: Path, quick: bool, notes: list[str]):
     paths[ORTQ] = ort_defaults(plain, work / "minilm_ort_dynamic.onnx", "MiniLM", notes)
     paths[ORTS] = ort_static_defaults(plain, work / "minilm_ort_static.onnx", {k: v[:32 if quick else 128] for k, v in calib.items()})
     paths[OPTIMUM] = optimum_avx512_vnni(plain, work / "minilm_optimum.onnx")
+    config = ev.model.bert.config
+    scripted = torchscript_export(ev.model, example, list(ev.names), dyn, work / "minilm_torchscript.onnx")
+    optimized = ort_bert_optimized(scripted, work / "minilm_ort_bert.onnx", config.num_attention_heads, config.hidden_size)
+    from onnxruntime.quantization import quantize_dynamic
+
+    # the fused contrib ops have no ONNX type inference: ONNX Runtime's error asks for DefaultTensorType
+    quantize_dynamic(str(optimized), str(work / "minilm_ort_bert_dynamic.onnx"),
+                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+    paths[ORT_BERT_Q] = work / "minilm_ort_bert_dynamic.onnx"
+    paths[ORT_BERT_S] = ort_bert_static(optimized, work / "minilm_ort_bert_static.onnx",
+                                        {k: v[:32 if quick else 128] for k, v in calib.items()})
     filled = mask_filled(plain, work / "minilm_plain_mask_filled.onnx")
     paths[OPTIMUM_FILLED] = optimum_avx512_vnni(filled, work / "minilm_optimum_mask_filled.onnx")
     at_128 = tokenize(ev.eval_text[:32], 128)

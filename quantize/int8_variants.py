@@ -107,6 +107,9 @@ def candidates(mode: str, src: Path, model, layers: list[Layer], included: list[
     if mode == "static":
         add("s8 activations, per-channel weights", "signed activations (s8s8 kernels)", included, activation="int8")
     add("u8 activations, per-tensor weights", "one scale per weight tensor", included, per_channel=False)
+    if mode == "static":
+        add("s8 activations, per-tensor weights", "ONNX Runtime quantize_static's defaults (S8S8 QDQ, per-tensor)",
+            included, activation="int8", per_channel=False)
     return variants
 
 

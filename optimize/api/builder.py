@@ -300,6 +300,9 @@ def _with_overrides(recipe, thresholds, batch_sizes, pass_options=None):
                              fix=f"use one of: {', '.join(list(data['validation']['drift']) + ['max_p99_ms'])}")
     if batch_sizes:
         data["validation"]["latency"]["batch_sizes"] = list(batch_sizes)
+        for step in data["passes"]:  # INT8 is chosen over FP32 at the sizes the model serves, as candidates are
+            if step["name"] == "quantize_int8" and not step["options"].get("speed_batch_sizes"):
+                step["options"] = {**step["options"], "speed_batch_sizes": list(batch_sizes)}
     return type(recipe).from_json(data)
 
 
@@ -324,17 +327,18 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
     with ctx.times.step("validation data"):
         batches, source = validation_batches(spec, val, max_samples, loaded.module, ctx.calib, ctx.reader)
     checked_on = f"{len(batches)} random batches (no --val data)" if source == "random" else source
-    candidates = _build_candidates(work, artifact, recipes, target, console, ctx.calib, ctx.budget, batches, checked_on,
-                                   ctx.allow_partial, ctx.times)
-    built = [c for c in candidates if c.status == "built"]
     max_batch = spec.dims[spec.batch_symbol].max if spec.batch_symbol else 1
     batches = list(split_batches(batches, spec, max_batch))
+    with ctx.times.step("validation"):  # the eager outputs every candidate is judged against, and INT8 chooses by
+        ref_out = drift_mod.run_all(reference, batches)
+    candidates = _build_candidates(work, artifact, recipes, target, console, ctx.calib, ctx.budget, batches, checked_on,
+                                   ctx.allow_partial, ctx.times, ref_out)
+    built = [c for c in candidates if c.status == "built"]
     status = progress_display.status(console, "validating: drift against the eager reference")
     if status:
         status.start()
     try:
         with ctx.times.step("validation"):
-            ref_out = drift_mod.run_all(reference, batches)
             ends = range_ends(spec, reference, loaded.module)
             for c in built:
                 c.drift = cand.run_candidate(c, lambda c=c: drift_mod.compare(
@@ -460,7 +464,7 @@ def _work(module, spec, model_file: Path) -> dict[str, Any]:
 
 
 def _build_candidates(work, artifact, recipes, target, console, calib, budget, check_batches, check_source,
-                      allow_partial=False, times=None):
+                      allow_partial=False, times=None, check_reference=None):
     """Run each recipe's pipeline. One this machine cannot build is recorded as skipped; one that
     fails stops the build with every failure named, unless ``allow_partial`` keeps the survivors."""
 
@@ -484,7 +488,8 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
         (work / c.label).mkdir(parents=True, exist_ok=True)
         try:
             c.artifact = Pipeline(c.recipe, target, work / c.label, calibration=calib, budget=budget,
-                                  check_batches=check_batches, check_source=check_source, console=console,
+                                  check_batches=check_batches, check_source=check_source,
+                                  check_reference=check_reference, console=console,
                                   label=c.label if len(runnable) > 1 else "", times=times).run(artifact, shared)
             c.runner = cand.validation_runner(c.artifact, target)
             c.outputs = cand.artifact_outputs(c.artifact)

@@ -35,8 +35,8 @@ log = logging.getLogger("infopt.core.pipeline")
 
 class Pipeline:
     def __init__(self, recipe: Recipe, target: Target, workdir: Path, *, calibration=None, budget=None,
-                 check_batches=None, check_source: str = "validation data", console=None, label: str = "",
-                 times: StepTimes | None = None):
+                 check_batches=None, check_source: str = "validation data", check_reference=None, console=None,
+                 label: str = "", times: StepTimes | None = None):
         self.recipe = recipe
         self.target = target
         self.workdir = workdir
@@ -44,6 +44,7 @@ class Pipeline:
         self.budget = budget
         self.check_batches = check_batches
         self.check_source = check_source
+        self.check_reference = check_reference
         self.console = console
         self.label = f"{label}: " if label else ""
         self.times = times
@@ -96,7 +97,7 @@ class Pipeline:
             raise RecipeError(f"pass {definition.name} needs calibration data", fix="pass --calib PATH")
         options = definition.parse_options(raw_options)
         context = PassContext(self.target, self.workdir, self.calibration, self.budget, self.check_batches, self._say,
-                              self.check_source)
+                              self.check_source, self.check_reference)
         start = time.perf_counter()
         try:
             outcome = definition.run(artifact, options, context)

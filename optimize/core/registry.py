@@ -44,6 +44,10 @@ class PassContext:
     progress: Callable[[str], None] | None = None
     check_source: str = "validation data"
     """what ``check_batches`` are, in words: the --val file, held-out calibration samples, or random inputs"""
+    check_reference: Any = None
+    """the source model's outputs on ``check_batches`` (per batch, per output), which the build's verdict compares
+    the shipped model with: a pass that chooses by drift compares against them too, so that what it chose to meet
+    the budget meets it when the build is judged"""
 
     def say(self, text: str) -> None:
         if self.progress is not None:

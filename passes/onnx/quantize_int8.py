@@ -50,7 +50,8 @@ class QuantizeInt8Options(PassOptions):
     require_int8: bool = Field(False, description="ship INT8 even when FP32 is faster here (--require-precision)")
     speed_trials: int = Field(5, ge=3, description="ABBA trials per batch size when timing the variants")
     speed_batch_sizes: list[int] = Field(default_factory=list,
-                                         description="batch sizes the variants are timed at (default: 1 and up to 8)")
+                                         description="batch sizes the variants are timed at (default: the batch dim's min "
+                                                     "and opt, or --batch-sizes: the sizes the model serves)")
 
 
 def resolve_placement(placement: str, target) -> str:
@@ -125,19 +126,20 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
         return ranked
 
     try:
-        reference = probe.reference(batches)
+        judged, reference, measured_on = _judged_on(context, batches, probe, mode)
         _check_budget_applies(budget, reference)
-        excluded, steps = (sensitivity.choose_fallback(probe, batches, budget, ranking, context.say, reference)
+        strict = budget.with_margin()  # what the choices hold to, so that the verdict holds (sensitivity.MARGIN)
+        excluded, steps = (sensitivity.choose_fallback(probe, judged, strict, ranking, context.say, reference)
                            if options.fallback else ([], []))
         order = (lambda: [r["layer"] for r in ranking()]) if options.fallback else list
-        dst, drift, excluded = _build_confirmed(build, layers, excluded, order, batches, reference, budget, context)
+        dst, drift, excluded = _build_confirmed(build, layers, excluded, order, judged, reference, strict, context)
     finally:
         probe.close()
     int8_nodes = [layer.node for layer in layers if layer.node not in excluded]
     shipped, selection, tried, variant = "int8", None, [], None
     if options.choose == "fastest" and measured_here and int8_nodes:
-        best, selection, tried = _fastest(mode, src, model, layers, int8_nodes, ranges, (dst, drift), batches,
-                                          reference, budget, options, artifact.spec, context)
+        best, selection, tried = _fastest(mode, src, model, layers, int8_nodes, ranges, (dst, drift), judged,
+                                          reference, strict, options, artifact.spec, context)
         if best is None:
             shipped, dst, drift, int8_nodes = "fp32", artifact.path, {}, []
         else:
@@ -150,9 +152,10 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
         verdict = " - NOT met even with every layer in FP32"
     else:
         verdict = " - NOT met"
-    details = Int8Details(mode=mode, placement=placement, budget=str(budget), budget_metric=budget.metric,
+    details = Int8Details(mode=mode, placement=placement, budget=str(budget), selection_budget=str(strict),
+                          budget_metric=budget.metric,
                           budget_threshold=budget.threshold, budget_met=met, measured=drift,
-                          measured_on="calibration data" if mode == "static" else context.check_source,
+                          measured_on=measured_on,
                           calibration=calib_info, excluded=excluded, fallback_steps=steps, ranked=ranked is not None,
                           fallback_order=("drift_per_ms" if by_cost else "drift") if ranked is not None else None,
                           layers=_layer_rows(ranked, layers, excluded, budget, int8_nodes),
@@ -197,11 +200,13 @@ def _layer_savings(build, src, layers, batches, spec, context) -> dict[str, floa
 
 
 def _speed_sizes(spec) -> list[int]:
-    """Batch 1 and the largest of the batch dim's range up to 8 (the variants' order rarely changes above it)."""
+    """The batch sizes the model will serve, as the build times its candidates at them: the batch dim's min and
+    its opt (the size ``--dim batch=MIN:OPT:MAX`` declares it serves; default 1 and 8). ``--batch-sizes``
+    replaces them (the builder passes them as ``speed_batch_sizes``)."""
     if spec.batch_symbol is None:
         return [1]
-    largest = min(spec.dims[spec.batch_symbol].max, 8)
-    return sorted({1, largest})
+    dim = spec.dims[spec.batch_symbol]
+    return sorted({dim.min, dim.opt})
 
 
 class Int8Details(PassDetails):
@@ -213,6 +218,8 @@ class Int8Details(PassDetails):
     empty when the model has no layer the mode covers"""
     placement: str | None = None
     budget: str | None = None
+    selection_budget: str | None = None
+    """the stricter budget the fallback and the variants were held to, so that the verdict holds"""
     budget_metric: str | None = None
     budget_threshold: float | None = None
     budget_met: bool | None = None
@@ -241,6 +248,22 @@ def _why(mode: str, context: PassContext) -> str:
     if mode == "static":
         return f"calibrated on {context.calibration.count} samples from {context.calibration.source}"
     return "no calibration data; activations are quantized per batch at run time"
+
+
+def _judged_on(context: PassContext, batches: list[dict], probe, mode: str) -> tuple[list[dict], list, str]:
+    """(batches, reference outputs, what they are) the budget is checked on. In a build, the data and the source
+    model's outputs the build's verdict judges the shipped model by (``--val``, else the held-out calibration
+    samples, else the seeded random inputs), so that a model chosen to meet the budget meets it when judged;
+    otherwise (the pass run alone) the pass's own data against the FP32 graph."""
+    import numpy as np
+
+    given, eager = list(context.check_batches or []), context.check_reference
+    if given and eager:
+        reference = [np.concatenate([np.asarray(outs[i]) for outs in eager]) for i in range(len(eager[0]))]
+        fp32 = probe.reference(given[:1])
+        if len(fp32) == len(reference) and all(f.shape[1:] == r.shape[1:] for f, r in zip(fp32, reference)):
+            return given, reference, f"{context.check_source}, against the source model (as the build is judged)"
+    return batches, probe.reference(batches), "calibration data" if mode == "static" else context.check_source
 
 
 def _check_budget_applies(budget, reference) -> None:

@@ -118,7 +118,12 @@ def test_dynamic_without_calibration_says_so(encoder, tmp_path):
                           val=tmp_path / "val.npz", output=tmp_path / "dyn", progress=False, require_precision=True)
     details = result.manifest.pass_record("quantize_int8").details
     assert details["mode"] == "dynamic" and details["layers"]
-    assert details["measured_on"] == str(tmp_path / "val.npz")  # the data the budget was held on, named as given
+    # the data the budget was held on, named as given, against the source model: what the verdict judges by
+    assert details["measured_on"] == f"{tmp_path / 'val.npz'}, against the source model (as the build is judged)"
+    # so the INT8 pass's figure for the budget is the verdict's: a model chosen to meet it cannot fail it
+    verdict = {c["name"]: c for c in result.manifest.validation.verdict.checks}
+    assert details["budget_metric"] == "cosine_mean" and details["budget_met"] is verdict["min_mean_cosine"]["passed"]
+    assert abs(details["measured"]["cosine_mean"] - verdict["min_mean_cosine"]["measured"]) < 1e-5
     assert any("INT8 is dynamic: no calibration data" in n for n in result.manifest.validation.notes)
     assert "MatMulInteger" in str(details["quantized_ops"]) or "DynamicQuantizeLinear" in details["quantized_ops"]
     assert "INT8 is dynamic" in (result.output_dir / "report.md").read_text()

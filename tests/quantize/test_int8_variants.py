@@ -81,16 +81,17 @@ def test_timing_feeds_repeat_samples_to_reach_a_batch_size():
 
 @pytest.fixture(scope="module")
 def cli_builds(files, digits, tmp_path_factory):
-    """The CNN built from the command line as a user would, with defaults and with --require-precision."""
+    """The CNN built from the command line as a user would: declaring the batch it serves (32, the opt of
+    --dim batch=1:32:64), and with --require-precision at --batch-sizes 1."""
     _, data = digits
     work = tmp_path_factory.mktemp("variants")
     shutil.copy(files / "cnn_ts.pt", work / "cnn.pt")
     np.savez(work / "calib.npz", x=data["train"][0][:256])
     np.savez(work / "val.npz", x=data["val"][0][:128])
     runs = {}
-    for label, extra in (("default", []), ("required", ["--require-precision"])):
+    for label, extra in (("default", ["--dim", "batch=1:32:64"]), ("required", ["--require-precision", "--batch-sizes", "1"])):
         proc = run_cli("build", "cnn.pt", "--input", CNN_INPUT, "--int8", "--calib", "calib.npz", "--val", "val.npz",
-                       "--max-drift", "top1=0.99", "--batch-sizes", "1", "-o", f"dist/{label}", *extra, cwd=work)
+                       "--max-drift", "top1=0.99", "-o", f"dist/{label}", *extra, cwd=work)
         assert proc.returncode == 0, proc.stderr[-2000:]
         runs[label] = (proc, work / "dist" / label)
     return runs
@@ -107,10 +108,13 @@ def test_a_default_build_ships_what_it_measured_as_fastest(cli_builds):
     proc, dist = cli_builds["default"]
     manifest, details, ops = shipped(dist)
     names = [v["name"] for v in details["variants"]]
-    assert names[0] == "u8 activations, per-channel weights" and len(names) == 4
+    assert names[0] == "u8 activations, per-channel weights" and len(names) == 5
     assert "layers after pooling in float" in names[1] and "s8 activations" in names[2] and "per-tensor" in names[3]
+    assert names[4] == "s8 activations, per-tensor weights"  # ONNX Runtime quantize_static's defaults
     timed = [v for v in details["variants"] if v["holds_budget"]]
-    assert timed and all({r["batch"] for r in v["ratios"]} == {1, 8} for v in timed)
+    # timed at the sizes the model serves: the batch dim's min and the opt it declared, as the candidates are
+    assert timed and all({r["batch"] for r in v["ratios"]} == {1, 32} for v in timed)
+    assert {row["batch"] for row in manifest["validation"]["latency"]} == {1, 32}
     fastest = min(timed, key=lambda v: v["speed_vs_fp32"])
     report = (dist / "report.md").read_text()
     assert "INT8 variants" in report and fastest["name"] in report
@@ -132,6 +136,7 @@ def test_require_precision_ships_the_fastest_int8_variant(cli_builds):
     assert details["shipped"] == "int8" and details["shipped_variant"] == fastest["name"]
     assert manifest["precision"] == "int8" and "precision_asked" not in manifest
     assert ops & INTEGER_OPS
+    assert all({r["batch"] for r in v["ratios"]} == {1} for v in timed)  # --batch-sizes 1: the size it serves
     int8_layers = [r for r in details["layers"] if r["precision"] == "int8"]
     assert len(int8_layers) == fastest["int8_layers"]
 
@@ -151,4 +156,5 @@ def test_variants_module_builds_each_variant_it_names(files, tmp_path):
                                and n.input[1] in inits))
     assert zero_point_types[0] == {onnx.TensorProto.UINT8} and zero_point_types[2] == {onnx.TensorProto.INT8}
     assert scale_sizes[0] > 1 and scale_sizes[3] == 1, "per-channel weights have a scale per channel, per-tensor one"
+    assert zero_point_types[4] == {onnx.TensorProto.INT8} and scale_sizes[4] == 1  # ONNX Runtime's S8S8 per-tensor
     assert len(variants[1].nodes) == 2
