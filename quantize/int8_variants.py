@@ -56,12 +56,18 @@ class Tried:
     runner: OrtRunner | None = field(default=None, repr=False)
     """the session its drift was measured with, reused to time it"""
 
+    weights: dict[int, float] | None = None
+    """each batch size's share of requests (``--batch-mix``), or None for equal weights"""
+
     @property
     def speed(self) -> float | None:
-        """Geometric mean over batch sizes of this variant's time / FP32's time (below 1: faster)."""
-        if not self.ratios:
+        """Geometric mean over batch sizes of this variant's time / FP32's time (below 1: faster), each size
+        weighted by its share of requests when :attr:`weights` are declared."""
+        shares = {r.batch: (self.weights or {}).get(r.batch, 0.0 if self.weights else 1.0) for r in self.ratios}
+        total = sum(shares.values())
+        if not self.ratios or total <= 0:
             return None
-        return math.exp(sum(math.log(r.ratio) for r in self.ratios) / len(self.ratios))
+        return math.exp(sum(shares[r.batch] * math.log(r.ratio) for r in self.ratios) / total)
 
     def to_json(self) -> dict:
         return {"name": self.name, "why": self.why, "int8_layers": len(self.nodes), "drift": self.drift,
@@ -157,9 +163,12 @@ def time_against_fp32(tried: list[Tried], fp32: Path, feeds: dict[int, dict], tr
         entry.ratios = compare(runner.run, baseline.run, feeds, trials=trials, iterations=1, warmup=3)
 
 
-def choose(tried: list[Tried], keep_int8: bool) -> tuple[Tried | None, str]:
-    """The variant to ship (None: FP32) and why. ``tried`` is not empty; its first entry is the model
-    the accuracy fallback confirmed."""
+def choose(tried: list[Tried], keep_int8: bool, weights: dict[int, float] | None = None) -> tuple[Tried | None, str]:
+    """The variant to ship (None: FP32) and why, each batch size weighted by its share of requests when
+    ``weights`` are declared. ``tried`` is not empty; its first entry is the model the accuracy fallback
+    confirmed."""
+    for entry in tried:
+        entry.weights = weights
     timed = [t for t in tried if t.speed is not None]
     if not timed:
         held = [t for t in tried if t.holds]
@@ -169,6 +178,8 @@ def choose(tried: list[Tried], keep_int8: bool) -> tuple[Tried | None, str]:
     best = min(timed, key=lambda t: t.speed)
     figures = "; ".join(f"batch {r.batch}: {r.candidate_p50_ms:.3f} ms vs FP32 {r.baseline_p50_ms:.3f} ms "
                         f"(ratio {r.ratio:.2f}, {r.confidence:.0%} bounds {r.lower:.2f}-{r.upper:.2f})" for r in best.ratios)
+    if weights:
+        figures += "; weighted by the declared batch mix (" + ", ".join(f"{b}: {w:.0%}" for b, w in weights.items()) + ")"
     if best.speed < 1.0:
         return best, f"the fastest INT8 variant that held the budget, {1 / best.speed:.2f}x FP32's speed ({figures})"
     slower = (f"INT8 is slower than FP32 for this model here: the fastest variant, {best.name}, took "

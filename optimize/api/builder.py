@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,7 +125,8 @@ def _safe_name(text: str) -> str:
 def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precision: str = "fp32",
           backend: str = "auto", inputs: Sequence[str] | str | InputSpec | None = None,
           dims: Sequence[str] | dict | None = None, val: str | Path | None = None,
-          batch_sizes: Sequence[int] | None = None, thresholds: dict[str, float] | None = None,
+          batch_sizes: Sequence[int] | None = None, batch_mix: dict[int, float] | None = None,
+          thresholds: dict[str, float] | None = None,
           recipe: str | Path | None = None, name: str | None = None, output: str | Path | None = None,
           force: bool = False, model_class: str | None = None, model_args: str | dict | None = None,
           allow_pickle: bool = False, max_val_samples: int = DEFAULT_MAX_VAL_SAMPLES,
@@ -139,6 +141,10 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     ``model`` is a path (TorchScript, ``.pt2``, state_dict with ``model_class``, ONNX, or a pickled
     module with ``allow_pickle``) or an ``nn.Module``. The output goes to ``output`` (default
     ``dist/<name>``), written to a temporary sibling and renamed into place at the end.
+
+    ``batch_mix`` (``{1: 0.7, 32: 0.3}``, ``--batch-mix``) declares the batch sizes the model serves and each
+    one's share of requests: those sizes are timed, and candidates and INT8 variants are compared by the
+    geometric mean of their speedups weighted by the shares.
 
     ``calibration`` (a path, an iterable or DataLoader, or ``"module:function"``) makes INT8
     static; ``max_drift`` (``"cosine_mean=0.995"``) is the budget the INT8 fallback holds and the
@@ -183,7 +189,10 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     if max_drift is not None:
         budget = Budget.parse(max_drift)
         thresholds = {**(thresholds or {}), budget.threshold_name: budget.threshold}
-    recipes = [_with_overrides(r, thresholds, batch_sizes, pass_options) for r in recipes]
+    mix = _batch_mix(batch_mix, batch_sizes)
+    if mix:
+        batch_sizes = list(mix)
+    recipes = [_with_overrides(r, thresholds, batch_sizes, pass_options, mix) for r in recipes]
     if require_precision:
         recipes = [_with_overrides(r, None, None, {"quantize_int8": {"require_int8": True}})
                    if any(step.name == "quantize_int8" for step in r.passes) else r for r in recipes]
@@ -209,7 +218,8 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
         target_obj = _with_measured_roof(target_obj)
     with claim_output(out, force):
         return _build_claimed(loaded, spec, recipes, target_obj, name, out, force, val, max_val_samples, console,
-                              _BuildContext(command, call, None, budget, allow_partial and not strict, times=times),
+                              _BuildContext(command, call, None, budget, allow_partial and not strict, times=times,
+                                            batch_mix=mix),
                               calibration, calib_samples, calib_seed, tokenizer)
 
 
@@ -279,7 +289,25 @@ def _check_int8_inputs(recipe, target, calibration) -> None:
     choose_mode(options.mode, resolve_placement(options.placement, target), calibration is not None, target.name)
 
 
-def _with_overrides(recipe, thresholds, batch_sizes, pass_options=None):
+def _batch_mix(mix: dict[int, float] | None, batch_sizes) -> dict[int, float] | None:
+    """The declared share of requests per batch size, scaled to sum to 1 (None when not declared)."""
+    if not mix:
+        return None
+    fix = "pass the sizes and shares the model serves, e.g. --batch-mix 1:0.7,32:0.3 (batch_mix={1: 0.7, 32: 0.3})"
+    try:
+        pairs = {int(b): float(w) for b, w in dict(mix).items()}
+    except (TypeError, ValueError):
+        raise UsageError(f"batch mix {mix!r} is not batch size -> share", fix=fix) from None
+    if any(b < 1 or not math.isfinite(w) or w <= 0 for b, w in pairs.items()):
+        raise UsageError(f"batch mix {mix!r}: every batch size >= 1 and every share above 0", fix=fix)
+    if batch_sizes and sorted(set(batch_sizes)) != sorted(pairs):
+        raise UsageError(f"--batch-mix names batch sizes {sorted(pairs)} and --batch-sizes {list(batch_sizes)}",
+                         fix="the mix's sizes are the ones timed: drop --batch-sizes, or give the same sizes")
+    total = sum(pairs.values())
+    return {b: w / total for b, w in sorted(pairs.items())}
+
+
+def _with_overrides(recipe, thresholds, batch_sizes, pass_options=None, mix=None):
     if not thresholds and not batch_sizes and not pass_options:
         return recipe
     data = recipe.to_json()
@@ -302,7 +330,8 @@ def _with_overrides(recipe, thresholds, batch_sizes, pass_options=None):
         data["validation"]["latency"]["batch_sizes"] = list(batch_sizes)
         for step in data["passes"]:  # INT8 is chosen over FP32 at the sizes the model serves, as candidates are
             if step["name"] == "quantize_int8" and not step["options"].get("speed_batch_sizes"):
-                step["options"] = {**step["options"], "speed_batch_sizes": list(batch_sizes)}
+                step["options"] = {**step["options"], "speed_batch_sizes": list(batch_sizes),
+                                   **({"speed_weights": {str(b): w for b, w in mix.items()}} if mix else {})}
     return type(recipe).from_json(data)
 
 
@@ -319,6 +348,8 @@ class _BuildContext:
     """turns raw --val and --calib files into samples (see :func:`raw_reader`)"""
     times: StepTimes = field(default_factory=StepTimes)
     """seconds per step, for the manifest's ``timings``"""
+    batch_mix: dict[int, float] | None = None
+    """the declared share of requests per batch size, which weighs each size when candidates are compared"""
 
 
 def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, out, force, val, max_samples, console,
@@ -360,7 +391,7 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
             status.stop()
     for c in built:
         c.verdict = judge(c.recipe.validation, c.drift.worst, [t.p99_ms for t in timings if t.runner == c.label])
-    chosen, why = cand.choose(built, timings, target)
+    chosen, why = cand.choose(built, timings, target, ctx.batch_mix)
     chosen.chosen = True
     with ctx.times.step("curve"):
         curve = _measure_curve(chosen, spec, loaded.module, console,
@@ -403,7 +434,7 @@ def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, ou
         validation["stored_samples"] = store_samples(stage / "validation" / "samples.npz", batches, ref_out, names,
                                                      spec.batch_symbol is not None)
         manifest = base_manifest(name, origin, target, recipe, spec, chosen.outputs, final.lineage, validation,
-                                 candidates=cand.table(candidates, timings), selection=why, provenance=record,
+                                 candidates=cand.table(candidates, timings, ctx.batch_mix), selection=why, provenance=record,
                                  shipped_fp32=shipped_fp32(final.lineage))
         manifest = write_output(stage, manifest, final.path, spec, target.device, recipe.emit, final.attachments,
                                 server_engine=triton_engine(server), products=final.products, times=ctx.times)

@@ -51,10 +51,19 @@ class Candidate:
         return {t.batch: eager[t.batch] / t.p50_ms for t in timings
                 if t.runner == self.label and t.batch in eager and t.p50_ms > 0}
 
-    def speedup(self, timings) -> float | None:
-        """Geometric mean of the per-batch speedups."""
-        values = list(self.speedups(timings).values())
-        return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+    def speedup(self, timings, weights: dict[int, float] | None = None) -> float | None:
+        """Geometric mean of the per-batch speedups, each batch size weighted by its share of requests when
+        ``weights`` (``--batch-mix``) declares them."""
+        return weighted_geomean(self.speedups(timings), weights)
+
+
+def weighted_geomean(values: dict[int, float], weights: dict[int, float] | None = None) -> float | None:
+    """exp of the weighted mean log of ``values`` (batch -> ratio); equal weights without ``weights``."""
+    shares = {b: (weights or {}).get(b, 0.0 if weights else 1.0) for b in values}
+    total = sum(shares.values())
+    if not values or total <= 0:
+        return None
+    return math.exp(sum(shares[b] * math.log(v) for b, v in values.items()) / total)
 
 
 SOURCE_REASON = "needs the model's Python module"
@@ -113,7 +122,7 @@ def artifact_outputs(artifact: Artifact) -> list[tuple[str, str, tuple]]:
     return onnx_outputs(artifact.path)
 
 
-def choose(candidates: list[Candidate], timings, target) -> tuple[Candidate, str]:
+def choose(candidates: list[Candidate], timings, target, weights: dict[int, float] | None = None) -> tuple[Candidate, str]:
     """The candidate to ship and why: the fastest that passed, or the target's preference."""
     built = [c for c in candidates if c.status == "built"]
     passed = [c for c in built if c.verdict.passed]
@@ -126,11 +135,13 @@ def choose(candidates: list[Candidate], timings, target) -> tuple[Candidate, str
         return passed[0], (f"latency here was measured on this machine's CPU, which says nothing of {target.name}: "
                            f"chosen by the target's backend preference ({', '.join(target.backends)}) among "
                            "those that passed")
-    best = max(passed, key=lambda c: c.speedup(timings) or 0.0)
-    return best, "the fastest (geometric mean of p50 speedup over eager across batch sizes) of those that passed validation"
+    best = max(passed, key=lambda c: c.speedup(timings, weights) or 0.0)
+    how = (f"weighted by the declared batch mix ({', '.join(f'{b}: {w:.0%}' for b, w in weights.items())})" if weights
+           else "across batch sizes")
+    return best, f"the fastest (geometric mean of p50 speedup over eager {how}) of those that passed validation"
 
 
-def table(candidates: list[Candidate], timings) -> list[dict[str, Any]]:
+def table(candidates: list[Candidate], timings, weights: dict[int, float] | None = None) -> list[dict[str, Any]]:
     """The candidate rows for the manifest and report."""
     rows = []
     for c in candidates:
@@ -142,7 +153,7 @@ def table(candidates: list[Candidate], timings) -> list[dict[str, Any]]:
             row.update({"passed": c.verdict.passed, "failed_checks": c.verdict.reasons,
                         "cosine_min": worst.get("cosine_min"), "max_abs": worst.get("max_abs"),
                         "p50_ms": {str(b): v for b, v in p50.items()},
-                        "speedup": c.speedup(timings), "runs_on": runner_description(c.runner),
+                        "speedup": c.speedup(timings, weights), "runs_on": runner_description(c.runner),
                         "size_bytes": c.artifact.size_bytes()})
         rows.append(row)
     return rows

@@ -65,7 +65,7 @@ def default_task(model: str | Path, *, precision: str | None, target: str, val: 
 
 TASKS = ("logits", "text-generation")
 # infopt.build's arguments that only the logits graph takes (the text-generation build has no use for them)
-LOGITS_ONLY = ("example_inputs", "backend", "inputs", "dims", "batch_sizes", "thresholds", "recipe", "model_class",
+LOGITS_ONLY = ("example_inputs", "backend", "inputs", "dims", "batch_sizes", "batch_mix", "thresholds", "recipe", "model_class",
                "model_args", "allow_pickle", "max_val_samples", "calib_samples", "calib_seed", "tokenizer",
                "allow_partial", "strict", "require_precision", "dry_run")
 INT4_OPTIONS = {"method": "int4_method", "group_size": "group_size", "act_order": "act_order"}

@@ -29,6 +29,7 @@ def build(
     dims: o.Dims = None,
     val: o.Val = None,
     batch_sizes: o.BatchSizes = None,
+    batch_mix: o.BatchMix = None,
     max_abs: o.MaxAbs = None,
     min_cosine: o.MinCosine = None,
     min_top1: o.MinTop1 = None,
@@ -84,6 +85,7 @@ def build(
         from infopt.api.task_choice import default_task
 
         given = {"--backend": backend != "auto", "--input": bool(inputs), "--dim": bool(dims), "--batch-sizes": bool(batch_sizes),
+                 "--batch-mix": bool(batch_mix),
                  "--recipe": recipe is not None, "--dry-run": dry_run, "--model-class": model_class is not None,
                  "--model-args": model_args is not None, "--tokenizer": tokenizer is not None,
                  "--calib-method": calib_method is not None, "--calib-percentile": calib_percentile is not None,
@@ -108,7 +110,7 @@ def build(
         return
     result = run_build(
         model, target=target, precision=api_flags.precision(flags, precision), backend=backend, inputs=inputs, dims=dims,
-        val=val, batch_sizes=o.parse_batch_sizes(batch_sizes),
+        val=val, batch_sizes=o.parse_batch_sizes(batch_sizes), batch_mix=o.parse_batch_mix(batch_mix),
         thresholds=o.thresholds(max_abs=max_abs, min_cosine=min_cosine, min_top1=min_top1,
                                 min_sqnr_db=min_sqnr_db, max_p99_ms=max_p99_ms),
         recipe=recipe, name=name, output=output, force=force, model_class=model_class, model_args=model_args,

@@ -16,6 +16,7 @@ AllowPickle = Annotated[bool, typer.Option("--allow-pickle", metavar="", help="A
 Val = Annotated[Optional[Path], typer.Option("--val", help="Validation samples: a folder or file of .npy/.npz/.pt.")]
 Key = Annotated[Optional[Path], typer.Option("--key", help="Ed25519 public key (PEM): refuse an output folder whose manifest.json.sig does not verify with it.")]
 BatchSizes = Annotated[Optional[str], typer.Option("--batch-sizes", help="Comma-separated batch sizes to time, e.g. 1,8,32.")]
+BatchMix = Annotated[Optional[str], typer.Option("--batch-mix", help="The batch sizes the model serves and the share of requests at each, e.g. 1:0.7,32:0.3: the sizes timed, and each one's weight when candidates and INT8 variants are compared.")]
 MaxAbs = Annotated[Optional[float], typer.Option("--max-abs", help="Fail if max absolute drift exceeds this.")]
 MinCosine = Annotated[Optional[float], typer.Option("--min-cosine", help="Fail if the smallest per-sample cosine is below this.")]
 MinTop1 = Annotated[Optional[float], typer.Option("--min-top1", help="Fail if top-1 agreement is below this (classifiers).")]
@@ -35,6 +36,31 @@ def parse_batch_sizes(text: str | None) -> list[int] | None:
     if not sizes or any(s < 1 for s in sizes):
         raise UsageError(f"--batch-sizes {text!r} must list positive ints", fix="for example --batch-sizes 1,8,32")
     return sizes
+
+
+def parse_batch_mix(text: str | None) -> dict[int, float] | None:
+    """``1:0.7,32:0.3`` -> ``{1: 0.7, 32: 0.3}`` (weights scaled to sum to 1)."""
+    import math
+
+    from infopt.core.errors import UsageError
+
+    if not text:
+        return None
+    fix = "write BATCH:SHARE pairs, e.g. --batch-mix 1:0.7,32:0.3"
+    mix: dict[int, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        size, sep, share = part.partition(":")
+        try:
+            batch, weight = int(size), float(share)
+        except ValueError:
+            raise UsageError(f"--batch-mix {part!r} is not BATCH:SHARE", fix=fix) from None
+        if not sep or batch < 1 or not math.isfinite(weight) or weight <= 0 or batch in mix:
+            raise UsageError(f"--batch-mix {part!r}: a batch size >= 1, given once, with a share above 0", fix=fix)
+        mix[batch] = weight
+    if not mix:
+        raise UsageError(f"--batch-mix {text!r} names no batch size", fix=fix)
+    total = sum(mix.values())
+    return {b: w / total for b, w in sorted(mix.items())}
 
 
 def thresholds(**values: float | None) -> dict[str, float]:

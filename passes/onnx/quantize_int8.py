@@ -49,6 +49,9 @@ class QuantizeInt8Options(PassOptions):
                                "budget, or FP32 when none is faster (ONNX Runtime on a CPU target); first: ship the first")
     require_int8: bool = Field(False, description="ship INT8 even when FP32 is faster here (--require-precision)")
     speed_trials: int = Field(5, ge=3, description="ABBA trials per batch size when timing the variants")
+    speed_weights: dict[int, float] = Field(default_factory=dict,
+                                            description="each timed batch size's share of requests (--batch-mix), "
+                                                        "which weighs it when the variants are compared with FP32")
     speed_batch_sizes: list[int] = Field(default_factory=list,
                                          description="batch sizes the variants are timed at (default: the batch dim's min "
                                                      "and opt, or --batch-sizes: the sizes the model serves)")
@@ -184,7 +187,7 @@ def _fastest(mode, src, model, layers, int8_nodes, ranges, confirmed, batches, r
     sizes = options.speed_batch_sizes or _speed_sizes(spec)
     feeds = int8_variants.timing_feeds(batches, sizes)
     int8_variants.time_against_fp32(tried, src, feeds, options.speed_trials, context.say)
-    best, why = int8_variants.choose(tried, options.require_int8)
+    best, why = int8_variants.choose(tried, options.require_int8, options.speed_weights or None)
     return best, why, tried
 
 

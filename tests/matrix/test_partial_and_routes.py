@@ -123,3 +123,26 @@ def test_a_gpu_build_whose_gpu_candidates_failed_does_not_ship_a_cpu_fallback():
     assert "--target cpu" in info.value.fix
     assert len(survivors([candidate("failed", None), candidate("built", "cuda"), candidate("built", "cpu")], True, "cuda")) == 2
     assert len(survivors([candidate("built", "cpu")], True, "cuda")) == 1  # no failure: a build for a GPU made here
+
+
+def test_a_declared_batch_mix_decides_between_candidates_fast_at_different_batch_sizes():
+    """One candidate wins at batch 1, the other at batch 32: the mix the model serves picks the one shipped."""
+    from types import SimpleNamespace
+
+    from infopt.api.candidates import Candidate, choose
+    from infopt.core.recipe import load_recipe
+
+    def built(name):
+        c = Candidate(load_recipe(name), status="built")
+        c.runner, c.verdict = SimpleNamespace(device="cpu"), SimpleNamespace(passed=True)
+        return c
+
+    small, large = built("fp32-onnxruntime"), built("fp32-inductor")
+    timings = [SimpleNamespace(runner=r, batch=b, p50_ms=ms) for r, b, ms in (
+        ("eager", 1, 10.0), ("eager", 32, 100.0), (small.label, 1, 2.0), (small.label, 32, 80.0),
+        (large.label, 1, 5.0), (large.label, 32, 20.0))]
+    target = SimpleNamespace(device="cpu", name="cpu", backends=("onnxruntime", "inductor"))
+    assert choose([small, large], timings, target, {1: 0.95, 32: 0.05})[0] is small
+    chosen, why = choose([small, large], timings, target, {1: 0.05, 32: 0.95})
+    assert chosen is large and "weighted by the declared batch mix (1: 5%, 32: 95%)" in why
+    assert abs(large.speedup(timings, {1: 0.05, 32: 0.95}) - (2.0 ** 0.05) * (5.0 ** 0.95)) < 1e-9

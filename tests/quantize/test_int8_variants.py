@@ -5,6 +5,7 @@ end-to-end tests check that what shipped agrees with what was measured, not whic
 from __future__ import annotations
 
 import json
+import math
 import shutil
 
 import numpy as np
@@ -34,6 +35,20 @@ def test_the_fastest_variant_that_holds_the_budget_ships():
     best, why = choose([tried("base", True, 0.8, 0.7), tried("signed", True, 0.6, 0.5), tried("loose", False)], False)
     assert best.name == "signed" and why.startswith("the fastest INT8 variant") and "batch 8" in why
     assert abs(best.speed - (0.6 * 0.5) ** 0.5) < 1e-9
+
+
+def test_a_declared_batch_mix_weighs_each_batch_size_in_the_choice():
+    """INT8 faster at batch 32 and slower at batch 1: the served mix decides whether it ships."""
+    mostly_single = {1: 0.9, 32: 0.1}
+    variant = Tried("base", "why", ["a"], drift={"cosine_mean": 0.999}, holds=True)
+    variant.ratios = [ratio(1, 1.3), ratio(32, 0.6)]
+    best, why = choose([variant], False, mostly_single)
+    assert best is None and abs(variant.speed - math.exp(0.9 * math.log(1.3) + 0.1 * math.log(0.6))) < 1e-9
+    assert "weighted by the declared batch mix (1: 90%, 32: 10%)" in why
+    best, why = choose([variant], False, {1: 0.1, 32: 0.9})
+    assert best is variant and best.speed < 1 and "1: 10%, 32: 90%" in why
+    best, _ = choose([variant], False)  # equal weights: the geometric mean of 1.3 and 0.6 is below 1
+    assert best is variant and abs(best.speed - (1.3 * 0.6) ** 0.5) < 1e-9
 
 
 def test_fp32_ships_when_no_variant_is_faster_unless_int8_is_required():
@@ -81,15 +96,16 @@ def test_timing_feeds_repeat_samples_to_reach_a_batch_size():
 
 @pytest.fixture(scope="module")
 def cli_builds(files, digits, tmp_path_factory):
-    """The CNN built from the command line as a user would: declaring the batch it serves (32, the opt of
-    --dim batch=1:32:64), and with --require-precision at --batch-sizes 1."""
+    """The CNN built from the command line as a user would: declaring the batches it serves (a quarter of the
+    requests at batch 1, the rest at 32), and with --require-precision at --batch-sizes 1."""
     _, data = digits
     work = tmp_path_factory.mktemp("variants")
     shutil.copy(files / "cnn_ts.pt", work / "cnn.pt")
     np.savez(work / "calib.npz", x=data["train"][0][:256])
     np.savez(work / "val.npz", x=data["val"][0][:128])
     runs = {}
-    for label, extra in (("default", ["--dim", "batch=1:32:64"]), ("required", ["--require-precision", "--batch-sizes", "1"])):
+    for label, extra in (("default", ["--dim", "batch=1:32:64", "--batch-mix", "1:1,32:3"]),
+                         ("required", ["--require-precision", "--batch-sizes", "1"])):
         proc = run_cli("build", "cnn.pt", "--input", CNN_INPUT, "--int8", "--calib", "calib.npz", "--val", "val.npz",
                        "--max-drift", "top1=0.99", "-o", f"dist/{label}", *extra, cwd=work)
         assert proc.returncode == 0, proc.stderr[-2000:]
@@ -112,9 +128,13 @@ def test_a_default_build_ships_what_it_measured_as_fastest(cli_builds):
     assert "layers after pooling in float" in names[1] and "s8 activations" in names[2] and "per-tensor" in names[3]
     assert names[4] == "s8 activations, per-tensor weights"  # ONNX Runtime quantize_static's defaults
     timed = [v for v in details["variants"] if v["holds_budget"]]
-    # timed at the sizes the model serves: the batch dim's min and the opt it declared, as the candidates are
+    # timed at the sizes the model serves, as the candidates are, and weighed by the declared mix
     assert timed and all({r["batch"] for r in v["ratios"]} == {1, 32} for v in timed)
     assert {row["batch"] for row in manifest["validation"]["latency"]} == {1, 32}
+    for v in timed:
+        ratios = {r["batch"]: r["ratio"] for r in v["ratios"]}
+        assert abs(v["speed_vs_fp32"] - math.exp(0.25 * math.log(ratios[1]) + 0.75 * math.log(ratios[32]))) < 1e-9
+    assert "weighted by the declared batch mix (1: 25%, 32: 75%)" in details["selection"]
     fastest = min(timed, key=lambda v: v["speed_vs_fp32"])
     report = (dist / "report.md").read_text()
     assert "INT8 variants" in report and fastest["name"] in report
