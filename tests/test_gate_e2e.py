@@ -39,9 +39,13 @@ def builds(digits, files, tmp_path_factory):
     # activation range is far too narrow and INT8 clips the real data
     bad_calib = root / "calib_scaled.npz"
     np.savez(bad_calib, x=(x * 0.02).astype(np.float32))
-    # (INT8 required: on this small CNN an INT8 graph is slower than FP32, and a default build would ship FP32)
+    # (INT8 required: on this small CNN an INT8 graph is slower than FP32, and a default build would ship FP32).
+    # The build holds its budget on --val, where the fallback would put every clipped layer back in FP32; with
+    # the budget and the verdict's limits loosened until they hold nothing back, it ships what the bad
+    # calibration made, and the release gate is what must catch it
     out["broken_int8"] = _build(model, x, root / "broken_int8", val=val, precision="int8", calibration=bad_calib,
-                                require_precision=True).output_dir
+                                require_precision=True, max_drift="sqnr_db=-100",
+                                thresholds={"min_mean_cosine": -1.0}).output_dir
     out["extra_work"] = _build(WithExtraWork(model).eval(), x, root / "extra_work", val=val).output_dir
     return out
 
@@ -93,7 +97,8 @@ def test_broken_quantization_fails_on_its_task(builds, tmp_path):
     proc, result = _gate_json(builds["broken_int8"], builds["baseline"], "--val", str(builds["val"]), "--junit", str(junit))
     assert proc.returncode == 1, proc.stderr[-2000:]
     failed = {(c["group"], c["name"]) for c in result["checks"] if c["passed"] is False}
-    assert ("task", "accuracy") in failed and ("reference", "min_mean_cosine") in failed
+    # on its task, and on agreement with the baseline (its own loosened limits against the source pass)
+    assert ("task", "accuracy") in failed and ("baseline", "min_top1") in failed
     task = result["measurements"]["task"]
     assert task["baseline"] >= 0.95 and task["drop"] > 0.5
     messages = [f.get("message") for f in ET.parse(junit).getroot().iter("failure")]
