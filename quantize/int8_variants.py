@@ -14,7 +14,6 @@ report says so with the figures. Every variant tried is recorded.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -26,7 +25,7 @@ from infopt.quantize import onnx_int8
 from infopt.quantize.onnx_int8 import Layer
 from infopt.quantize.sensitivity import Budget, output_drift
 from infopt.runtime.backends.onnxruntime import OrtRunner
-from infopt.validators.side_by_side import RatioEstimate, compare
+from infopt.validators.side_by_side import RatioEstimate, compare, mix_text, weighted_geomean
 
 SHAPE_OPS = ("Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity")
 POOL_OPS = ("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool")
@@ -63,11 +62,7 @@ class Tried:
     def speed(self) -> float | None:
         """Geometric mean over batch sizes of this variant's time / FP32's time (below 1: faster), each size
         weighted by its share of requests when :attr:`weights` are declared."""
-        shares = {r.batch: (self.weights or {}).get(r.batch, 0.0 if self.weights else 1.0) for r in self.ratios}
-        total = sum(shares.values())
-        if not self.ratios or total <= 0:
-            return None
-        return math.exp(sum(shares[r.batch] * math.log(r.ratio) for r in self.ratios) / total)
+        return weighted_geomean({r.batch: r.ratio for r in self.ratios}, self.weights)
 
     def to_json(self) -> dict:
         return {"name": self.name, "why": self.why, "int8_layers": len(self.nodes), "drift": self.drift,
@@ -179,7 +174,7 @@ def choose(tried: list[Tried], keep_int8: bool, weights: dict[int, float] | None
     figures = "; ".join(f"batch {r.batch}: {r.candidate_p50_ms:.3f} ms vs FP32 {r.baseline_p50_ms:.3f} ms "
                         f"(ratio {r.ratio:.2f}, {r.confidence:.0%} bounds {r.lower:.2f}-{r.upper:.2f})" for r in best.ratios)
     if weights:
-        figures += "; weighted by the declared batch mix (" + ", ".join(f"{b}: {w:.0%}" for b, w in weights.items()) + ")"
+        figures += f"; weighted by the declared batch mix ({mix_text(weights)})"
     if best.speed < 1.0:
         return best, f"the fastest INT8 variant that held the budget, {1 / best.speed:.2f}x FP32's speed ({figures})"
     slower = (f"INT8 is slower than FP32 for this model here: the fastest variant, {best.name}, took "

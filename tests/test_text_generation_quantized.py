@@ -144,13 +144,14 @@ def test_int4_gptq_with_calibration_text_holds_agreement_and_perplexity(trained,
 
 def test_int4_without_calibration_is_rtn_on_searched_grids_and_keeps_perplexity(trained, builds):
     """RTN needs no data; its grid per group is the min/max range clipped where that rounds with less error.
-    On the trained LM's held-out text that keeps perplexity within 1 % of FP32 (the plain min/max grid:
-    +0.65 % on the benchmark's 40 sentences, where ONNX Runtime GenAI's builder, block 32, gives +0.43 %)."""
+    On the trained LM's held-out text that keeps perplexity within 0.4 % of FP32: measured +0.21 % on these
+    32 lines, where the plain min/max grid gives +0.47 % (and +0.65 % on the benchmark's 40 sentences, against
+    +0.43 % for ONNX Runtime GenAI's builder, block 32)."""
     manifest = builds["int4-rtn"]
     generation = manifest["validation"]["generation"]
     forced = generation["teacher_forced"]
     assert generation["quantization"]["method"] == "rtn" and manifest["provenance"]["calibration"] is None
-    assert forced["top1"] >= 0.9 and abs(forced["ppl_delta"]) <= 0.01 and forced["tokens"] > 1000, forced
+    assert forced["top1"] >= 0.9 and abs(forced["ppl_delta"]) <= 0.004 and forced["tokens"] > 1000, forced
     config = json.loads((trained / "int4-rtn" / "servers" / "onnxruntime-genai" / "genai_config.json").read_text())
     # the folder runs on this machine's cores and writes its cache in place (the attention is fused)
     decoder = config["model"]["decoder"]["session_options"]

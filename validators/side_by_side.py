@@ -46,6 +46,22 @@ class RatioEstimate:
         return asdict(self)
 
 
+def weighted_geomean(values: dict[int, float], weights: dict[int, float] | None = None) -> float | None:
+    """exp of the weighted mean log of ``values`` (batch size -> a time ratio or a speedup), each batch size
+    weighted by its share of requests (``--batch-mix``); equal weights without ``weights``. None when no value
+    has a weight."""
+    shares = {b: (weights or {}).get(b, 0.0 if weights else 1.0) for b in values}
+    total = sum(shares.values())
+    if total <= 0:
+        return None
+    return math.exp(sum(shares[b] * math.log(v) for b, v in values.items()) / total)
+
+
+def mix_text(weights: dict[int, float]) -> str:
+    """``1: 70%, 32: 30%``: a declared batch mix, as the selection notes name it."""
+    return ", ".join(f"{b}: {w:.0%}" for b, w in weights.items())
+
+
 def median_interval(values: list[float], confidence: float) -> tuple[float, float, float]:
     """(lower, upper, achieved): one-sided confidence bounds for the median of ``values``'
     distribution, each holding with probability ``achieved`` >= ``confidence`` (when there are

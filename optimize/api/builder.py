@@ -298,7 +298,7 @@ def _batch_mix(mix: dict[int, float] | None, batch_sizes) -> dict[int, float] | 
         pairs = {int(b): float(w) for b, w in dict(mix).items()}
     except (TypeError, ValueError):
         raise UsageError(f"batch mix {mix!r} is not batch size -> share", fix=fix) from None
-    if any(b < 1 or not math.isfinite(w) or w <= 0 for b, w in pairs.items()):
+    if not pairs or any(b < 1 or not math.isfinite(w) or w <= 0 for b, w in pairs.items()):
         raise UsageError(f"batch mix {mix!r}: every batch size >= 1 and every share above 0", fix=fix)
     if batch_sizes and sorted(set(batch_sizes)) != sorted(pairs):
         raise UsageError(f"--batch-mix names batch sizes {sorted(pairs)} and --batch-sizes {list(batch_sizes)}",

@@ -11,7 +11,6 @@ report says so.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from infopt.exporters.torch_export import exported_outputs
 from infopt.runtime import backends
 from infopt.runtime.runner import Runner
 from infopt.validators.range_ends import RangeFailure
+from infopt.validators.side_by_side import mix_text, weighted_geomean
 
 
 @dataclass
@@ -55,15 +55,6 @@ class Candidate:
         """Geometric mean of the per-batch speedups, each batch size weighted by its share of requests when
         ``weights`` (``--batch-mix``) declares them."""
         return weighted_geomean(self.speedups(timings), weights)
-
-
-def weighted_geomean(values: dict[int, float], weights: dict[int, float] | None = None) -> float | None:
-    """exp of the weighted mean log of ``values`` (batch -> ratio); equal weights without ``weights``."""
-    shares = {b: (weights or {}).get(b, 0.0 if weights else 1.0) for b in values}
-    total = sum(shares.values())
-    if not values or total <= 0:
-        return None
-    return math.exp(sum(shares[b] * math.log(v) for b, v in values.items()) / total)
 
 
 SOURCE_REASON = "needs the model's Python module"
@@ -136,8 +127,7 @@ def choose(candidates: list[Candidate], timings, target, weights: dict[int, floa
                            f"chosen by the target's backend preference ({', '.join(target.backends)}) among "
                            "those that passed")
     best = max(passed, key=lambda c: c.speedup(timings, weights) or 0.0)
-    how = (f"weighted by the declared batch mix ({', '.join(f'{b}: {w:.0%}' for b, w in weights.items())})" if weights
-           else "across batch sizes")
+    how = f"weighted by the declared batch mix ({mix_text(weights)})" if weights else "across batch sizes"
     return best, f"the fastest (geometric mean of p50 speedup over eager {how}) of those that passed validation"
 
 
