@@ -133,15 +133,29 @@ def try_variants(variants: list[Variant], workdir: Path, batches: list[dict], re
     return tried
 
 
-def timing_feeds(batches: list[dict], sizes: list[int]) -> dict[int, dict[str, np.ndarray]]:
-    """Inputs at each batch size, cut from (and, when there are too few samples, repeating) ``batches``."""
+def timing_feeds(batches: list[dict], sizes: list[int], spec=None) -> dict[int, dict[str, np.ndarray]]:
+    """Inputs at each batch size, cut from (and, when there are too few samples, repeating) ``batches``. With the
+    model's InputSpec, every other dynamic dim (a sequence's length) is cut or repeated to its opt: the shape the
+    build's latency step times and the model is declared to serve, whatever length the ``--val`` data has."""
     joined = {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
+    if spec is not None:
+        joined = {name: _at_opt(value, spec, name) for name, value in joined.items()}
     have = len(next(iter(joined.values())))
     feeds = {}
     for size in sizes:
         rows = np.arange(size) % have
         feeds[size] = {name: np.ascontiguousarray(value[rows]) for name, value in joined.items()}
     return feeds
+
+
+def _at_opt(value: np.ndarray, spec, name: str) -> np.ndarray:
+    tensor = next((t for t in spec.inputs if t.name == name), None)
+    if tensor is None or len(tensor.shape) != value.ndim:
+        return value
+    for axis, dim in enumerate(tensor.shape):
+        if axis and isinstance(dim, str) and dim != spec.batch_symbol and value.shape[axis] != spec.dims[dim].opt:
+            value = np.take(value, np.arange(spec.dims[dim].opt) % value.shape[axis], axis=axis)
+    return value
 
 
 def time_against_fp32(tried: list[Tried], fp32: Path, feeds: dict[int, dict], trials: int,

@@ -169,3 +169,16 @@ def test_no_module_names_a_module_above_it():
                     and floor_of(node.value) > floor_of(module):
                 up.append(f"{module}:{node.lineno} names {node.value}")
     assert not up, "\n".join(up)
+
+
+def private_imports(source: str, module: str = "infopt.x") -> list[str]:
+    """``from infopt.M import _name`` lines in ``source``: a private name used outside its module."""
+    return [f"{module}:{node.lineno} imports {a.name} from {node.module}" for node, _ in _imports(ast.parse(source))
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("infopt")
+            for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+
+
+def test_no_module_imports_a_private_name_from_another():
+    found = [line for module, path in modules().items() for line in private_imports(path.read_text(), module)]
+    assert not found, "private names imported across modules (make them public where they are defined):\n" + "\n".join(found)
+    assert private_imports("from infopt.report.html import CSS, _Chart\n") == ["infopt.x:1 imports _Chart from infopt.report.html"]

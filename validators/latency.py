@@ -18,7 +18,9 @@ median is pinned to within ``tolerance`` of itself (the distribution-free 95% co
 of the median, from the order statistics of all its runs) runs no more blocks at that batch size;
 one that is not keeps going, up to ``iterations`` runs. With a time budget (``seconds``, the
 recipe's ``latency.seconds``), each block of a slow runner also ends once its share of the budget is
-spent, so a model that takes 150 ms a run is timed in about 20 runs rather than 50. Warm-up stops
+spent, so a model that takes 150 ms a run is timed in about 20 runs rather than 50, and a runner whose
+single runs outlast their block's share stops once the whole budget is spent and ``min_iterations``
+runs are in (the curve's 3 runs at batch 64, not one per block). Warm-up stops
 after ``warmup`` runs or ``WARMUP_S`` seconds, whichever comes first (at least ``MIN_WARMUP`` runs).
 
 A runner on a CUDA device is timed with CUDA events around each run, after a synchronize, so the
@@ -28,10 +30,11 @@ figure is the GPU's time for the call (copies in and out included), not the host
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
 from typing import Callable
 
 import numpy as np
+
+from infopt.core.manifest_schema import LatencyRow
 
 BLOCKS = 5
 """blocks each runner's timed runs are split into (fewer when there are fewer runs)"""
@@ -45,30 +48,16 @@ WARMUP_S = 0.5
 MIN_WARMUP = 2
 
 
-@dataclass
-class LatencyStats:
-    runner: str
-    batch: int
-    p50_ms: float
-    """the median of the blocks' medians"""
-    p90_ms: float
-    p99_ms: float
-    mean_ms: float
-    throughput: float
-    """samples per second at the p50: batch / p50"""
-    iterations: int
-    """timed runs (fewer than asked when the median was pinned early)"""
-    blocks: int = 1
-    spread: float = 0.0
-    """(slowest block median - fastest) / p50, leaving out the slowest and fastest block when there are 4
-    or more: one odd block moves neither the p50 nor this; two or more that disagree are a noisy machine"""
+class LatencyStats(LatencyRow):
+    """One runner's timing at one batch size: the manifest's latency row (``core/manifest_schema.py``
+    declares its fields), and whether the machine was too noisy to trust it closely."""
 
     @property
     def noisy(self) -> bool:
         return self.spread > NOISY_SPREAD
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return self.model_dump()
 
 
 def summarize(runner: str, batch: int, seconds: list[float], block_medians: list[float] | None = None) -> LatencyStats:
@@ -79,8 +68,9 @@ def summarize(runner: str, batch: int, seconds: list[float], block_medians: list
     p90, p99 = (max(p50, float(v)) for v in np.percentile(ms, [90, 99]))
     kept = np.sort(blocks)[1:-1] if len(blocks) >= 4 else blocks  # one odd block is what the median is for
     spread = float((kept.max() - kept.min()) / p50) if p50 > 0 else 0.0
-    return LatencyStats(runner, batch, p50, p90, max(p90, p99), float(ms.mean()), batch / (p50 / 1e3) if p50 > 0 else 0.0,
-                        len(ms), len(blocks), spread)
+    return LatencyStats(runner=runner, batch=batch, p50_ms=p50, p90_ms=p90, p99_ms=max(p90, p99), mean_ms=float(ms.mean()),
+                        throughput=batch / (p50 / 1e3) if p50 > 0 else 0.0, iterations=len(ms), blocks=len(blocks),
+                        spread=spread)
 
 
 def host_timer(fn: Callable[[dict], object], feed: dict) -> float:
@@ -150,6 +140,7 @@ def measure(runners: dict[str, Callable[[dict], object]], feeds: dict[int, dict[
             _warm(runners[name], feed, warmup, min_warmup, warmup_s)
         times: dict[str, list[float]] = {n: [] for n in names}
         medians: dict[str, list[float]] = {n: [] for n in names}
+        spent: dict[str, float] = {n: 0.0 for n in names}
         active = list(names)
         for k, size in enumerate(sizes):
             for name in active if k % 2 == 0 else list(reversed(active)):
@@ -160,11 +151,14 @@ def measure(runners: dict[str, Callable[[dict], object]], feeds: dict[int, dict[
                     block.append(clock(runners[name], feed))
                     if seconds is not None and len(block) >= floor and time.perf_counter() - start >= seconds / len(sizes):
                         break
+                spent[name] += time.perf_counter() - start
                 times[name] += block
                 medians[name].append(float(np.median(block)))
+            # a runner slower than its blocks' share: done once the budget is spent and the least runs are in
+            active = [n for n in active if seconds is None or spent[n] < seconds or len(times[n]) < min_iterations]
             if k + 1 >= MIN_BLOCKS:
                 active = [n for n in active if not median_pinned(times[n], tolerance)]
-                if not active:
-                    break
+            if not active:
+                break
         results += [summarize(name, batch, times[name], medians[name]) for name in names]
     return results

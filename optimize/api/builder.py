@@ -39,7 +39,7 @@ from infopt.quantize.calib_data import load_calibration
 from infopt.quantize.sensitivity import Budget
 from infopt.runtime.backends import manifest_runner
 from infopt.runtime.backends.onnxruntime import OrtRunner
-from infopt.runtime.loading import _from_module, check_against_onnx, load_model
+from infopt.runtime.loading import check_against_onnx, from_module, load_model
 from infopt.runtime.runner import TorchRunner
 from infopt.validators import drift as drift_mod
 from infopt.validators import latency as latency_mod
@@ -203,7 +203,7 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
         if isinstance(model, (str, Path)):
             loaded = load_model(model, model_class=model_class, model_args=model_args, allow_pickle=allow_pickle)
         else:
-            loaded = _from_module(model.eval(), "module", None)
+            loaded = from_module(model.eval(), "module", None)
             loaded.source = None
     spec = resolve_spec(loaded, inputs, dims, example_inputs, val)
     name = _safe_name(name or loaded.name or (Path(loaded.source).stem if loaded.source else type(model).__name__.lower()))

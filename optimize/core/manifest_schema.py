@@ -98,19 +98,24 @@ class Verdict(_Open):
 
 
 class LatencyRow(_Open):
-    batch: int
+    """One runner's latency at one batch size (``validators/latency.py`` measures it)."""
+
     runner: str
+    batch: int
     p50_ms: float
+    """the median of the blocks' medians"""
     p90_ms: float
     p99_ms: float
     mean_ms: float
     throughput: float
-    """samples per second at the p50"""
+    """samples per second at the p50: batch / p50"""
     iterations: int
+    """timed runs (fewer than asked when the median was pinned early)"""
     blocks: int = 1
     """blocks the runs were timed in, taking turns with the other runners; the p50 is their medians' median"""
     spread: float = 0.0
-    """how far the block medians lie apart, as a fraction of the p50 (above 0.25: a noisy machine)"""
+    """(slowest block median - fastest) / p50, leaving out the slowest and fastest block when there are 4
+    or more: one odd block moves neither the p50 nor this; two or more that disagree (above 0.25) are a noisy machine"""
 
 
 class Validation(_Open):

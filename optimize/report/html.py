@@ -72,13 +72,13 @@ def _nice_step(span: float) -> float:
     return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
 
 
-def _linear_axis(values: list[float]) -> _Axis:
+def linear_axis(values: list[float]) -> _Axis:
     top = max(values) if values and max(values) > 0 else 1.0
     step = _nice_step(top)
     return _Axis(0.0, step * math.ceil(top * 1.05 / step))
 
 
-def _log_axis(values: list[float], base: float) -> _Axis:
+def log_axis(values: list[float], base: float) -> _Axis:
     positive = [v for v in values if v > 0] or [1.0]
     lo = base ** math.floor(math.log(min(positive), base) + 1e-9)
     hi = base ** math.ceil(math.log(max(positive), base) - 1e-9)
@@ -96,7 +96,7 @@ def _tick_label(value: float) -> str:
 
 
 @dataclass
-class _Series:
+class Series:
     name: str
     points: list[tuple[float, float, int, str]]
     """(x, y, batch, hover text) for each marker"""
@@ -107,14 +107,14 @@ class _Series:
 
 
 @dataclass
-class _Chart:
+class Chart:
     ident: str
     title: str
     xlabel: str
     ylabel: str
     x: _Axis
     y: _Axis
-    series: list[_Series] = field(default_factory=list)
+    series: list[Series] = field(default_factory=list)
     underlay: list[str] = field(default_factory=list)
 
     def px(self, value: float) -> float:
@@ -156,7 +156,7 @@ class _Chart:
                    f'{escape(self.ylabel)}</text>')
         return out
 
-    def _series(self, s: _Series) -> list[str]:
+    def _series(self, s: Series) -> list[str]:
         css = f"{s.css} dash" if s.dashed else s.css
         coords = [(self.px(x), self.py(y), batch, text) for x, y, batch, text in s.points]
         out = [f'<g class="series" data-series="{escape(s.name)}">']
@@ -190,7 +190,7 @@ def _batch_axis(batches: list[int]) -> _Axis:
     """Powers of two around the measured batch sizes; one batch size sits in the middle."""
     if len(set(batches)) == 1:
         return _Axis(batches[0] / 2, batches[0] * 2, 2)
-    return _log_axis([float(b) for b in batches], 2)
+    return log_axis([float(b) for b in batches], 2)
 
 
 def latency_chart(curve: list[dict[str, Any]], device: str) -> str:
@@ -199,13 +199,13 @@ def latency_chart(curve: list[dict[str, Any]], device: str) -> str:
     x = _batch_axis(batches)
     values = [p[f"{key}_ms"] for p in curve for key in ("p50", "p90", "p99")]
     wide = min(values) > 0 and max(values) / min(values) > 20
-    y = _log_axis(values, 10) if wide else _linear_axis(values)
-    chart = _Chart("latency-plot", f"Latency by batch size ({device})", "batch size (log2)",
+    y = log_axis(values, 10) if wide else linear_axis(values)
+    chart = Chart("latency-plot", f"Latency by batch size ({device})", "batch size (log2)",
                    "latency (ms, log)" if wide else "latency (ms)", x, y)
     for i, (key, dashed) in enumerate((("p50", False), ("p90", True), ("p99", True))):
         points = [(p["batch"], p[f"{key}_ms"], p["batch"], f"batch {p['batch']}: {key} {p[f'{key}_ms']:.3f} ms")
                   for p in curve]
-        chart.series.append(_Series(key, points, f"s{i}", dashed))
+        chart.series.append(Series(key, points, f"s{i}", dashed))
     return chart.render()
 
 
@@ -213,11 +213,11 @@ def throughput_chart(curve: list[dict[str, Any]], device: str) -> str:
     """Samples per second against batch size on a log2 axis."""
     batches = [p["batch"] for p in curve]
     x = _batch_axis(batches)
-    y = _linear_axis([p["throughput"] for p in curve])
-    chart = _Chart("throughput-plot", f"Throughput by batch size ({device})", "batch size (log2)", "samples / s", x, y)
+    y = linear_axis([p["throughput"] for p in curve])
+    chart = Chart("throughput-plot", f"Throughput by batch size ({device})", "batch size (log2)", "samples / s", x, y)
     points = [(p["batch"], p["throughput"], p["batch"], f"batch {p['batch']}: {p['throughput']:.1f} samples/s")
               for p in curve]
-    chart.series.append(_Series("samples/s", points))
+    chart.series.append(Series("samples/s", points))
     return chart.render()
 
 
@@ -228,11 +228,11 @@ def roofline_chart(line: dict[str, Any]) -> str | None:
         return None
     peak, bandwidth, ridge = line["peak_tflops"], line["memory_bandwidth_gbs"], line["ridge_intensity"]
     intensities = [p["intensity"] for p in points]
-    x = _log_axis([min(intensities + [ridge]) / 2, max(intensities + [ridge]) * 2], 10)
+    x = log_axis([min(intensities + [ridge]) / 2, max(intensities + [ridge]) * 2], 10)
     achieved = [p["achieved_tflops"] for p in points]
-    y = _log_axis([min(achieved) / 2, x.lo * bandwidth / 1e3, max(achieved + [peak]) * 2], 10)
+    y = log_axis([min(achieved) / 2, x.lo * bandwidth / 1e3, max(achieved + [peak]) * 2], 10)
     where = str(line["measured_on"] or "unrecorded device").split(" ", 1)[0]
-    chart = _Chart("roofline-plot", f"Roofline: target {line['target']} ({line['roof_dtype']} roof), points measured on {where}",
+    chart = Chart("roofline-plot", f"Roofline: target {line['target']} ({line['roof_dtype']} roof), points measured on {where}",
                    "arithmetic intensity (FLOP/byte, log)", "TFLOP/s (log)", x, y)
     start = x.lo
     roof = [(start, start * bandwidth / 1e3), (ridge, peak), (x.hi, peak)]
@@ -248,7 +248,7 @@ def roofline_chart(line: dict[str, Any]) -> str | None:
                  f"batch {p['batch']}: {p['achieved_tflops']:.4g} TFLOP/s at {p['intensity']:.4g} FLOP/byte"
                  + (f", {100 * p['fraction_of_roof']:.3g}% of roof" if p["fraction_of_roof"] is not None else ""))
                 for p in points]
-    chart.series.append(_Series(f"measured ({where})", measured, "s0", labels=True, line=False))
+    chart.series.append(Series(f"measured ({where})", measured, "s0", labels=True, line=False))
     return chart.render()
 
 

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from infopt.report.html import CSS, _Chart, _linear_axis, _log_axis, _Series, section_html
+from infopt.report.html import CSS, Chart, Series, linear_axis, log_axis, section_html
 from infopt.report.section import Section
 
 BUILT = ("passed", "failed", "reused")
@@ -134,14 +134,14 @@ def pareto_chart(model: str, cells: list[dict[str, Any]]) -> str | None:
     front = {id(c) for c in pareto(cells)}
     latencies = [f["p50_ms"] for _, f, _ in points]
     losses = [max(lost[1], 1e-7) for _, _, lost in points]
-    chart = _Chart(f"pareto-{model}", f"{model}: latency against accuracy loss", "p50 latency (ms)",
-                   f"{points[0][2][0]} (log)", _linear_axis(latencies), _log_axis(losses, 10))
+    chart = Chart(f"pareto-{model}", f"{model}: latency against accuracy loss", "p50 latency (ms)",
+                   f"{points[0][2][0]} (log)", linear_axis(latencies), log_axis(losses, 10))
     for name, css, keep in (("on the front", "s0", True), ("dominated", "s2", False)):
         marks = [(f["p50_ms"], max(lost[1], 1e-7), f["batch"],
                   f"{c['target']}-{c['precision']}-{c['backend']}: {f['p50_ms']:.3f} ms, loss {lost[1]:.3g}")
                  for c, f, lost in points if (id(c) in front) == keep]
         if marks:
-            chart.series.append(_Series(name, sorted(marks), css, line=keep))
+            chart.series.append(Series(name, sorted(marks), css, line=keep))
     return chart.render()
 
 

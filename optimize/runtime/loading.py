@@ -184,7 +184,7 @@ def _load_torch_save(path, fmt, model_class, model_args, allow_pickle) -> Loaded
         except Exception as exc:  # noqa: BLE001
             raise _corrupt(path, f"torch.load: {exc}") from exc
         if isinstance(obj, torch.nn.Module):
-            return _from_module(obj.eval(), "pickle", path)
+            return from_module(obj.eval(), "pickle", path)
         if _state_dict_of(obj) is None:
             raise ModelLoadError(f"{path} holds a {type(obj).__name__}, not a model or a state_dict", fix=_FORMATS_HINT)
     else:
@@ -215,10 +215,11 @@ def _load_torch_save(path, fmt, model_class, model_args, allow_pickle) -> Loaded
             f"state_dict does not fit {model_class}: missing {', '.join(missing[:5]) or 'none'}; "
             f"unexpected {', '.join(unexpected[:5]) or 'none'}",
             where=str(path), fix="check --model-class and --model-args match the model that saved the weights")
-    return _from_module(module.eval(), "state_dict", path)
+    return from_module(module.eval(), "state_dict", path)
 
 
-def _from_module(module, fmt: str, path: Path) -> LoadedModel:
+def from_module(module, fmt: str, path: Path | None) -> LoadedModel:
+    """A LoadedModel around a module already in memory (``fmt`` says how it came: module, pickle, state_dict)."""
     import inspect
 
     try:

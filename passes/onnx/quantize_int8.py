@@ -185,7 +185,7 @@ def _fastest(mode, src, model, layers, int8_nodes, ranges, confirmed, batches, r
                                 budget.holds(confirmed[1]))
     tried = [first] + int8_variants.try_variants(variants[1:], context.workdir, batches, reference, budget, context.say)
     sizes = options.speed_batch_sizes or _speed_sizes(spec)
-    feeds = int8_variants.timing_feeds(batches, sizes)
+    feeds = int8_variants.timing_feeds(batches, sizes, spec)
     int8_variants.time_against_fp32(tried, src, feeds, options.speed_trials, context.say)
     best, why = int8_variants.choose(tried, options.require_int8, options.speed_weights or None)
     return best, why, tried
@@ -198,7 +198,7 @@ def _layer_savings(build, src, layers, batches, spec, context) -> dict[str, floa
     context.say(f"timing each layer in FP32 and INT8 at batch {size} (ONNX Runtime's profiler)")
     nodes = [layer.node for layer in layers]
     every = build(nodes, context.workdir / "every-layer-int8.onnx")
-    feed = int8_variants.timing_feeds(batches, [size])[size]
+    feed = int8_variants.timing_feeds(batches, [size], spec)[size]
     return layer_timing.savings(src, every, nodes, feed)
 
 

@@ -94,6 +94,21 @@ def test_timing_feeds_repeat_samples_to_reach_a_batch_size():
     assert feeds[8]["x"][5].tolist() == [0, 1] and feeds[8]["x"][4].tolist() == [9, 9]
 
 
+def test_timing_feeds_are_at_the_sequence_length_the_model_serves():
+    """--val data 2 tokens long, a model declared to serve 5 (seq's opt): the variants are timed at 5, the
+    tokens repeated; a longer one is cut. The static dim and the batch rows are left alone."""
+    from infopt.core.inputspec import DimRange, InputSpec, parse_tensor
+
+    spec = InputSpec((parse_tensor("ids:int64[batch,seq]"), parse_tensor("feat:float32[batch,3]")),
+                     {"seq": DimRange(1, 5, 16)})
+    ids = np.array([[1, 2], [3, 4], [5, 6]], np.int64)
+    feeds = timing_feeds([{"ids": ids, "feat": np.zeros((3, 3), np.float32)}], [1, 4], spec)
+    assert feeds[4]["ids"].shape == (4, 5) and feeds[4]["feat"].shape == (4, 3)
+    assert feeds[4]["ids"][1].tolist() == [3, 4, 3, 4, 3] and feeds[4]["ids"][3].tolist() == [1, 2, 1, 2, 1]
+    long = timing_feeds([{"ids": np.arange(14).reshape(2, 7), "feat": np.zeros((2, 3), np.float32)}], [1], spec)
+    assert long[1]["ids"].tolist() == [[0, 1, 2, 3, 4]]
+
+
 @pytest.fixture(scope="module")
 def cli_builds(files, digits, tmp_path_factory):
     """The CNN built from the command line as a user would: declaring the batches it serves (a quarter of the

@@ -16,6 +16,19 @@ def test_time_budget_stops_after_the_minimum_runs_once_spent():
     assert stats.iterations == 5 and stats.batch == 4 and stats.p50_ms >= 30.0
 
 
+def test_a_runner_slower_than_its_blocks_share_stops_at_the_least_runs_not_one_run_a_block():
+    """The curve's budget (1 s, at least 3 runs): a model whose single run outlasts a block's share is
+    timed in 3 runs over 3 blocks, not one run in each of the 5 blocks."""
+    calls = []
+
+    def slow(feed):
+        calls.append(1)
+        time.sleep(0.04)
+
+    (stats,) = measure({"slow": slow}, {64: {}}, warmup=0, iterations=20, seconds=0.1, min_iterations=3, tolerance=0)
+    assert stats.iterations == 3 == len(calls) and stats.blocks == 3 and stats.p50_ms >= 40.0
+
+
 def test_the_latency_steps_budget_times_a_slow_runner_in_fewer_runs_and_leaves_a_fast_one_alone():
     """The recipe's ``latency.seconds``: each block of a runner ends once its share of the budget is
     spent (at least MIN_LATENCY_RUNS runs in all), so a 20 ms runner takes 3 runs a block, not 10."""
