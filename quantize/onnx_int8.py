@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from infopt.core.manifest import EXTERNAL_DATA_BYTES
+from infopt.core.onnx_graph import module_path, save_model
 
 log = logging.getLogger("infopt.quantize")
 
@@ -67,33 +67,6 @@ def layers(model, ops: tuple[str, ...] = STATIC_OPS) -> list[Layer]:
             axis = 0
         found.append(Layer(node.name, node.op_type, node.input[0], node.input[1], axis, module_path(node), node.output[0]))
     return found
-
-
-def module_path(node) -> str:
-    """The PyTorch module a node came from, read off the exporter's metadata."""
-    for prop in node.metadata_props:
-        if prop.key == "pkg.torch.onnx.name_scopes":
-            scopes = [s.strip(" '\"") for s in prop.value.strip("[]").split(",")]
-            named = [s for s in scopes[:-1] if s]
-            return named[-1] if named else ""
-    return ""
-
-
-def consumers(graph) -> dict[str, list]:
-    """Tensor name -> the nodes that read it."""
-    found: dict[str, list] = {}
-    for node in graph.node:
-        for name in node.input:
-            found.setdefault(name, []).append(node)
-    return found
-
-
-def ensure_node_names(model) -> None:
-    seen: set[str] = set()
-    for i, node in enumerate(model.graph.node):
-        if not node.name or node.name in seen:
-            node.name = f"{node.op_type}_{i}"
-        seen.add(node.name)
 
 
 @contextlib.contextmanager
@@ -147,19 +120,6 @@ def quantize_dynamic(src: Path, dst: Path, nodes: list[str], *, per_channel: boo
         ort_dynamic(str(src), str(dst), op_types_to_quantize=list(DYNAMIC_OPS), per_channel=per_channel,
                     weight_type=QuantType.QInt8, nodes_to_quantize=list(nodes) or ["(none)"],
                     use_external_data_format=False, extra_options={"DefaultTensorType": TensorProto.FLOAT})
-    return dst
-
-
-def save_model(model, dst: Path, external: bool | None = None) -> Path:
-    """Save an ``onnx.ModelProto`` at ``dst``; a model over ``EXTERNAL_DATA_BYTES`` (or with ``external``) keeps its
-    tensors in ``<name>.data`` beside it (one protobuf cannot exceed 2 GB)."""
-    import onnx
-
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    if external or (external is None and model.ByteSize() > EXTERNAL_DATA_BYTES):
-        onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
-    else:
-        onnx.save(model, str(dst))
     return dst
 
 

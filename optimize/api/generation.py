@@ -35,6 +35,7 @@ from infopt.core.inputspec import DimRange, InputSpec
 from infopt.core.lineage import PassRecord
 from infopt.core.logs import quiet_third_party
 from infopt.core.manifest import EXTERNAL_DATA_BYTES, data_sha256
+from infopt.core.onnx_graph import save_model
 from infopt.core.recipe import Recipe
 from infopt.core.step_times import StepTimes
 from infopt.core.target import get_target
@@ -47,7 +48,6 @@ from infopt.exporters.staging import claim_output, staged_output
 from infopt.passes.lower.onnx_export import export_onnx
 from infopt.passes.onnx import decoder_plumbing, fuse_matmuls, transformer_fusion
 from infopt.passes.onnx.checks import onnxruntime_refuses
-from infopt.quantize.onnx_int8 import save_model
 from infopt.runtime.loading import load_model
 from infopt.validators import generation
 

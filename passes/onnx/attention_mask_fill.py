@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from infopt.core import onnx_graph
 from infopt.core.artifact import Artifact
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.passes.onnx.checks import check_for_onnxruntime
-from infopt.quantize import onnx_int8
 
 FILL = -40.0
 """The mask value written in place of float32's lowest (see the module's text for why -40)."""
@@ -64,7 +64,7 @@ def masks(model) -> list[tuple[object, int, int]]:
     Softmax nodes the mask reaches)."""
     graph = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
-    consumers = onnx_int8.consumers(graph)
+    consumers = onnx_graph.consumers(graph)
     producers = {o: n for n in graph.node for o in n.output}
     scalars = _scalar_constants(graph)
     outputs = {o.name for o in graph.output}
@@ -137,12 +137,12 @@ def run(artifact: Artifact, options: PassOptions, context: PassContext) -> PassO
         return PassOutcome(artifact, False, [f"skipped: target {context.target.name} is not a CPU "
                                              f"(the masked-Softmax slow path is ONNX Runtime's CPU kernel)"])
     model = onnx.load(str(artifact.path))
-    onnx_int8.ensure_node_names(model)
+    onnx_graph.ensure_node_names(model)
     replaced, softmax = fill(model)
     if not replaced:
         return PassOutcome(artifact, False, ["no additive attention mask with a large negative fill feeds a Softmax"])
     check_for_onnxruntime(model)
-    path = onnx_int8.save_model(model, context.workdir / "attention-mask-fill.onnx")
+    path = onnx_graph.save_model(model, context.workdir / "attention-mask-fill.onnx")
     values = sorted({f"{v:.3g}" for v in replaced})
     return PassOutcome(artifact.derive("onnx", path=path), True,
                        [f"{len(replaced)} attention mask(s), added before {softmax} Softmax node(s), filled with "

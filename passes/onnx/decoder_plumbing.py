@@ -21,7 +21,7 @@ themselves. Two rewrites, after the query/key/value projections are packed into 
 
 from __future__ import annotations
 
-from infopt.quantize import onnx_int8
+from infopt.core import onnx_graph
 
 PROJECTIONS = ("MatMul", "MatMulNBits", "MatMulInteger", "Split", "Add", "GroupQueryAttention")
 """what a collapsed chain reads from or feeds (a projection, its bias or the packed projections' split, or the
@@ -36,7 +36,7 @@ def collapse_reshapes(model) -> int:
     graph = model.graph
     constants = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
     producer = {out: node for node in graph.node for out in node.output}
-    consumers = onnx_int8.consumers(graph)
+    consumers = onnx_graph.consumers(graph)
     outputs = {o.name for o in graph.output}
     for node in graph.node:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
@@ -77,7 +77,7 @@ def packed_attention_inputs(model) -> int:
     order, that Split's input (packed QKV), in place; returns how many ops now take it."""
     graph = model.graph
     producer = {out: node for node in graph.node for out in node.output}
-    consumers = onnx_int8.consumers(graph)
+    consumers = onnx_graph.consumers(graph)
     dropped: set[int] = set()
     fed = 0
     for node in graph.node:

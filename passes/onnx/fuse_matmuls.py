@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from infopt.core import onnx_graph
 from infopt.core.artifact import Artifact
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.passes.onnx.checks import check_for_onnxruntime
-from infopt.quantize import onnx_int8
 
 SCOPES = "pkg.torch.onnx.name_scopes"
 
@@ -30,7 +30,7 @@ def siblings(model) -> list[tuple[list, list]]:
     Add): (matmuls, adds or Nones)."""
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
-    consumers = onnx_int8.consumers(graph)
+    consumers = onnx_graph.consumers(graph)
     outputs = {o.name for o in graph.output}
 
     def bias_add(mm):
@@ -55,7 +55,7 @@ def siblings(model) -> list[tuple[list, list]]:
 
 
 def _joined_scope(mms) -> str:
-    names = [onnx_int8.module_path(mm) for mm in mms]
+    names = [onnx_graph.module_path(mm) for mm in mms]
     if not all(names):
         return ""
     prefix = names[0].rsplit(".", 1)[0] + "." if "." in names[0] else ""
@@ -130,7 +130,7 @@ def fuse_nbits(model) -> int:
 
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
-    consumers = onnx_int8.consumers(graph)
+    consumers = onnx_graph.consumers(graph)
 
     def attributes(node) -> dict:
         return {a.name: helper.get_attribute_value(a) for a in node.attribute}
@@ -189,12 +189,12 @@ def run(artifact: Artifact, options: PassOptions, context: PassContext) -> PassO
     import onnx
 
     model = onnx.load(str(artifact.path))
-    onnx_int8.ensure_node_names(model)
+    onnx_graph.ensure_node_names(model)
     groups = fuse(model)
     if not groups:
         return PassOutcome(artifact, False, ["no MatMuls share an activation; nothing to fuse"])
     check_for_onnxruntime(model)
-    path = onnx_int8.save_model(model, context.workdir / "fused-matmuls.onnx")
+    path = onnx_graph.save_model(model, context.workdir / "fused-matmuls.onnx")
     return PassOutcome(artifact.derive("onnx", path=path), True,
                        [f"fused {groups} groups of MatMuls that share an activation (e.g. query/key/value)"],
                        FuseDetails(groups=groups))

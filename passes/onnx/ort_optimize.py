@@ -18,12 +18,12 @@ from typing import Literal
 
 from pydantic import Field
 
+from infopt.core import onnx_graph
 from infopt.core.artifact import Artifact
 from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
 from infopt.core.threads import ort_session_options
 from infopt.passes.onnx import skip_layernorm
 from infopt.passes.onnx.checks import check_for_onnxruntime
-from infopt.quantize import onnx_int8
 
 
 class OrtOptimizeOptions(PassOptions):
@@ -75,7 +75,7 @@ def unfuse_skip_layernorm(path, measure: bool) -> list[str]:
             return [f"{len(nodes)} {skip_layernorm.FUSED} kept: {timing}"]
     count = skip_layernorm.unfuse(model)
     check_for_onnxruntime(model)
-    onnx_int8.save_model(model, path)
+    onnx_graph.save_model(model, path)
     return [f"{count} {skip_layernorm.FUSED} unfused into Sum + LayerNormalization" + (f": {timing}" if timing else "")]
 
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from infopt.core import onnx_graph
 from infopt.core.artifact import Artifact
 from infopt.core.errors import UsageError
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
@@ -86,9 +87,9 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
     mode = choose_mode(options.mode, placement, context.calibration is not None, context.target.name)
     budget = Budget.parse(context.budget or options.budget)
     model = onnx.load(str(artifact.path))
-    onnx_int8.ensure_node_names(model)
+    onnx_graph.ensure_node_names(model)
     del model.graph.value_info[:]  # the quantizers re-infer shapes; stale exporter hints can contradict them
-    src = onnx_int8.save_model(model, context.workdir / "fp32-named.onnx")
+    src = onnx_graph.save_model(model, context.workdir / "fp32-named.onnx")
     layers = onnx_int8.layers(model, onnx_int8.STATIC_OPS if mode == "static" else onnx_int8.DYNAMIC_OPS)
     if not layers:
         kinds = "Conv/MatMul/Gemm" if mode == "static" else "MatMul"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from infopt.core import onnx_graph
 from infopt.core.artifact import Artifact
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.quantize import onnx_int8, smoothquant
@@ -39,7 +40,7 @@ def run(artifact: Artifact, options: SmoothQuantOptions, context: PassContext) -
     if not result.groups:
         return PassOutcome(artifact, False, [f"no layer group could be smoothed (none has a channel outlier "
                                              f"ratio of {options.min_outlier_ratio:g} or more)"])
-    path = onnx_int8.save_model(model, context.workdir / "smoothed.onnx")
+    path = onnx_graph.save_model(model, context.workdir / "smoothed.onnx")
     notes = [f"alpha {options.alpha:g}: {result.layers} layers in {result.groups} groups; "
              f"{result.folded} scales folded into LayerNorm, {result.inserted} Mul nodes inserted"]
     details = SmoothQuantDetails(alpha=options.alpha, groups=result.groups, layers=result.layers, folded=result.folded,

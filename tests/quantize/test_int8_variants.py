@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 
+from infopt.core import onnx_graph
 from infopt.quantize import int8_variants, onnx_int8
 from infopt.quantize.int8_variants import Tried, choose, pooled_layers, timing_feeds
 from infopt.validators.side_by_side import RatioEstimate
@@ -76,8 +77,8 @@ def cnn_onnx(files, tmp_path):
     path = tmp_path / "cnn.onnx"
     export_onnx(program, path, spec.names, ("logits",))
     model = onnx.load(str(path))
-    onnx_int8.ensure_node_names(model)
-    return model, onnx_int8.save_model(model, tmp_path / "src.onnx")
+    onnx_graph.ensure_node_names(model)
+    return model, onnx_graph.save_model(model, tmp_path / "src.onnx")
 
 
 def test_layers_after_a_pooling_op_are_found(files, tmp_path):

@@ -1,0 +1,52 @@
+"""ONNX graph helpers every floor above uses: who reads a tensor, node names, the PyTorch module a
+node came from, and saving a model (with its tensors beside it when one protobuf cannot hold them).
+
+``onnx`` is imported only where a model is saved; the rest read a ``ModelProto`` they are given.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infopt.core.manifest import EXTERNAL_DATA_BYTES
+
+
+def consumers(graph) -> dict[str, list]:
+    """Tensor name -> the nodes that read it."""
+    found: dict[str, list] = {}
+    for node in graph.node:
+        for name in node.input:
+            found.setdefault(name, []).append(node)
+    return found
+
+
+def ensure_node_names(model) -> None:
+    """Give every node a unique name (the quantizers and the fallback name layers by node)."""
+    seen: set[str] = set()
+    for i, node in enumerate(model.graph.node):
+        if not node.name or node.name in seen:
+            node.name = f"{node.op_type}_{i}"
+        seen.add(node.name)
+
+
+def module_path(node) -> str:
+    """The PyTorch module a node came from, read off the exporter's metadata."""
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.name_scopes":
+            scopes = [s.strip(" '\"") for s in prop.value.strip("[]").split(",")]
+            named = [s for s in scopes[:-1] if s]
+            return named[-1] if named else ""
+    return ""
+
+
+def save_model(model, dst: Path, external: bool | None = None) -> Path:
+    """Save an ``onnx.ModelProto`` at ``dst``; a model over ``EXTERNAL_DATA_BYTES`` (or with ``external``) keeps its
+    tensors in ``<name>.data`` beside it (one protobuf cannot exceed 2 GB)."""
+    import onnx
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if external or (external is None and model.ByteSize() > EXTERNAL_DATA_BYTES):
+        onnx.save(model, str(dst), save_as_external_data=True, location=dst.name + ".data")
+    else:
+        onnx.save(model, str(dst))
+    return dst
