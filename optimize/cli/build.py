@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Optional, get_args
 
 import typer
 
@@ -12,6 +12,14 @@ from infopt.cli import options as o
 from infopt.cli.output import print_json, shown_path, stderr, stdout, table
 from infopt.core import step_times
 from infopt.core.errors import UsageError
+from infopt.quantize.int4_config import Method as Int4Method
+from infopt.quantize.observers import METHODS as CALIBRATION_METHODS
+
+
+def _choices(names) -> str:
+    """``a, b or c``: a plugin list as the help text says it."""
+    names = list(names)
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
 
 
 def build(
@@ -45,11 +53,11 @@ def build(
     calib: Annotated[Optional[str], typer.Option("--calib", help="Calibration samples (.npy/.npz/.pt folder or file, or module:function); makes INT8 static.")] = None,
     calib_samples: Annotated[int, typer.Option("--calib-samples", help="Calibration samples to draw (seeded).")] = 128,
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Hugging Face tokenizer folder, for a --calib text file (one example per line).")] = None,
-    calib_method: Annotated[Optional[str], typer.Option("--calib-method", help="minmax, percentile, entropy or mse.")] = None,
+    calib_method: Annotated[Optional[str], typer.Option("--calib-method", help=f"{_choices(CALIBRATION_METHODS)}.")] = None,
     calib_percentile: Annotated[Optional[float], typer.Option("--calib-percentile", help="Percentile kept by --calib-method percentile.")] = None,
     calib_bins: Annotated[Optional[int], typer.Option("--calib-bins", help="Histogram bins for percentile, entropy and mse.")] = None,
     smoothquant_alpha: Annotated[Optional[float], typer.Option("--smoothquant-alpha", help="SmoothQuant migration strength, 0..1.")] = None,
-    int4_method: Annotated[Optional[str], typer.Option("--int4-method", help="INT4: rtn, gptq or awq (default: gptq with --calib, rtn without).")] = None,
+    int4_method: Annotated[Optional[str], typer.Option("--int4-method", help=f"INT4: {_choices(get_args(Int4Method))} (default: gptq with --calib, rtn without).")] = None,
     group_size: Annotated[Optional[int], typer.Option("--group-size", help="INT4: input features per scale group (default 128).")] = None,
     act_order: Annotated[bool, typer.Option("--act-order", metavar="", help="INT4 GPTQ: quantize columns in order of activation size (checkpoint gets g_idx).")] = False,
     int4_checkpoint: Annotated[Optional[str], typer.Option("--int4-checkpoint", help="INT4: auto, gptq, awq or none: the 4-bit checkpoint written to servers/vllm/ for a Hugging Face model (auto: GPTQ layout; none after AWQ).")] = None,

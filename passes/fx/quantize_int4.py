@@ -30,7 +30,7 @@ from infopt.core.artifact import Artifact
 from infopt.core.errors import UsageError
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.exporters.int4_checkpoint import CHECKPOINT_PRODUCT, CheckpointSource, checkpoint_format
-from infopt.quantize.int4_config import Int4Config, Int4MethodConfig
+from infopt.quantize.int4_config import Int4Config, Int4MethodConfig, Method
 from infopt.quantize.int4_format import conv1d_as_linear
 from infopt.quantize.sensitivity import Budget
 from infopt.quantize.weight_only import fall_back_to_budget, quantize_int4
@@ -40,7 +40,7 @@ CHECKPOINT_DIR = "servers/vllm"
 
 
 class QuantizeInt4Options(PassOptions, Int4Config):
-    method: Literal["auto", "rtn", "gptq", "awq"] = Field(
+    method: Literal["auto", Method] = Field(
         "auto", description="auto: GPTQ with calibration data, RTN without; or rtn, gptq, awq")
     fallback_budget: str | None = Field(
         None, description="drift budget METRIC=VALUE (as --max-drift, which wins) measured on the validation inputs "

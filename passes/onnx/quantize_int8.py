@@ -20,7 +20,7 @@ from infopt.core.errors import UsageError
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.quantize import int8_variants, layer_timing, onnx_int8, sensitivity
 from infopt.quantize.calibrate import calibrate
-from infopt.quantize.observers import Observer
+from infopt.quantize.observers import CalibrationMethod, Observer
 from infopt.quantize.sensitivity import Budget, output_drift
 from infopt.runtime.backends.onnxruntime import OrtRunner
 
@@ -31,7 +31,7 @@ CALIB_FIX = ("pass --calib PATH: a folder or file of .npy/.npz/.pt samples shape
 class QuantizeInt8Options(PassOptions):
     mode: Literal["auto", "static", "dynamic"] = Field(
         "auto", description="static needs calibration data; auto picks static when there is some")
-    method: Literal["minmax", "percentile", "entropy", "mse"] = Field("minmax", description="how activation ranges are calibrated")
+    method: CalibrationMethod = Field("minmax", description="how activation ranges are calibrated")
     percentile: float = Field(99.99, gt=50.0, le=100.0, description="percentile kept by the percentile method")
     bins: int = Field(2048, ge=256, description="histogram bins for percentile, entropy and mse")
     placement: Literal["auto", "onnxruntime", "tensorrt"] = Field(

@@ -198,7 +198,7 @@ def test_every_method_name_has_one_config_class_and_one_handler():
     from infopt.quantize.int4_config import METHOD_CONFIGS, Method
     from infopt.quantize.int4_methods import HANDLERS
 
-    assert set(get_args(Method)) == set(METHOD_CONFIGS.items) == set(HANDLERS.items) == {"rtn", "gptq", "awq"}
+    assert set(get_args(Method)) == set(METHOD_CONFIGS.items) == set(HANDLERS.items) >= {"rtn", "gptq", "awq"}
     for name, handler in HANDLERS.items.items():
         assert handler.config is METHOD_CONFIGS.items[name]
         assert (handler.statistic is None) == (not handler.config.needs_data)
