@@ -19,15 +19,12 @@ The ranges always include zero, which quantization must represent exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 import numpy as np
 
 from infopt.core.errors import UsageError
+from infopt.quantize.calibration_methods import METHODS
 
-CalibrationMethod = Literal["minmax", "percentile", "entropy", "mse"]
-"""how activation ranges are calibrated (the ``method`` of an Observer and of the INT8 pass)"""
-METHODS: tuple[str, ...] = get_args(CalibrationMethod)
 LEVELS = 128
 """Quantized levels on one side of zero (int8)."""
 

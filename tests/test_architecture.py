@@ -15,7 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 # folder on disk -> import name (pyproject.toml's package-dir)
-FOLDERS = {"optimize": "infopt", "passes": "infopt.passes", "quantize": "infopt.quantize", "kernels": "infopt.kernels",
+FOLDERS = {"optimize": "infopt", "core": "infopt.core", "runtime": "infopt.runtime", "passes": "infopt.passes",
+           "quantize": "infopt.quantize", "kernels": "infopt.kernels",
            "exporters": "infopt.exporters", "validators": "infopt.validators", "recipes": "infopt.recipes"}
 
 # lowest first; a module belongs to the longest prefix that names it
@@ -182,3 +183,28 @@ def test_no_module_imports_a_private_name_from_another():
     found = [line for module, path in modules().items() for line in private_imports(path.read_text(), module)]
     assert not found, "private names imported across modules (make them public where they are defined):\n" + "\n".join(found)
     assert private_imports("from infopt.report.html import CSS, _Chart\n") == ["infopt.x:1 imports _Chart from infopt.report.html"]
+
+
+def folder_pairs_both_ways(found: list[Edge]) -> list[str]:
+    """Top-level folders on disk that import each other both ways (with the edges' counts)."""
+    known = modules()
+
+    def folder(module: str) -> str:
+        return known[module].relative_to(ROOT).parts[0]
+
+    counts: dict[tuple[str, str], int] = {}
+    for e in found:
+        pair = (folder(e.source), folder(e.target))
+        if pair[0] != pair[1]:
+            counts[pair] = counts.get(pair, 0) + 1
+    return [f"{a} -> {b} ({n}), {b} -> {a} ({counts[(b, a)]})" for (a, b), n in sorted(counts.items())
+            if a < b and (b, a) in counts]
+
+
+def test_the_folders_on_disk_are_the_floors():
+    """A tool that reads imports from paths (not pyproject's package-dir) draws the house as it is:
+    no two top-level folders import each other both ways."""
+    both = folder_pairs_both_ways(edges())
+    assert not both, "top-level folders importing each other both ways:\n" + "\n".join(both)
+    planted = [Edge("infopt.core.errors", "infopt.api.builder", 1, False), Edge("infopt.api.builder", "infopt.core.errors", 1, False)]
+    assert folder_pairs_both_ways(planted) == ["core -> optimize (1), optimize -> core (1)"]

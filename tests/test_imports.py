@@ -11,7 +11,7 @@ import pytest
 
 import infopt
 
-PACKAGES = ["infopt", "infopt.passes", "infopt.quantize", "infopt.kernels", "infopt.exporters",
+PACKAGES = ["infopt", "infopt.core", "infopt.runtime", "infopt.passes", "infopt.quantize", "infopt.kernels", "infopt.exporters",
             "infopt.validators", "infopt.recipes"]
 
 
@@ -29,7 +29,8 @@ def all_modules() -> list[str]:
 
 def test_walk_finds_every_folder():
     found = all_modules()
-    for expected in ("infopt.api.builder", "infopt.cli.app", "infopt.passes.fx.fold_batchnorm", "infopt.passes.lower.onnx_export",
+    for expected in ("infopt.api.builder", "infopt.cli.app", "infopt.core.errors", "infopt.runtime.backends.onnxruntime",
+                     "infopt.passes.fx.fold_batchnorm", "infopt.passes.lower.onnx_export",
                      "infopt.exporters.servers.triton", "infopt.validators.metrics"):
         assert expected in found
 
@@ -41,7 +42,7 @@ def test_module_imports(name):
 
 
 def test_no_top_level_modules_leak():
-    for leaked in ("passes", "kernels", "validators", "exporters", "quantize", "optimize"):
+    for leaked in ("passes", "kernels", "validators", "exporters", "quantize", "optimize", "core", "runtime"):
         spec = importlib.util.find_spec(leaked)
         assert spec is None or "site-packages" not in str(spec.origin or ""), leaked
 

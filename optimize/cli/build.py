@@ -12,8 +12,8 @@ from infopt.cli import options as o
 from infopt.cli.output import print_json, shown_path, stderr, stdout, table
 from infopt.core import step_times
 from infopt.core.errors import UsageError
+from infopt.quantize.calibration_methods import METHODS as CALIBRATION_METHODS
 from infopt.quantize.int4_config import Method as Int4Method
-from infopt.quantize.observers import METHODS as CALIBRATION_METHODS
 
 
 def _choices(names) -> str:

@@ -20,7 +20,8 @@ from infopt.core.errors import UsageError
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.quantize import int8_variants, layer_timing, onnx_int8, sensitivity
 from infopt.quantize.calibrate import calibrate
-from infopt.quantize.observers import CalibrationMethod, Observer
+from infopt.quantize.calibration_methods import CalibrationMethod
+from infopt.quantize.observers import Observer
 from infopt.quantize.sensitivity import Budget, output_drift
 from infopt.runtime.backends.onnxruntime import OrtRunner
 

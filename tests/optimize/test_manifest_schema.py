@@ -16,7 +16,7 @@ from tests.conftest import run_cli_here
 
 def test_the_shipped_schema_is_generated_from_the_models():
     assert shipped_schema() == json.loads(json.dumps(json_schema())), \
-        "regenerate it: python -m infopt.core.manifest_schema > optimize/core/manifest.schema.json"
+        "regenerate it: python -m infopt.core.manifest_schema > core/manifest.schema.json"
     assert shipped_schema()["properties"]["schema"]["const"] == SCHEMA_VERSION
     assert {"name", "inputs", "outputs", "validation", "artifacts", "files"} <= set(shipped_schema()["required"])
 

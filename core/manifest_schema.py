@@ -241,7 +241,7 @@ def json_schema() -> dict[str, Any]:
 
 
 def schema_text() -> str:
-    """``manifest.schema.json`` as shipped: ``python -m infopt.core.manifest_schema > optimize/core/manifest.schema.json``."""
+    """``manifest.schema.json`` as shipped: ``python -m infopt.core.manifest_schema > core/manifest.schema.json``."""
     return json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
 
 
