@@ -92,6 +92,15 @@ class Pass:
     skippable: bool = True
     """A pass whose input is already behind the model (capture, for an ONNX file) is skipped; one
     that is not skippable (a quantization that defines the precision) stops the build instead."""
+    check: Callable[[Any, "Target", bool], None] | None = None
+    """The pass's pre-flight: ``check(options, target, has_calibration)`` raises a UsageError, before any
+    slow work, when the pass cannot run as asked (static INT8 without calibration data)."""
+
+    def preflight(self, raw: dict[str, Any] | None, target: "Target", has_calibration: bool) -> None:
+        """Parse the step's options and run the pass's own check, if it has one."""
+        options = self.parse_options(raw)
+        if self.check is not None:
+            self.check(options, target, has_calibration)
 
     def parse_options(self, raw: dict[str, Any] | None) -> PassOptions:
         try:

@@ -135,3 +135,27 @@ def test_every_bundled_pass_that_records_details_declares_their_type():
         if given and not declared:
             problems.append(f"{path.name}: returns details but its Pass(...) declares no details type")
     assert problems == []
+
+
+def test_a_passes_own_preflight_runs_before_the_build_loads_anything(tmp_path, monkeypatch):
+    """A pass's pre-flight is its own (``Pass.check``): the builder runs every step's before it loads the
+    model, and names no pass itself. Here the INT8 pass's check is replaced by one that refuses."""
+    from dataclasses import replace
+
+    from infopt.core import registry
+
+    seen = []
+
+    def check(options, target, has_calibration):
+        seen.append((type(options).__name__, target.name, has_calibration))
+        raise UsageError("the toy pre-flight refused", fix="nothing to do")
+
+    real = registry.get_pass("quantize_int8")
+    monkeypatch.setitem(registry.PASSES.items, "quantize_int8", replace(real, check=check))
+    with pytest.raises(UsageError, match="the toy pre-flight refused"):
+        infopt.build(tmp_path / "no-such-model.pt", precision="int8", output=tmp_path / "out", progress=False)
+    assert seen == [("QuantizeInt8Options", "cpu", False)]  # the missing model file was never looked at
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(UsageError, match="static INT8 needs calibration data"):  # the real check
+        real.preflight({"mode": "static"}, targets()["cpu"], False)
+    real.preflight({"mode": "static"}, targets()["cpu"], True)

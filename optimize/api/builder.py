@@ -34,7 +34,6 @@ from infopt.core.work_folders import clean_dead_work_folders, work_folder
 from infopt.exporters.staging import MAX_NAME_BYTES, check_output, claim_output, removed_if_stopped, staged_output
 from infopt.exporters.torch_export import user_frame
 from infopt.passes.fx.quantize_int4 import has_python_module
-from infopt.passes.onnx.quantize_int8 import choose_mode, resolve_placement
 from infopt.quantize.calib_data import load_calibration
 from infopt.quantize.sensitivity import Budget
 from infopt.runtime.backends import manifest_runner
@@ -196,8 +195,9 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     if require_precision:
         recipes = [_with_overrides(r, None, None, {"quantize_int8": {"require_int8": True}})
                    if any(step.name == "quantize_int8" for step in r.passes) else r for r in recipes]
-    for each in recipes:
-        _check_int8_inputs(each, target_obj, calibration)
+    for each in recipes:  # every pass's pre-flight, before any slow work
+        for step in each.passes:
+            get_pass(step.name).preflight(step.options, target_obj, calibration is not None)
 
     with times.step("load"):
         if isinstance(model, (str, Path)):
@@ -277,16 +277,6 @@ def _build_claimed(loaded, spec, recipes, target_obj, name, out, force, val, max
     with work_folder("build") as work, removed_if_stopped(Path(work)):
         return _build_in(Path(work), loaded, artifact, reference, spec, recipes, target_obj, name, out, force,
                          val, max_val_samples, console, ctx)
-
-
-def _check_int8_inputs(recipe, target, calibration) -> None:
-    """Fail before any slow work when the recipe's INT8 pass cannot run as asked."""
-    step = next((s for s in recipe.passes if s.name == "quantize_int8"), None)
-    if step is None:
-        return
-
-    options = get_pass("quantize_int8").parse_options(step.options)
-    choose_mode(options.mode, resolve_placement(options.placement, target), calibration is not None, target.name)
 
 
 def _batch_mix(mix: dict[int, float] | None, batch_sizes) -> dict[int, float] | None:

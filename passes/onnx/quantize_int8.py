@@ -81,6 +81,11 @@ def choose_mode(mode: str, placement: str, has_calibration: bool, target_name: s
     return mode
 
 
+def check(options: QuantizeInt8Options, target, has_calibration: bool) -> None:
+    """Pre-flight: the mode the options and the target need can run with the data given."""
+    choose_mode(options.mode, resolve_placement(options.placement, target), has_calibration, target.name)
+
+
 def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) -> PassOutcome:
     import onnx
 
@@ -344,4 +349,5 @@ PASS = Pass(
     options=QuantizeInt8Options,
     details=Int8Details,
     description="INT8 weights and activations: static QDQ from calibration, or dynamic; sensitivity-guided FP32 fallback",
+    check=check,
 )
