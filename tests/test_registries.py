@@ -159,3 +159,31 @@ def test_a_passes_own_preflight_runs_before_the_build_loads_anything(tmp_path, m
     with pytest.raises(UsageError, match="static INT8 needs calibration data"):  # the real check
         real.preflight({"mode": "static"}, targets()["cpu"], False)
     real.preflight({"mode": "static"}, targets()["cpu"], True)
+
+
+def test_a_task_added_to_the_list_is_what_the_loader_and_the_build_use(tmp_path, monkeypatch):
+    """A new task is one descriptor and one entry in ``TASKS``: a toy task (a BERT's [CLS] vector, judged by
+    cosine) placed first is the one a BERT folder loads as, and the build exports, judges and records it."""
+    import json
+
+    import transformers
+
+    from infopt.runtime import tasks
+    from infopt.runtime.tasks.base import Task
+    from infopt.runtime.tasks.text import TEXT_SUFFIXES, read_with_folder_tokenizer, token_spec, wrapper_class
+
+    def module(model, path):
+        return wrapper_class()(model, str(path), ("cls_vector",), pool=lambda hidden, mask: hidden[:, 0])
+
+    toy = Task("cls-vector", "cosine", lambda model, path, config: type(model).__name__ == "BertModel",
+               lambda model, path, config: token_spec(64), module, TEXT_SUFFIXES, read_with_folder_tokenizer)
+    monkeypatch.setattr(tasks, "TASKS", (toy, *tasks.TASKS))
+    folder = tmp_path / "tiny-bert"
+    transformers.BertModel(transformers.BertConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                   num_attention_heads=2, vocab_size=128,
+                                                   max_position_embeddings=64)).save_pretrained(folder)
+    result = infopt.build(folder, backend="onnxruntime", output=tmp_path / "out", progress=False, batch_sizes=[1])
+    manifest = json.loads((result.output_dir / "manifest.json").read_text())
+    assert manifest["source"]["task"] == {"name": "cls-vector", "judged_by": "cosine"}
+    assert [(o["name"], o["shape"]) for o in manifest["outputs"]] == [("cls_vector", ["batch", 32])]
+    assert manifest["validation"]["verdict"]["passed"]

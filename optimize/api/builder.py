@@ -212,15 +212,16 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
 
     if price_per_hour is not None:
         target_obj = target_obj.model_copy(update={"price_per_hour": price_per_hour})
+    request = BuildRequest(spec, recipes, target_obj, name, out, command, call, force=force, val=val,
+                           max_samples=max_val_samples, console=console, calibration=calibration,
+                           calib_samples=calib_samples, calib_seed=calib_seed, tokenizer=tokenizer, budget=budget,
+                           allow_partial=allow_partial and not strict, batch_mix=mix, times=times)
     if dry_run:
-        return _plan(loaded, spec, recipes, target_obj, name, out, force, val, calibration, budget)
+        return _plan(loaded, request)
     with times.step("machine roof"):
-        target_obj = _with_measured_roof(target_obj)
+        request.target = _with_measured_roof(target_obj)
     with claim_output(out, force):
-        return _build_claimed(loaded, spec, recipes, target_obj, name, out, force, val, max_val_samples, console,
-                              _BuildContext(command, call, None, budget, allow_partial and not strict, times=times,
-                                            batch_mix=mix),
-                              calibration, calib_samples, calib_seed, tokenizer)
+        return _build_claimed(loaded, request)
 
 
 def _with_measured_roof(target):
@@ -233,10 +234,12 @@ def _with_measured_roof(target):
                                      "measured": how})
 
 
-def _plan(loaded, spec, recipes, target, name, out, force, val, calibration, budget) -> dict[str, Any]:
+def _plan(loaded, request: BuildRequest) -> dict[str, Any]:
     """What a build with these settings would do, resolved without building: the dry run's answer.
     An output the build would refuse (there without --force, or not infopt's) is refused the same way."""
-    check_output(out, force)
+    spec, recipes, target, name, out = request.spec, request.recipes, request.target, request.name, request.out
+    val, calibration, budget = request.val, request.calibration, request.budget
+    check_output(out, request.force)
     kind = loaded.with_spec(spec).kind
     python_module = has_python_module(loaded.artifact)
     candidates = []
@@ -255,9 +258,9 @@ def _plan(loaded, spec, recipes, target, name, out, force, val, calibration, bud
     }
 
 
-def _build_claimed(loaded, spec, recipes, target_obj, name, out, force, val, max_val_samples, console, ctx,
-                   calibration, calib_samples, calib_seed, tokenizer) -> BuildResult:
+def _build_claimed(loaded, ctx: BuildRequest) -> BuildResult:
     """The build proper, with the output folder's lock held."""
+    spec = ctx.spec
     artifact = loaded.with_spec(spec)
     reference = reference_runner(loaded, spec)
     with ctx.times.step("forward check"):
@@ -265,18 +268,15 @@ def _build_claimed(loaded, spec, recipes, target_obj, name, out, force, val, max
     if not artifact.output_names:
         artifact.output_names = ("output",) if len(probe) == 1 else tuple(f"output_{i}" for i in range(len(probe)))
 
-    ctx.reader = raw_reader(loaded, tokenizer)  # a Hugging Face folder's text goes through its own tokenizer
-    calib = None
-    if calibration is not None:
+    ctx.reader = raw_reader(loaded, ctx.tokenizer)  # a Hugging Face folder's text goes through its own tokenizer
+    if ctx.calibration is not None:
         with ctx.times.step("calibration data"):
-            calib = load_calibration(calibration, spec, samples=calib_samples, seed=calib_seed, tokenizer=tokenizer,
-                                     hold_out=val is None, reader=ctx.reader)
-    ctx.calib = calib
+            ctx.calib = load_calibration(ctx.calibration, spec, samples=ctx.calib_samples, seed=ctx.calib_seed,
+                                         tokenizer=ctx.tokenizer, hold_out=ctx.val is None, reader=ctx.reader)
 
     clean_dead_work_folders()  # what builds killed outright (SIGKILL) left in $TMPDIR
     with work_folder("build") as work, removed_if_stopped(Path(work)):
-        return _build_in(Path(work), loaded, artifact, reference, spec, recipes, target_obj, name, out, force,
-                         val, max_val_samples, console, ctx)
+        return _build_in(Path(work), loaded, artifact, reference, ctx)
 
 
 def _batch_mix(mix: dict[int, float] | None, batch_sizes) -> dict[int, float] | None:
@@ -326,24 +326,44 @@ def _with_overrides(recipe, thresholds, batch_sizes, pass_options=None, mix=None
 
 
 @dataclass
-class _BuildContext:
-    """What the build records and passes on besides the model: how it was asked for, calibration, budget."""
+class BuildRequest:
+    """One build as asked and resolved before any slow work: what to build (the input spec, the candidate
+    recipes, the target), where it goes, the data it is judged and calibrated on, and what the build records
+    besides the model (how it was asked for, the budget, seconds per step). The steps of a build read it."""
 
+    spec: InputSpec
+    recipes: list[Recipe]
+    target: Any
+    name: str
+    out: Path
+    """the output folder, absolute"""
     command: Sequence[str] | None
+    """the command line that asked for the build (the CLI's), or None for a Python call"""
     call: str
-    calib: Any = None
+    """the build as a Python call, recorded when there is no command line"""
+    force: bool = False
+    val: Any = None
+    max_samples: int = DEFAULT_MAX_VAL_SAMPLES
+    console: Any = None
+    calibration: Any = None
+    """calibration data as given (a path, an iterable, ...); :attr:`calib` once loaded"""
+    calib_samples: int | None = 128
+    calib_seed: int = 0
+    tokenizer: str | None = None
     budget: Any = None
     allow_partial: bool = False
+    batch_mix: dict[int, float] | None = None
+    """the declared share of requests per batch size, which weighs each size when candidates are compared"""
+    calib: Any = None
     reader: Any = None
     """turns raw --val and --calib files into samples (see :func:`raw_reader`)"""
     times: StepTimes = field(default_factory=StepTimes)
     """seconds per step, for the manifest's ``timings``"""
-    batch_mix: dict[int, float] | None = None
-    """the declared share of requests per batch size, which weighs each size when candidates are compared"""
 
 
-def _build_in(work, loaded, artifact, reference, spec, recipes, target, name, out, force, val, max_samples, console,
-              ctx: _BuildContext):
+def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
+    spec, recipes, target, name, out, force = ctx.spec, ctx.recipes, ctx.target, ctx.name, ctx.out, ctx.force
+    val, max_samples, console = ctx.val, ctx.max_samples, ctx.console
 
     with ctx.times.step("validation data"):
         batches, source = validation_batches(spec, val, max_samples, loaded.module, ctx.calib, ctx.reader)
