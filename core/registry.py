@@ -20,6 +20,7 @@ from infopt.core.plugins import Registry
 
 if TYPE_CHECKING:
     from infopt.core.artifact import Artifact
+    from infopt.core.section import Section
     from infopt.core.target import Target
 
 
@@ -95,6 +96,10 @@ class Pass:
     check: Callable[[Any, "Target", bool], None] | None = None
     """The pass's pre-flight: ``check(options, target, has_calibration)`` raises a UsageError, before any
     slow work, when the pass cannot run as asked (static INT8 without calibration data)."""
+
+    sections: Callable[[Any], list["Section"]] | None = None
+    """The pass's own report sections, given its typed ``details`` of one record (the INT8 pass's layer and
+    variant tables); the report places and renders them and names no pass."""
 
     def preflight(self, raw: dict[str, Any] | None, target: "Target", has_calibration: bool) -> None:
         """Parse the step's options and run the pass's own check, if it has one."""

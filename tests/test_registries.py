@@ -187,3 +187,22 @@ def test_a_task_added_to_the_list_is_what_the_loader_and_the_build_use(tmp_path,
     assert manifest["source"]["task"] == {"name": "cls-vector", "judged_by": "cosine"}
     assert [(o["name"], o["shape"]) for o in manifest["outputs"]] == [("cls_vector", ["batch", 32])]
     assert manifest["validation"]["verdict"]["passed"]
+
+
+def test_a_passes_own_report_section_is_shown_without_the_report_naming_it(digits_dist, monkeypatch):
+    """``Pass.sections``: the report asks each recorded pass for its sections, given its typed details; a pass
+    that gives one (here a toy on whichever pass of a real build recorded details) appears in report.md."""
+    from dataclasses import replace
+
+    from infopt.core import registry
+    from infopt.core.section import Section
+    from infopt.report.markdown import to_markdown
+
+    manifest = read_manifest(digits_dist)
+    record = next(r for r in manifest.passes if r.details and not r.skipped)
+    real = registry.get_pass(record.name)
+    toy = replace(real, sections=lambda details: [Section("Toy pass section", ["details"], [[type(details).__name__]])])
+    monkeypatch.setitem(registry.PASSES.items, record.name, toy)
+    report = to_markdown(manifest)
+    expected = real.details.__name__ if real.details else "dict"
+    assert "## Toy pass section" in report and f"| {expected} |" in report

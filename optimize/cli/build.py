@@ -77,10 +77,8 @@ def build(
     from infopt.report.markdown import (
         candidates_section,
         drift_section,
-        int4_section,
-        int8_section,
-        int8_variants_section,
         latency_section,
+        pass_sections,
         passes_section,
         print_sections,
         summary,
@@ -144,8 +142,8 @@ def build(
                     "output_dir": str(result.output_dir), **m.to_json()})
     else:
         m = result.manifest
-        chosen_sections = [summary(m), candidates_section(m), passes_section(m), int8_section(m), int8_variants_section(m),
-                           int4_section(m), drift_section(m), latency_section(m)]
+        chosen_sections = [summary(m), candidates_section(m), passes_section(m), *pass_sections(m), drift_section(m),
+                           latency_section(m)]
         print_sections(stdout(), [s for s in chosen_sections if s is not None])
         stdout().print(f"wrote {shown_path(result.output_dir)}/ (report.md, report.html, manifest.json)", markup=False)
         if m.timings is not None:

@@ -6,31 +6,13 @@ disagree.
 
 from __future__ import annotations
 
-from typing import Any
-
+import infopt.passes  # noqa: F401 - registers the bundled passes, whose own sections the report shows
 from infopt.core.manifest_schema import Manifest
-from infopt.passes.fx.quantize_int4 import Int4Details
-from infopt.passes.onnx.quantize_int8 import Int8Details
+from infopt.core.registry import PASSES
+from infopt.core.section import Section
+from infopt.core.section import format_bytes as size_text
+from infopt.core.section import format_number as num
 from infopt.report.performance import cost_section, curve_section, roofline_section, tuning_section
-from infopt.report.section import Section
-
-
-def _num(value: Any, fmt: str = ".4g") -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        return value
-    return format(value, fmt)
-
-
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
 
 
 def summary(manifest: Manifest) -> Section:
@@ -58,7 +40,7 @@ def passes_section(manifest: Manifest) -> Section:
     rows = []
     for p in manifest.passes:
         status = "skipped" if p.skipped else ("changed" if p.changed else "no change")
-        rows.append([p.name, f"{p.consumes} -> {p.produces}", f"{p.seconds:.2f}", _bytes(p.size_bytes),
+        rows.append([p.name, f"{p.consumes} -> {p.produces}", f"{p.seconds:.2f}", size_text(p.size_bytes),
                      status, "; ".join(p.notes)])
     return Section("Passes", ["pass", "representation", "seconds", "size", "result", "notes"], rows)
 
@@ -67,8 +49,8 @@ def drift_section(manifest: Manifest) -> Section | None:
     drift = manifest.validation.drift
     if not drift:  # a text-generation build is judged by generating (generation_section)
         return None
-    rows = [[name, _num(o["max_abs"]), _num(o["mean_abs"]), _num(o["max_rel"]), _num(o["cosine_min"], ".6f"),
-             _num(o["cosine_mean"], ".6f"), _num(o["sqnr_db"], ".1f"), _num(o["top1"])] for name, o in drift["outputs"].items()]
+    rows = [[name, num(o["max_abs"]), num(o["mean_abs"]), num(o["max_rel"]), num(o["cosine_min"], ".6f"),
+             num(o["cosine_mean"], ".6f"), num(o["sqnr_db"], ".1f"), num(o["top1"])] for name, o in drift["outputs"].items()]
     notes = [f"{drift['samples']} samples from {drift['source']}"]
     if drift["random_inputs"]:
         notes.append("WARNING: no --val data was given; drift was measured on random inputs, which may not "
@@ -118,8 +100,8 @@ def generation_section(manifest: Manifest) -> Section | None:
     rows += [[f"TPOT, batch {r['batch']}", f"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, "
               f"{r['tokens_per_s']:.1f} tokens/s" + (f", ${r['usd_per_million_tokens']:.4g} per million tokens"
                                                     if r.get("usd_per_million_tokens") else "")] for r in gen["tpot"]]
-    rows += [["model file (weights as stored)", _bytes(gen["weights_bytes"])],
-             ["KV cache per token of one sequence", _bytes(gen["kv_cache_bytes_per_token"])]]
+    rows += [["model file (weights as stored)", size_text(gen["weights_bytes"])],
+             ["KV cache per token of one sequence", size_text(gen["kv_cache_bytes_per_token"])]]
     notes = [f"timed with onnxruntime_genai from servers/onnxruntime-genai/: TTFT is the prompt's pass and the first "
              f"token picked; TPOT each of the next {gen['new_tokens'] - 1} tokens after a {gen['tpot_prompt_tokens']}-token "
              "prompt; "
@@ -136,78 +118,20 @@ def _span(counts) -> str:
     return str(values[0]) if len(values) == 1 else f"{values[0]}-{values[-1]}"
 
 
-def _details(manifest: Manifest, kind, *names: str, with_layers: bool = False):
-    """The typed details of the first pass among ``names`` that recorded any (and layers, if asked), or None."""
+def pass_sections(manifest: Manifest) -> list[Section]:
+    """The sections the passes give of their own records (``Pass.sections``, from their typed details), in
+    pipeline order; of two with one title (INT4 by the module and by the graph pass), the one with more rows."""
+    found: dict[str, Section] = {}
     for record in manifest.passes:
-        details = kind.of(record.details) if record.name in names and not record.skipped else None
-        if details is not None and (details.layers or not with_layers):
-            return details
-    return None
-
-
-def int8_section(manifest: Manifest) -> Section | None:
-    """The per-layer INT8 table: each layer's drift when it alone is INT8, and what stayed FP32."""
-    d = _details(manifest, Int8Details, "quantize_int8", with_layers=True)
-    if d is None:
-        return None
-    metric = d.budget_metric
-    by_cost = d.fallback_order == "drift_per_ms"
-    rows = [[str(i + 1), r["layer"], r["op"], r["module"] or "-", _num(r[metric], ".6g"), _num(r["sqnr_db"], ".1f"),
-             *([_num(r.get("ms_saved"), ".3f")] if by_cost else []), r["precision"]] for i, r in enumerate(d.layers)]
-    quantized = sum(r["precision"] == "int8" for r in d.layers)
-    if by_cost:
-        order = (f"rows in the order the fallback moves layers to FP32: layers whose INT8 form saves no time first, "
-                 f"then the most drift per millisecond saved (drift alone on {d.measured_on}; ms saved per run from "
-                 f"ONNX Runtime's profiler, FP32 against every layer in INT8)")
-    elif d.ranked:
-        order = f"rows are ranked by the drift each layer adds when it alone is INT8 (on {d.measured_on})"
-    else:
-        order = ("rows in graph order; each layer's drift alone was not measured, "
-                 "since the model with every layer in INT8 met the budget")
-    measured = (" by the FP32 model shipped (no INT8 layer: see INT8 variants)" if d.shipped == "fp32" else
-                f", measured {_num(d.measured.get(metric), '.6g')} with the layers above in their final precision")
-    notes = [f"{d.mode} INT8, {d.placement} placement: {quantized}/{len(d.layers)} layers INT8; {order}",
-             f"budget {d.budget}: {'met' if d.budget_met else 'NOT met'}{measured}"]
-    if d.excluded:
-        notes.append("kept in FP32 by the fallback, in order: " + ", ".join(d.excluded))
-    calib = d.calibration
-    if calib:
-        notes.append(f"calibration: {calib['method']} on {calib['samples']} samples from {calib['source']}"
-                     + (" (read from the calibration cache)" if calib["cached"] else ""))
-    columns = ["rank", "layer", "op", "module", f"{metric} alone", "SQNR dB", *(["ms saved"] if by_cost else []), "precision"]
-    return Section("INT8 layers", columns, rows, notes)
-
-
-def int8_variants_section(manifest: Manifest) -> Section | None:
-    """The INT8 graphs tried and timed against FP32, and which one shipped."""
-    d = _details(manifest, Int8Details, "quantize_int8")
-    if d is None or not d.variants:
-        return None
-    rows = []
-    for v in d.variants:
-        times = "; ".join(f"b{r['batch']} {r['ratio']:.2f} ({r['lower']:.2f}-{r['upper']:.2f})" for r in v["ratios"]) or "-"
-        metric = v["drift"].get(d.budget_metric) if v["drift"] else None
-        held = "error: " + v["error"] if v["error"] else ("yes" if v["holds_budget"] else "no")
-        rows.append([v["name"], str(v["int8_layers"]), _num(metric, ".6g"), held, times])
-    chosen = "FP32" if d.shipped == "fp32" else d.shipped_variant
-    notes = ["time is the variant's / FP32's, median of ABBA trials with the confidence bounds, per batch size",
-             f"shipped: {chosen}; {d.selection}"]
-    return Section("INT8 variants", ["variant", "INT8 layers", d.budget_metric or "drift", "holds budget",
-                                     "time vs FP32 per batch (bounds)"], rows, notes)
-
-
-def int4_section(manifest: Manifest) -> Section | None:
-    """The per-layer INT4 table: each Linear's group size and error, and why any stayed in float."""
-    d = (_details(manifest, Int4Details, "quantize_int4", "quantize_int4_graph", with_layers=True)
-         or _details(manifest, Int4Details, "quantize_int4", "quantize_int4_graph"))
-    if d is None:
-        return None
-    rows = [[r["name"], "x".join(map(str, r["shape"])), "int4", str(r.get("group_size") or d.group_size),
-             _num(r["error"], ".3g"), ""] for r in d.layers]
-    rows += [[name, "-", "float", "-", "-", why] for name, why in d.kept.items()]
-    notes = [f"{d.method.upper()}, group size {d.group_size} asked, "
-             f"{'symmetric' if d.symmetric else 'asymmetric'}; {len(d.layers)}/{len(rows)} Linear layers INT4"]
-    return Section("INT4 layers", ["layer", "out x in", "precision", "group size", "relative error", "why float"], rows, notes)
+        step = PASSES.items.get(record.name)
+        if step is None or step.sections is None or record.skipped or not record.details:
+            continue
+        details = step.details.of(record.details) if step.details else record.details
+        for section in step.sections(details):
+            kept = found.get(section.title)
+            if kept is None or len(section.rows) > len(kept.rows):
+                found[section.title] = section
+    return list(found.values())
 
 
 def candidates_section(manifest: Manifest) -> Section | None:
@@ -223,9 +147,9 @@ def candidates_section(manifest: Manifest) -> Section | None:
             notes.append(f"{c['recipe']} {c['status']}: {c['reason']}")
             continue
         verdict = "pass" if c["passed"] else "FAIL"
-        rows.append([c["recipe"], verdict, _num(c["cosine_min"], ".6f"), _num(c["max_abs"], ".3g"),
-                     *[_num(c["p50_ms"].get(str(b)), ".3f") for b in batches],
-                     f"{c['speedup']:.2f}x" if c["speedup"] else "-", _bytes(c["size_bytes"]), "yes" if c["chosen"] else ""])
+        rows.append([c["recipe"], verdict, num(c["cosine_min"], ".6f"), num(c["max_abs"], ".3g"),
+                     *[num(c["p50_ms"].get(str(b)), ".3f") for b in batches],
+                     f"{c['speedup']:.2f}x" if c["speedup"] else "-", size_text(c["size_bytes"]), "yes" if c["chosen"] else ""])
         notes += [f"{c['recipe']} failed {r}" for r in c["failed_checks"]]
     if any(c["status"] == "built" for c in rows_in):
         runs_on = {c["runs_on"] for c in rows_in if c["status"] == "built"}
@@ -237,7 +161,7 @@ def candidates_section(manifest: Manifest) -> Section | None:
 
 
 def files_section(manifest: Manifest) -> Section:
-    rows = [[rel, _bytes(info.bytes), info.sha256[:16]] for rel, info in manifest.files.items()]
+    rows = [[rel, size_text(info.bytes), info.sha256[:16]] for rel, info in manifest.files.items()]
     return Section("Files", ["path", "size", "sha256 (first 16)"], rows,
                    ["the reports and manifest.json are not listed here; the manifest holds the reports' sha256 too"])
 
@@ -275,7 +199,7 @@ def provenance_section(manifest: Manifest) -> Section | None:
 
 def sections(manifest: Manifest) -> list[Section]:
     found = [summary(manifest), candidates_section(manifest), io_section(manifest), passes_section(manifest),
-             generation_section(manifest), int8_section(manifest), int8_variants_section(manifest), int4_section(manifest),
+             generation_section(manifest), *pass_sections(manifest),
              drift_section(manifest), latency_section(manifest), curve_section(manifest), roofline_section(manifest),
              cost_section(manifest), tuning_section(manifest), timings_section(manifest), provenance_section(manifest),
              files_section(manifest),

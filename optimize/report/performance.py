@@ -4,8 +4,8 @@ Triton serving config the build tuned, each made from the manifest's measured fi
 from __future__ import annotations
 
 from infopt.core.manifest_schema import Manifest
+from infopt.core.section import Section
 from infopt.exporters.servers.triton_tuning import Tuning
-from infopt.report.section import Section
 from infopt.validators.roofline import cost_notes, cost_per_million, measured_curve, roofline
 
 

@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from infopt.core.section import Section
 from infopt.report.html import CSS, Chart, Series, linear_axis, log_axis, section_html
-from infopt.report.section import Section
 
 BUILT = ("passed", "failed", "reused")
 

@@ -30,6 +30,7 @@ from infopt.core.artifact import Artifact
 from infopt.core.errors import UsageError
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.exporters.int4_checkpoint import CHECKPOINT_PRODUCT, CheckpointSource, checkpoint_format
+from infopt.passes.fx.int4_sections import int4_sections
 from infopt.quantize.int4_config import Int4Config, Int4MethodConfig, Method
 from infopt.quantize.int4_format import conv1d_as_linear
 from infopt.quantize.sensitivity import Budget
@@ -252,6 +253,7 @@ PASS = Pass(
     run=run,
     options=QuantizeInt4Options,
     details=Int4Details,
+    sections=int4_sections,
     description="INT4 weight-only Linear layers (RTN, GPTQ, AWQ) in infopt's packed format; GPTQ/AWQ checkpoint",
     needs_calibration=False,
 )

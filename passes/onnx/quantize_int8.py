@@ -18,6 +18,7 @@ from infopt.core import onnx_graph
 from infopt.core.artifact import Artifact
 from infopt.core.errors import UsageError
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.passes.onnx.int8_sections import int8_sections
 from infopt.quantize import int8_variants, layer_timing, onnx_int8, sensitivity
 from infopt.quantize.calibrate import calibrate
 from infopt.quantize.calibration_methods import CalibrationMethod
@@ -350,4 +351,5 @@ PASS = Pass(
     details=Int8Details,
     description="INT8 weights and activations: static QDQ from calibration, or dynamic; sensitivity-guided FP32 fallback",
     check=check,
+    sections=int8_sections,
 )
