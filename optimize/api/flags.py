@@ -8,7 +8,7 @@ from typing import get_args
 
 from infopt.core.errors import UsageError
 from infopt.passes.fx.quantize_int4 import QuantizeInt4Options
-from infopt.quantize.observers import METHODS
+from infopt.quantize.calibration_methods import METHODS
 
 PRECISION_FLAGS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
 
