@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from infopt.core.target import Target
 
 
-
 class PassOptions(BaseModel):
     """Base of every pass's options: typed fields, each with a default and a description."""
 
@@ -96,7 +95,6 @@ class Pass:
     check: Callable[[Any, "Target", bool], None] | None = None
     """The pass's pre-flight: ``check(options, target, has_calibration)`` raises a UsageError, before any
     slow work, when the pass cannot run as asked (static INT8 without calibration data)."""
-
     sections: Callable[[Any], list["Section"]] | None = None
     """The pass's own report sections, given its typed ``details`` of one record (the INT8 pass's layer and
     variant tables); the report places and renders them and names no pass."""

@@ -1,7 +1,7 @@
 """Quantization.
 
 - ``calib_data``: calibration samples from files, iterables, DataLoaders, text or ``module:function``
-- ``calibration_methods``: the calibration methods' names, declared once
+- ``method_names``: the calibration and INT4 methods' names, each list declared once
 - ``observers``: minmax, percentile, entropy and MSE ranges
 - ``calibrate``: calibration tables per tensor, cached by content hash
 - ``onnx_int8``: the quantizable layers of an ONNX model; static QDQ and dynamic INT8

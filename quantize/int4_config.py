@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from infopt.core.errors import UsageError
 from infopt.core.plugins import Registry
+from infopt.quantize.method_names import Int4MethodName
 
 
 class Int4MethodConfig(BaseModel):
@@ -78,8 +79,8 @@ class AWQConfig(Int4MethodConfig):
     awq_rows: int = Field(2048, ge=16, description="AWQ: calibration rows kept per layer for the searches")
 
 
-Method = Literal["rtn", "gptq", "awq"]
-"""the names in :data:`METHOD_CONFIGS` (a test keeps them equal)"""
+Method = Int4MethodName
+"""the names in :data:`METHOD_CONFIGS`, declared in ``method_names.py`` (a test keeps them equal)"""
 
 
 class Int4Config(RTNConfig, GPTQConfig, AWQConfig):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from infopt.core.errors import UsageError
-from infopt.quantize.calibration_methods import METHODS
+from infopt.quantize.method_names import CALIBRATION_METHODS as METHODS
 
 LEVELS = 128
 """Quantized levels on one side of zero (int8)."""

@@ -8,7 +8,7 @@ from typing import get_args
 
 from infopt.core.errors import UsageError
 from infopt.passes.fx.quantize_int4 import QuantizeInt4Options
-from infopt.quantize.calibration_methods import METHODS
+from infopt.quantize.method_names import CALIBRATION_METHODS as METHODS
 
 PRECISION_FLAGS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
 

@@ -12,8 +12,7 @@ from infopt.cli import options as o
 from infopt.cli.output import print_json, shown_path, stderr, stdout, table
 from infopt.core import step_times
 from infopt.core.errors import UsageError
-from infopt.quantize.calibration_methods import METHODS as CALIBRATION_METHODS
-from infopt.quantize.int4_config import Method as Int4Method
+from infopt.quantize.method_names import CALIBRATION_METHODS, Int4MethodName
 
 
 def _choices(names) -> str:
@@ -57,7 +56,7 @@ def build(
     calib_percentile: Annotated[Optional[float], typer.Option("--calib-percentile", help="Percentile kept by --calib-method percentile.")] = None,
     calib_bins: Annotated[Optional[int], typer.Option("--calib-bins", help="Histogram bins for percentile, entropy and mse.")] = None,
     smoothquant_alpha: Annotated[Optional[float], typer.Option("--smoothquant-alpha", help="SmoothQuant migration strength, 0..1.")] = None,
-    int4_method: Annotated[Optional[str], typer.Option("--int4-method", help=f"INT4: {_choices(get_args(Int4Method))} (default: gptq with --calib, rtn without).")] = None,
+    int4_method: Annotated[Optional[str], typer.Option("--int4-method", help=f"INT4: {_choices(get_args(Int4MethodName))} (default: gptq with --calib, rtn without).")] = None,
     group_size: Annotated[Optional[int], typer.Option("--group-size", help="INT4: input features per scale group (default 128).")] = None,
     act_order: Annotated[bool, typer.Option("--act-order", metavar="", help="INT4 GPTQ: quantize columns in order of activation size (checkpoint gets g_idx).")] = False,
     int4_checkpoint: Annotated[Optional[str], typer.Option("--int4-checkpoint", help="INT4: auto, gptq, awq or none: the 4-bit checkpoint written to servers/vllm/ for a Hugging Face model (auto: GPTQ layout; none after AWQ).")] = None,

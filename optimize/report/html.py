@@ -201,7 +201,7 @@ def latency_chart(curve: list[dict[str, Any]], device: str) -> str:
     wide = min(values) > 0 and max(values) / min(values) > 20
     y = log_axis(values, 10) if wide else linear_axis(values)
     chart = Chart("latency-plot", f"Latency by batch size ({device})", "batch size (log2)",
-                   "latency (ms, log)" if wide else "latency (ms)", x, y)
+                  "latency (ms, log)" if wide else "latency (ms)", x, y)
     for i, (key, dashed) in enumerate((("p50", False), ("p90", True), ("p99", True))):
         points = [(p["batch"], p[f"{key}_ms"], p["batch"], f"batch {p['batch']}: {key} {p[f'{key}_ms']:.3f} ms")
                   for p in curve]
@@ -233,7 +233,7 @@ def roofline_chart(line: dict[str, Any]) -> str | None:
     y = log_axis([min(achieved) / 2, x.lo * bandwidth / 1e3, max(achieved + [peak]) * 2], 10)
     where = str(line["measured_on"] or "unrecorded device").split(" ", 1)[0]
     chart = Chart("roofline-plot", f"Roofline: target {line['target']} ({line['roof_dtype']} roof), points measured on {where}",
-                   "arithmetic intensity (FLOP/byte, log)", "TFLOP/s (log)", x, y)
+                  "arithmetic intensity (FLOP/byte, log)", "TFLOP/s (log)", x, y)
     start = x.lo
     roof = [(start, start * bandwidth / 1e3), (ridge, peak), (x.hi, peak)]
     coords = " ".join(f"{chart.px(a):.1f},{chart.py(b):.1f}" for a, b in roof)

@@ -135,7 +135,7 @@ def pareto_chart(model: str, cells: list[dict[str, Any]]) -> str | None:
     latencies = [f["p50_ms"] for _, f, _ in points]
     losses = [max(lost[1], 1e-7) for _, _, lost in points]
     chart = Chart(f"pareto-{model}", f"{model}: latency against accuracy loss", "p50 latency (ms)",
-                   f"{points[0][2][0]} (log)", linear_axis(latencies), log_axis(losses, 10))
+                  f"{points[0][2][0]} (log)", linear_axis(latencies), log_axis(losses, 10))
     for name, css, keep in (("on the front", "s0", True), ("dominated", "s2", False)):
         marks = [(f["p50_ms"], max(lost[1], 1e-7), f["batch"],
                   f"{c['target']}-{c['precision']}-{c['backend']}: {f['p50_ms']:.3f} ms, loss {lost[1]:.3g}")

@@ -21,7 +21,7 @@ from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, Pa
 from infopt.passes.onnx.int8_sections import int8_sections
 from infopt.quantize import int8_variants, layer_timing, onnx_int8, sensitivity
 from infopt.quantize.calibrate import calibrate
-from infopt.quantize.calibration_methods import CalibrationMethod
+from infopt.quantize.method_names import CalibrationMethod
 from infopt.quantize.observers import Observer
 from infopt.quantize.sensitivity import Budget, output_drift
 from infopt.runtime.backends.onnxruntime import OrtRunner
