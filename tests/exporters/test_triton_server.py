@@ -109,10 +109,24 @@ def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(served, di
     with ThreadPoolExecutor(16) as pool:
         answers = list(pool.map(one, range(len(images))))
     np.testing.assert_allclose(np.concatenate(answers), eager(cnn, images), atol=1e-4)
-    after = _batches(endpoints.statistics("digits"))
-    ran = {size: after.get(size, 0) - before.get(size, 0) for size in after}
-    assert sum(size * count for size, count in ran.items()) == len(images)
+    ran = _batches_since(endpoints, "digits", before, len(images))
+    assert sum(size * count for size, count in ran.items()) == len(images), ran
     assert any(size > 1 and count for size, count in ran.items()), ran  # the dynamic batcher joined requests
+
+
+def _batches_since(endpoints, model: str, before: dict[int, int], requests: int, wait: float = 10.0) -> dict[int, int]:
+    """Executions by batch size since ``before``. The backend reports a batch's statistics after its answers
+    went out, so a client can have every answer before the counts show them: read until they add up to
+    ``requests`` or ``wait`` seconds pass."""
+    import time
+
+    deadline = time.monotonic() + wait
+    while True:
+        after = _batches(endpoints.statistics(model))
+        ran = {size: after.get(size, 0) - before.get(size, 0) for size in after}
+        if sum(size * count for size, count in ran.items()) >= requests or time.monotonic() > deadline:
+            return ran
+        time.sleep(0.1)
 
 
 def _batches(stats: dict) -> dict[int, int]:
