@@ -22,7 +22,11 @@ its own warm-up and timed block at batch 1 and 32:
    ``attention_mask_fill`` pass alone (the attention mask filled with -40 instead of float32's lowest),
    to show how much of infopt's lead that one pass is;
 5. infopt INT8 static (calibrated) and 6. infopt INT8 dynamic (no calibration data), each as the build
-   shipped it (the INT8 variant it measured fastest, or FP32 when no INT8 graph was faster here).
+   shipped it (the INT8 variant it measured fastest, or FP32 when no INT8 graph was faster here);
+7. for MiniLM, the same two built from the model's folders as a user builds them (``infopt build FOLDER
+   --int8 [--calib]``): the sentence-transformers folder (``modules.json``; the build ships the pooled
+   embedding) and that folder without its sentence-transformers files (a plain BERT folder; the build ships
+   ``last_hidden_state``, mean-pooled over the mask for the accuracy column only).
 
 Accuracy: MiniLM, mean (and min) cosine similarity of the embeddings to eager FP32 over the held-out
 evaluation sentences at seq 64, which no build sees (calibration and validation use the calibration
@@ -68,6 +72,10 @@ EAGER, ORT32, ORTQ, ORTS, OPTIMUM, OPTIMUM_FILLED, STATIC, DYNAMIC = (
     "eager fp32", "onnxruntime fp32 (infopt build)", "ORT quantize_dynamic defaults", "ORT quantize_static defaults",
     "Optimum avx512_vnni config", "Optimum config + infopt's mask fill", "infopt int8 static", "infopt int8 dynamic")
 ORT_BERT_Q, ORT_BERT_S = ("ORT BERT optimizer + quantize_dynamic", "ORT BERT optimizer + quantize_static")
+ST_STATIC, ST_DYNAMIC, HF_STATIC, HF_DYNAMIC = (
+    "infopt int8 static, sentence-transformers folder", "infopt int8 dynamic, sentence-transformers folder",
+    "infopt int8 static, BERT folder", "infopt int8 dynamic, BERT folder")
+FOLDER_BUILDS = (ST_STATIC, ST_DYNAMIC, HF_STATIC, HF_DYNAMIC)
 PEERS = (ORTQ, ORTS, OPTIMUM, ORT_BERT_Q, ORT_BERT_S)
 FULL_128 = "128, no padding"
 
@@ -202,6 +210,54 @@ def builds(module, work: Path, tag: str, common: dict, calib: Path, budget: str,
     return paths
 
 
+def folder_builds(work: Path, calib: dict[str, np.ndarray], common: dict, notes: list[str]) -> dict:
+    """``infopt build FOLDER --int8`` (dynamic) and ``--int8 --calib`` (static) from the model's own folders, as a
+    user runs them: the sentence-transformers folder the package ships (``modules.json``: the build ships the
+    pooled ``sentence_embedding``) and the same folder without its sentence-transformers files (a plain BERT
+    folder: the build ships ``last_hidden_state``, which the accuracy column mean-pools over the mask)."""
+    import shutil
+
+    from examples.minilm import model_dir
+
+    st = model_dir()
+    plain = work / "minilm-bert-folder"
+    shutil.rmtree(plain, ignore_errors=True)
+    shutil.copytree(st, plain, ignore=shutil.ignore_patterns("modules.json", "1_Pooling", "2_Normalize",
+                                                              "config_sentence_transformers.json",
+                                                              "sentence_bert_config.json"))
+    data = work / "minilm_folder_calib.npz"
+    np.savez(data, **calib, token_type_ids=np.zeros_like(calib["input_ids"]))
+    paths = {}
+    for folder, tag, static, dynamic in ((st, "st", ST_STATIC, ST_DYNAMIC), (plain, "bert", HF_STATIC, HF_DYNAMIC)):
+        for runner, kw in ((static, {"calibration": str(data)}), (dynamic, {})):
+            start = time.perf_counter()
+            result = infopt.build(str(folder), output=work / f"MiniLM-{tag}-{'static' if kw else 'dynamic'}",
+                                  force=True, progress=False, precision="int8", val=str(data), max_drift="cosine_mean=0.99",
+                                  **common, **kw)
+            paths[runner] = result.output_dir / "model" / "model.onnx"
+            notes.append(f"MiniLM {runner}: {int8_note(result)}; build {time.perf_counter() - start:.0f} s")
+    return paths
+
+
+def folder_runner(path: Path, threads: int):
+    """(a timing runner, an embedding runner) for a folder build: the feeds get the folder model's
+    ``token_type_ids`` (zeros, as the tokenizer writes them for one sentence); a ``last_hidden_state`` output is
+    mean-pooled over the mask for the accuracy column only, so the timing runs the model alone."""
+    session = OrtRunner(path, threads=threads, spinning=False)
+
+    def run(feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return session.run({**feed, "token_type_ids": np.zeros_like(feed["input_ids"])})
+
+    def embed(feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        out = run(feed)[0]
+        if out.ndim == 3:
+            mask = feed["attention_mask"][..., None].astype(out.dtype)
+            out = (out * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)
+        return [out]
+
+    return run, embed
+
+
 def minilm_case(work: Path, quick: bool, notes: list[str]):
     from examples.minilm import INPUTS, tokenize
 
@@ -211,6 +267,8 @@ def minilm_case(work: Path, quick: bool, notes: list[str]):
     common = {"inputs": INPUTS, "dims": ["batch=1:32:64", "seq=1:64:128"], "batch_sizes": [1, 32],
               "calib_samples": 32 if quick else 128}
     paths = builds(ev.model, work, "MiniLM", common, work / "minilm_calib.npz", "cosine_mean=0.99", notes)
+    folder_common = {k: v for k, v in common.items() if k != "inputs"}
+    paths.update(folder_builds(work, calib, folder_common, notes))
     example = (torch.from_numpy(calib["input_ids"][:2]), torch.from_numpy(calib["attention_mask"][:2]))
     dyn = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
     plain = plain_export(ev.model, example, list(ev.names), dyn, work / "minilm_plain.onnx")
@@ -295,6 +353,10 @@ def main() -> None:
                 if name in paths:
                     runners[name] = OrtRunner(paths[name], threads=threads, spinning=False).run
             acc = {name: accuracy(run) for name, run in runners.items()}
+            for name in FOLDER_BUILDS:
+                if name in paths:
+                    runners[name], embed = folder_runner(paths[name], threads)
+                    acc[name] = accuracy(embed)
             for seq, feed in feeds.items():
                 for b in (1, 32):
                     iterations = args.iterations if b == 1 else max(args.iterations // 10, 10)
@@ -308,7 +370,7 @@ def main() -> None:
                                      f"{s.p99_ms:.3f} | {b / (s.p50_ms / 1e3):.0f} | {rows[EAGER].p50_ms / s.p50_ms:.2f}x | "
                                      f"{fastest_peer / s.p50_ms:.2f}x | {acc[s.runner]} |")
                     peer = min((p for p in PEERS if p in rows), key=lambda p: rows[p].p50_ms)
-                    for mine in (STATIC, DYNAMIC):
+                    for mine in (STATIC, DYNAMIC, *FOLDER_BUILDS):
                         if mine not in runners:
                             continue
                         r = compare(runners[mine], runners[peer], {b: feed(seq, b)}, trials=args.trials,

@@ -30,6 +30,23 @@ class PassOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+BUILD_SETTINGS = {
+    "require_precision": "True when the build must ship the precision asked for (--require-precision)",
+    "served_batch_sizes": "the batch sizes the model serves (--batch-sizes, or those of --batch-mix)",
+    "batch_mix": "each served batch size's share of requests, keyed by the size as text (--batch-mix)",
+}
+"""What a build was asked for that a pass may take as one of its options. A field that declares
+``json_schema_extra=from_build(NAME)`` is set to the build's NAME when the user gave it and the recipe did
+not set the field, so the builder names no pass."""
+
+
+def from_build(setting: str) -> dict[str, str]:
+    """The marker that makes an option field take the build's ``setting`` (a key of :data:`BUILD_SETTINGS`)."""
+    if setting not in BUILD_SETTINGS:
+        raise ValueError(f"unknown build setting {setting!r}; one of: {', '.join(BUILD_SETTINGS)}")
+    return {"build_setting": setting}
+
+
 @dataclass
 class PassContext:
     """What a pass may use besides its input: the target, a scratch folder, calibration data,
@@ -98,6 +115,18 @@ class Pass:
     sections: Callable[[Any], list["Section"]] | None = None
     """The pass's own report sections, given its typed ``details`` of one record (the INT8 pass's layer and
     variant tables); the report places and renders them and names no pass."""
+    notes: Callable[[Any], list[str]] | None = None
+    """What the build says about the pass's outcome, given its typed ``details`` of one record (INT8's mode and a
+    missed budget, a TensorRT engine left to the server): the manifest's, report's and CLI's notes."""
+    shipped_precision: Callable[[Any], str | None] | None = None
+    """The precision the shipped artifact computes in when the pass left it in another than the recipe's (the INT8
+    pass shipping FP32 that measured faster), given its typed ``details``; None otherwise."""
+
+    def typed(self, record) -> Any:
+        """A record's details as this pass's type (None when it ran skipped or recorded none)."""
+        if record.skipped or not record.details:
+            return None
+        return self.details.of(record.details) if self.details is not None else record.details
 
     def preflight(self, raw: dict[str, Any] | None, target: "Target", has_calibration: bool) -> None:
         """Parse the step's options and run the pass's own check, if it has one."""
@@ -114,6 +143,11 @@ class Pass:
                 f"bad options for pass {self.name}: {problems}",
                 fix=f"see `infopt recipes --passes` for the options of {self.name}",
             ) from exc
+
+    def build_settings(self) -> dict[str, str]:
+        """Option field -> the build setting it takes (:func:`from_build`)."""
+        return {name: f.json_schema_extra["build_setting"] for name, f in self.options.model_fields.items()
+                if isinstance(f.json_schema_extra, dict) and "build_setting" in f.json_schema_extra}
 
     def describe_options(self) -> list[dict[str, Any]]:
         return [

@@ -1,8 +1,9 @@
 """Quantization.
 
 - ``calib_data``: calibration samples from files, iterables, DataLoaders, text or ``module:function``
-- ``method_names``: the calibration and INT4 methods' names, each list declared once
-- ``observers``: minmax, percentile, entropy and MSE ranges
+- ``method_names``: the INT4 methods' names, declared once
+- ``calibrators``: the registered calibration methods (minmax, percentile, entropy, MSE) and their range rules
+- ``observers``: the min, max and histogram of each calibrated tensor
 - ``calibrate``: calibration tables per tensor, cached by content hash
 - ``onnx_int8``: the quantizable layers of an ONNX model; static QDQ and dynamic INT8
 - ``smoothquant``: activation outliers moved into weights before static INT8

@@ -205,3 +205,63 @@ def test_a_passes_own_report_section_is_shown_without_the_report_naming_it(digit
     monkeypatch.setitem(registry.PASSES.items, record.name, toy)
     report = to_markdown(manifest)
     assert "## Toy pass section" in report and f"| {real.details.__name__} |" in report
+
+
+def test_a_calibration_method_registered_from_outside_is_offered_checked_and_used(tmp_path, monkeypatch):
+    """A calibration method is one registration (``quantize/calibrators.py``): a toy rule (the observed range
+    widened by a quarter) registered here is offered by name, an unknown name is refused where it is given,
+    and a static INT8 build calibrates every tensor with the toy's rule."""
+    import json
+
+    from infopt.api import flags
+    from infopt.quantize import calibrators
+
+    seen: list[tuple[float, float]] = []
+
+    def widened(observer):
+        seen.append((observer.lo, observer.hi))
+        return observer.lo * 1.25, observer.hi * 1.25
+
+    monkeypatch.setattr(calibrators.CALIBRATORS, "items", dict(calibrators.CALIBRATORS.items))
+    calibrators.register(calibrators.Calibrator("widened", widened, False, "the observed range and a quarter more"))
+    assert calibrators.names()[-1] == "widened"
+    assert flags.calibration_options("widened", None, None, None) == {"quantize_int8": {"method": "widened"}}
+    with pytest.raises(UsageError, match="unknown --calib-method 'narrowed'") as refused:
+        flags.calibration_options("narrowed", None, None, None)
+    assert "widened" in refused.value.fix
+
+    monkeypatch.setenv("INFOPT_CACHE_DIR", str(tmp_path / "cache"))  # calibrated here, not read from a cache
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+    np.savez(tmp_path / "calib.npz", x=np.random.default_rng(0).normal(size=(64, 16)).astype(np.float32))
+    common = {"inputs": ["x:float32[batch,16]"], "precision": "int8", "calibration": tmp_path / "calib.npz",
+              "max_drift": "cosine_mean=0.9", "batch_sizes": [1], "progress": False}
+    with pytest.raises(UsageError, match="unknown calibration method 'narrowed'"):  # from a recipe's options
+        infopt.build(model, output=tmp_path / "refused", pass_options={"quantize_int8": {"method": "narrowed"}}, **common)
+    result = infopt.build(model, output=tmp_path / "out", pass_options={"quantize_int8": {"method": "widened",
+                                                                                          "choose": "first"}}, **common)
+    table = json.loads((result.output_dir / "quantization" / "calibration.json").read_text())
+    assert table["method"] == "widened" and seen
+    assert sorted(map(tuple, table["ranges"].values())) == sorted((lo * 1.25, hi * 1.25) for lo, hi in seen)
+
+
+def test_a_passes_own_notes_are_what_the_build_says_of_it(tmp_path, monkeypatch):
+    """``Pass.notes``: the build asks each pass of the shipped lineage for its notes, given its typed details;
+    a toy in place of the INT8 pass's notes is what the manifest says, and the INT8 pass's own are gone. (The
+    input has a sequence dim so that the Linears export as MatMuls, which dynamic INT8 covers.)"""
+    import json
+    from dataclasses import replace
+
+    from infopt.core import registry
+
+    real = registry.get_pass("quantize_int8")
+    toy = replace(real, notes=lambda d: [f"toy note: {d.mode} INT8, {len(d.layers)} layers"])
+    monkeypatch.setitem(registry.PASSES.items, "quantize_int8", toy)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+    result = infopt.build(model, inputs=["x:float32[batch,4,16]"], precision="int8", max_drift="cosine_mean=0.9",
+                          batch_sizes=[1], pass_options={"quantize_int8": {"choose": "first"}},
+                          output=tmp_path / "out", progress=False)
+    notes = json.loads((result.output_dir / "manifest.json").read_text())["validation"]["notes"]
+    assert "toy note: dynamic INT8, 2 layers" in notes
+    assert not any(n.startswith("INT8 is dynamic") for n in notes), notes  # the real pass's note, not asked for

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 from infopt.api import candidates as cand
 from infopt.api import provenance, task_choice
 from infopt.api.build_inputs import latency_feeds, raw_reader, validation_batches
-from infopt.api.build_notes import engine_notes, int8_notes, noise_notes, server_engine, shipped_fp32, triton_engine
+from infopt.api.build_notes import noise_notes, pass_notes, server_engine, shipped_precision, triton_engine
 from infopt.api.build_result import BuildResult, load  # noqa: F401 - load: infopt.load
 from infopt.api.emit import SAMPLES_FILE, base_manifest, read_samples, source_info, store_samples, write_output
 from infopt.api.generation import build_generation
@@ -191,10 +191,9 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     mix = _batch_mix(batch_mix, batch_sizes)
     if mix:
         batch_sizes = list(mix)
-    recipes = [_with_overrides(r, thresholds, batch_sizes, pass_options, mix) for r in recipes]
-    if require_precision:
-        recipes = [_with_overrides(r, None, None, {"quantize_int8": {"require_int8": True}})
-                   if any(step.name == "quantize_int8" for step in r.passes) else r for r in recipes]
+    settings = {"require_precision": require_precision or None, "served_batch_sizes": list(batch_sizes or []) or None,
+                "batch_mix": {str(b): w for b, w in mix.items()} if mix else None}
+    recipes = [_with_overrides(r, thresholds, batch_sizes, pass_options, settings) for r in recipes]
     for each in recipes:  # every pass's pre-flight, before any slow work
         for step in each.passes:
             get_pass(step.name).preflight(step.options, target_obj, calibration is not None)
@@ -297,8 +296,12 @@ def _batch_mix(mix: dict[int, float] | None, batch_sizes) -> dict[int, float] | 
     return {b: w / total for b, w in sorted(pairs.items())}
 
 
-def _with_overrides(recipe, thresholds, batch_sizes, pass_options=None, mix=None):
-    if not thresholds and not batch_sizes and not pass_options:
+def _with_overrides(recipe, thresholds, batch_sizes, pass_options=None, settings=None):
+    """The recipe with the user's thresholds, served batch sizes and pass options, and each build setting the user
+    gave (``settings``, ``core.registry.BUILD_SETTINGS``) in the options of the passes that take it and whose step
+    leaves it unset."""
+    given = {k: v for k, v in (settings or {}).items() if v is not None}
+    if not thresholds and not batch_sizes and not pass_options and not given:
         return recipe
     data = recipe.to_json()
     for pass_name, values in (pass_options or {}).items():
@@ -318,10 +321,10 @@ def _with_overrides(recipe, thresholds, batch_sizes, pass_options=None, mix=None
                              fix=f"use one of: {', '.join(list(data['validation']['drift']) + ['max_p99_ms'])}")
     if batch_sizes:
         data["validation"]["latency"]["batch_sizes"] = list(batch_sizes)
-        for step in data["passes"]:  # INT8 is chosen over FP32 at the sizes the model serves, as candidates are
-            if step["name"] == "quantize_int8" and not step["options"].get("speed_batch_sizes"):
-                step["options"] = {**step["options"], "speed_batch_sizes": list(batch_sizes),
-                                   **({"speed_weights": {str(b): w for b, w in mix.items()}} if mix else {})}
+    for step in data["passes"]:  # a pass that chooses by timing times at the sizes the model serves, as candidates are
+        for option, setting in get_pass(step["name"]).build_settings().items():
+            if setting in given and not step["options"].get(option):
+                step["options"] = {**step["options"], option: given[setting]}
     return type(recipe).from_json(data)
 
 
@@ -408,7 +411,7 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
                                {t.batch: t for t in timings if t.runner == chosen.label})
     final, recipe = chosen.artifact, chosen.recipe
     server = server_engine(final.lineage)
-    notes = int8_notes(final.lineage) + engine_notes(server)
+    notes = pass_notes(final.lineage)
     if ends:
         notes.append("ran at the ends of its dim ranges (" + "; ".join(where for where, _, _ in ends)
                      + ") with the output shapes eager gives")
@@ -445,7 +448,7 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
                                                      spec.batch_symbol is not None)
         manifest = base_manifest(name, origin, target, recipe, spec, chosen.outputs, final.lineage, validation,
                                  candidates=cand.table(candidates, timings, ctx.batch_mix), selection=why, provenance=record,
-                                 shipped_fp32=shipped_fp32(final.lineage))
+                                 shipped=shipped_precision(final.lineage))
         manifest = write_output(stage, manifest, final.path, spec, target.device, recipe.emit, final.attachments,
                                 server_engine=triton_engine(server), products=final.products, times=ctx.times)
     return BuildResult(name, out, manifest, final, candidates)

@@ -147,17 +147,18 @@ def without_volatile(value: Any) -> Any:
 
 def base_manifest(name: str, source: dict[str, Any], target, recipe, spec, outputs, passes, validation, *,
                   candidates: list[dict[str, Any]], selection: str, provenance: dict[str, Any],
-                  shipped_fp32: bool = False) -> dict[str, Any]:
+                  shipped: str | None = None) -> dict[str, Any]:
     """Everything a build's manifest holds but ``artifacts`` and ``files`` (``write_output`` adds them
-    and types the whole). ``shipped_fp32``: the INT8 pass shipped FP32 because it was faster here."""
-    asked = {"precision_asked": recipe.precision} if shipped_fp32 else {}
+    and types the whole). ``shipped``: the precision a pass left the artifact in when it is not the recipe's
+    (the INT8 pass shipped FP32 because it was faster here), or None."""
+    asked = {"precision_asked": recipe.precision} if shipped and shipped != recipe.precision else {}
     return {
         "schema": SCHEMA_VERSION,
         "name": name,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "source": source,
         "target": target.model_dump(mode="json"),
-        "precision": "fp32" if shipped_fp32 else recipe.precision,
+        "precision": shipped or recipe.precision,
         **asked,
         "backend": recipe.backend,
         "inputs": spec.to_json(),

@@ -8,7 +8,7 @@ from typing import get_args
 
 from infopt.core.errors import UsageError
 from infopt.passes.fx.quantize_int4 import QuantizeInt4Options
-from infopt.quantize.method_names import CALIBRATION_METHODS as METHODS
+from infopt.quantize import calibrators
 
 PRECISION_FLAGS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
 
@@ -37,8 +37,8 @@ def int4_options(method, group_size, act_order, checkpoint) -> dict[str, dict]:
 
 def calibration_options(method, percentile, bins, alpha) -> dict[str, dict]:
     """``--calib-method``, ``--calib-percentile``, ``--calib-bins`` and ``--smoothquant-alpha`` as pass options."""
-    if method is not None and method not in METHODS:
-        raise UsageError(f"unknown --calib-method {method!r}", fix=f"use one of: {', '.join(METHODS)}")
+    if method is not None and method not in calibrators.names():
+        raise UsageError(f"unknown --calib-method {method!r}", fix=f"use one of: {', '.join(calibrators.names())}")
     int8 = {k: v for k, v in {"method": method, "percentile": percentile, "bins": bins}.items() if v is not None}
     found = {"quantize_int8": int8} if int8 else {}
     if alpha is not None:

@@ -12,7 +12,8 @@ from infopt.cli import options as o
 from infopt.cli.output import print_json, shown_path, stderr, stdout, table
 from infopt.core import step_times
 from infopt.core.errors import UsageError
-from infopt.quantize.method_names import CALIBRATION_METHODS, Int4MethodName
+from infopt.quantize import calibrators
+from infopt.quantize.method_names import Int4MethodName
 
 
 def _choices(names) -> str:
@@ -52,7 +53,7 @@ def build(
     calib: Annotated[Optional[str], typer.Option("--calib", help="Calibration samples (.npy/.npz/.pt folder or file, or module:function); makes INT8 static.")] = None,
     calib_samples: Annotated[int, typer.Option("--calib-samples", help="Calibration samples to draw (seeded).")] = 128,
     tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Hugging Face tokenizer folder, for a --calib text file (one example per line).")] = None,
-    calib_method: Annotated[Optional[str], typer.Option("--calib-method", help=f"{_choices(CALIBRATION_METHODS)}.")] = None,
+    calib_method: Annotated[Optional[str], typer.Option("--calib-method", help=f"{_choices(calibrators.names())}.")] = None,
     calib_percentile: Annotated[Optional[float], typer.Option("--calib-percentile", help="Percentile kept by --calib-method percentile.")] = None,
     calib_bins: Annotated[Optional[int], typer.Option("--calib-bins", help="Histogram bins for percentile, entropy and mse.")] = None,
     smoothquant_alpha: Annotated[Optional[float], typer.Option("--smoothquant-alpha", help="SmoothQuant migration strength, 0..1.")] = None,

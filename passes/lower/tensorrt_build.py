@@ -187,6 +187,15 @@ def run(artifact: Artifact, options: TensorRTOptions, context: PassContext) -> P
     return PassOutcome(artifact, False, [note], details)
 
 
+def engine_notes(details: TensorRTDetails) -> list[str]:
+    """What the build says when the engine is left to the server (``Pass.notes``)."""
+    if details.engine != "server":
+        return []
+    return [f"the TensorRT engine is built on the server at load time ({details.reason} here): Triton's ONNX Runtime "
+            f"backend with the TensorRT execution accelerator, precision {details.precision_mode}; what was validated "
+            "here is the ONNX model it is built from"]
+
+
 PASS = Pass(
     name="tensorrt_build",
     consumes="onnx",
@@ -195,4 +204,5 @@ PASS = Pass(
     options=TensorRTOptions,
     details=TensorRTDetails,
     description="build a TensorRT engine (model.plan) from the ONNX model, or leave it to the server's TensorRT accelerator",
+    notes=engine_notes,
 )

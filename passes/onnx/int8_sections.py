@@ -1,7 +1,8 @@
-"""The INT8 pass's own report sections (``Pass.sections``): the per-layer table and the variants tried.
+"""What the INT8 pass shows of itself: its report sections (``Pass.sections``: the per-layer table and the
+variants tried), its notes (``Pass.notes``) and the precision it shipped (``Pass.shipped_precision``).
 
-Given the pass's typed details (``Int8Details``); the report places them and renders them, and names
-no pass."""
+Each is given the pass's typed details (``Int8Details``) of one record; the report and the builder place and
+render them, and name no pass."""
 
 from __future__ import annotations
 
@@ -61,3 +62,27 @@ def variants_section(d) -> Section | None:
              f"shipped: {chosen}; {d.selection}"]
     return Section("INT8 variants", ["variant", "INT8 layers", d.budget_metric or "drift", "holds budget",
                                      "time vs FP32 per batch (bounds)"], rows, notes)
+
+
+def int8_notes(d) -> list[str]:
+    """What the report and CLI say about INT8: dynamic without calibration and why; a missed budget."""
+    if not d.layers:
+        return [f"no layer was quantized ({d.mode} INT8 found no layer it covers): this artifact computes in FP32"
+                + ("; pass --calib PATH for static INT8, which covers Conv and Gemm" if d.mode == "dynamic" else "")]
+    if d.shipped == "fp32":
+        return [f"{d.selection}: this artifact computes in FP32"]
+    notes = []
+    if d.mode == "dynamic":
+        notes.append("INT8 is dynamic: no calibration data was given, so activations are quantized per batch "
+                     "at run time and only MatMul layers are INT8; pass --calib PATH for static INT8")
+    if d.selection:
+        notes.append(f"INT8 graph chosen by measurement: {d.selection}")
+    if d.budget_met is False:
+        notes.append(f"the drift budget {d.budget} was not met on {d.measured_on} "
+                     f"({len(d.excluded)}/{len(d.layers)} layers in FP32)")
+    return notes
+
+
+def int8_shipped_precision(d) -> str | None:
+    """fp32 when the pass shipped FP32: it was faster here, or no layer of the model is one INT8 covers."""
+    return "fp32" if d.shipped == "fp32" else None

@@ -12,16 +12,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from infopt.core import onnx_graph
 from infopt.core.artifact import Artifact
 from infopt.core.errors import UsageError
-from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
-from infopt.passes.onnx.int8_sections import int8_sections
-from infopt.quantize import int8_variants, layer_timing, onnx_int8, sensitivity
+from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome, from_build
+from infopt.passes.onnx.int8_sections import int8_notes, int8_sections, int8_shipped_precision
+from infopt.quantize import calibrators, int8_variants, layer_timing, onnx_int8, sensitivity
 from infopt.quantize.calibrate import calibrate
-from infopt.quantize.method_names import CalibrationMethod
 from infopt.quantize.observers import Observer
 from infopt.quantize.sensitivity import Budget, output_drift
 from infopt.runtime.backends.onnxruntime import OrtRunner
@@ -33,7 +32,8 @@ CALIB_FIX = ("pass --calib PATH: a folder or file of .npy/.npz/.pt samples shape
 class QuantizeInt8Options(PassOptions):
     mode: Literal["auto", "static", "dynamic"] = Field(
         "auto", description="static needs calibration data; auto picks static when there is some")
-    method: CalibrationMethod = Field("minmax", description="how activation ranges are calibrated")
+    method: str = Field("minmax", description="how activation ranges are calibrated: a registered calibration method "
+                                              "(quantize/calibrators.py)")
     percentile: float = Field(99.99, gt=50.0, le=100.0, description="percentile kept by the percentile method")
     bins: int = Field(2048, ge=256, description="histogram bins for percentile, entropy and mse")
     placement: Literal["auto", "onnxruntime", "tensorrt"] = Field(
@@ -50,14 +50,24 @@ class QuantizeInt8Options(PassOptions):
         "fastest", description="fastest: build the INT8 variants worth trying (activation type, weight scales, layers "
                                "after pooling in float), time each against FP32 and ship the fastest that holds the "
                                "budget, or FP32 when none is faster (ONNX Runtime on a CPU target); first: ship the first")
-    require_int8: bool = Field(False, description="ship INT8 even when FP32 is faster here (--require-precision)")
+    require_int8: bool = Field(False, description="ship INT8 even when FP32 is faster here (--require-precision)",
+                               json_schema_extra=from_build("require_precision"))
     speed_trials: int = Field(5, ge=3, description="ABBA trials per batch size when timing the variants")
     speed_weights: dict[int, float] = Field(default_factory=dict,
                                             description="each timed batch size's share of requests (--batch-mix), "
-                                                        "which weighs it when the variants are compared with FP32")
+                                                        "which weighs it when the variants are compared with FP32",
+                                            json_schema_extra=from_build("batch_mix"))
     speed_batch_sizes: list[int] = Field(default_factory=list,
                                          description="batch sizes the variants are timed at (default: the batch dim's min "
-                                                     "and opt, or --batch-sizes: the sizes the model serves)")
+                                                     "and opt, or --batch-sizes: the sizes the model serves)",
+                                         json_schema_extra=from_build("served_batch_sizes"))
+
+    @field_validator("method")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        if value not in calibrators.names():
+            raise ValueError(f"unknown calibration method {value!r}; use one of: {', '.join(calibrators.names())}")
+        return value
 
 
 def resolve_placement(placement: str, target) -> str:
@@ -352,4 +362,6 @@ PASS = Pass(
     description="INT8 weights and activations: static QDQ from calibration, or dynamic; sensitivity-guided FP32 fallback",
     check=check,
     sections=int8_sections,
+    notes=int8_notes,
+    shipped_precision=int8_shipped_precision,
 )
