@@ -35,6 +35,15 @@ class Artifact:
     """In-memory results of a pass that a server's emitter writes out at the end of the build, by name
     (``int4_checkpoint``: the quantized Hugging Face module behind vLLM's 4-bit checkpoint)."""
 
+    @property
+    def has_python_module(self) -> bool:
+        """Whether the model is an ``nn.Module`` with Python layers (not TorchScript, ``.pt2`` or ONNX)."""
+        if self.kind != "torch" or self.obj is None:
+            return False
+        import torch
+
+        return isinstance(self.obj, torch.nn.Module) and not isinstance(self.obj, torch.jit.ScriptModule)
+
     def size_bytes(self) -> int | None:
         """Bytes on disk (with external data) for a file, bytes of weights for an in-memory model."""
         if self.path is not None and self.path.exists():

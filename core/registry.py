@@ -115,6 +115,13 @@ class Pass:
     sections: Callable[[Any], list["Section"]] | None = None
     """The pass's own report sections, given its typed ``details`` of one record (the INT8 pass's layer and
     variant tables); the report places and renders them and names no pass."""
+    needs_python_module: str | None = None
+    """Why the pass needs the model's Python layers, when it does (INT4 quantizes layer by layer): a recipe with
+    it is not built from a source without them (TorchScript, ``.pt2``, ONNX) unless a step of the recipe stands in
+    for it, and the build says this text."""
+    stands_in_for: tuple[str, ...] = ()
+    """Passes whose work this one does where they cannot run (INT4 on the ONNX graph, for a source without a
+    Python module, in place of ``quantize_int4``)."""
     notes: Callable[[Any], list[str]] | None = None
     """What the build says about the pass's outcome, given its typed ``details`` of one record (INT8's mode and a
     missed budget, a TensorRT engine left to the server): the manifest's, report's and CLI's notes."""

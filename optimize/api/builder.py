@@ -33,7 +33,6 @@ from infopt.core.threads import thread_cap
 from infopt.core.work_folders import clean_dead_work_folders, work_folder
 from infopt.exporters.staging import MAX_NAME_BYTES, check_output, claim_output, removed_if_stopped, staged_output
 from infopt.exporters.torch_export import user_frame
-from infopt.passes.fx.quantize_int4 import has_python_module
 from infopt.quantize.calib_data import load_calibration
 from infopt.quantize.sensitivity import Budget
 from infopt.runtime.backends import manifest_runner
@@ -240,7 +239,7 @@ def _plan(loaded, request: BuildRequest) -> dict[str, Any]:
     val, calibration, budget = request.val, request.calibration, request.budget
     check_output(out, request.force)
     kind = loaded.with_spec(spec).kind
-    python_module = has_python_module(loaded.artifact)
+    python_module = loaded.artifact.has_python_module
     candidates = []
     for r in recipes:
         reason = cand.blocked_reason(r, target, kind, python_module)
@@ -514,7 +513,7 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
 
     candidates = [cand.Candidate(r) for r in recipes]
     for c in candidates:
-        reason = cand.blocked_reason(c.recipe, target, artifact.kind, has_python_module(artifact))
+        reason = cand.blocked_reason(c.recipe, target, artifact.kind, artifact.has_python_module)
         if reason:
             c.status, c.reason = "skipped", reason
     runnable = [c for c in candidates if c.status != "skipped"]

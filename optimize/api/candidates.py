@@ -63,14 +63,17 @@ SOURCE_REASON = "needs the model's Python module"
 def blocked_reason(recipe: Recipe, target, source_kind: str, python_module: bool = True) -> str | None:
     """Why ``recipe`` cannot be built here for ``target`` from a ``source_kind`` model, or None.
     ``python_module``: whether the source is an ``nn.Module`` with Python layers (not TorchScript,
-    ``.pt2`` or ONNX), which module-level INT4 needs unless the recipe also quantizes the graph."""
+    ``.pt2`` or ONNX), which a pass that declares ``needs_python_module`` (INT4 layer by layer) needs unless a step
+    of the recipe stands in for it (``Pass.stands_in_for``: INT4 on the ONNX graph)."""
 
-    steps = {s.name for s in recipe.passes}
-    if not python_module and "quantize_int4" in steps and "quantize_int4_graph" not in steps:
-        return (f"INT4 through {recipe.backend} {SOURCE_REASON} (TorchScript, .pt2 and ONNX have none to quantize "
-                "layer by layer); the onnxruntime backend quantizes the graph instead")
+    steps = [get_pass(s.name) for s in recipe.passes]
+    if not python_module:
+        covered = {name for step in steps for name in step.stands_in_for}
+        needing = next((step for step in steps if step.needs_python_module and step.name not in covered), None)
+        if needing is not None:
+            return f"{recipe.precision.upper()} through {recipe.backend} {SOURCE_REASON} ({needing.needs_python_module})"
 
-    compile_step = next((get_pass(s.name) for s in recipe.passes if get_pass(s.name).produces in ("aoti", "tensorrt")), None)
+    compile_step = next((step for step in steps if step.produces in ("aoti", "tensorrt")), None)
     if compile_step is not None and STAGE[compile_step.consumes] < STAGE[source_kind]:
         return f"{compile_step.name} needs the model as {compile_step.consumes}, and the source is already {source_kind}"
     return backends.named(recipe.backend).unavailable(recipe.precision, target.device)

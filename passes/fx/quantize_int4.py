@@ -122,14 +122,6 @@ def calibration_batches(calibration, spec, batch_size: int = 16) -> list[tuple]:
 GRAPH_PASS = "quantize_int4_graph"
 
 
-def has_python_module(artifact: Artifact) -> bool:
-    """Whether the model is an ``nn.Module`` with Python layers (not TorchScript, ``.pt2`` or ONNX)."""
-    import torch
-
-    return (artifact.kind == "torch" and isinstance(artifact.obj, torch.nn.Module)
-            and not isinstance(artifact.obj, torch.jit.ScriptModule))
-
-
 def hf_model(module):
     """The Hugging Face model inside ``module`` (a submodule whose ``config`` has ``to_dict``), or None."""
     for name, sub in module.named_modules():
@@ -145,7 +137,7 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
     if method == "auto":
         method = "gptq" if context.calibration is not None else "rtn"
     config = _method_config(options, method)
-    if not has_python_module(artifact):
+    if not artifact.has_python_module:
         note = (f"skipped: a TorchScript model has no Python module to quantize layer by layer; "
                 f"{GRAPH_PASS} quantizes its ONNX graph (RTN) instead")
         asked = Int4Details(method=options.method, group_size=options.group_size, symmetric=options.symmetric,
@@ -256,4 +248,6 @@ PASS = Pass(
     sections=int4_sections,
     description="INT4 weight-only Linear layers (RTN, GPTQ, AWQ) in infopt's packed format; GPTQ/AWQ checkpoint",
     needs_calibration=False,
+    needs_python_module="INT4 quantizes layer by layer, and TorchScript, .pt2 and ONNX have no Python layers; "
+                        "the onnxruntime backend quantizes the graph instead",
 )

@@ -138,4 +138,5 @@ PASS = Pass(
     details=Int4Details,
     sections=int4_sections,
     description="INT4 RTN of an ONNX graph's MatMul/Gemm weights to MatMulNBits, for sources without a Python module",
+    stands_in_for=("quantize_int4",),
 )
