@@ -122,6 +122,10 @@ class Pass:
     stands_in_for: tuple[str, ...] = ()
     """Passes whose work this one does where they cannot run (INT4 on the ONNX graph, for a source without a
     Python module, in place of ``quantize_int4``)."""
+    server_engine: Callable[[Any], dict[str, Any] | None] | None = None
+    """What the pass asks the server to build at load time, given its typed ``details`` (a TensorRT engine left to
+    Triton's ONNX Runtime backend: ``precision_mode`` and ``workspace_bytes``), or None; the emitters write it into
+    the server's config."""
     notes: Callable[[Any], list[str]] | None = None
     """What the build says about the pass's outcome, given its typed ``details`` of one record (INT8's mode and a
     missed budget, a TensorRT engine left to the server): the manifest's, report's and CLI's notes."""

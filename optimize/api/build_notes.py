@@ -1,27 +1,11 @@
-"""What a build says about its chosen artifact's lineage: each pass's own notes (``Pass.notes``: INT8's mode
-and choice, a TensorRT engine left to the server), the precision it shipped in, the engine the Triton config
-asks the server to build, and a noisy machine's timings. Notes for the manifest and report."""
+"""What a build says about its chosen artifact's lineage, asking each pass of it: its notes (``Pass.notes``:
+INT8's mode and choice, a TensorRT engine left to the server), the precision it shipped in, the engine the
+server's config asks for; and a noisy machine's timings. Notes for the manifest and report; nothing here names
+a pass."""
 
 from __future__ import annotations
 
 from infopt.core.registry import PASSES
-from infopt.passes.lower.tensorrt_build import TensorRTDetails
-
-
-def server_engine(lineage) -> TensorRTDetails | None:
-    """What ``tensorrt_build`` recorded when it left the engine to the server, or None."""
-    for record in lineage:
-        details = TensorRTDetails.of(record.details) if record.name == "tensorrt_build" and not record.skipped else None
-        if details is not None and details.engine == "server":
-            return details
-    return None
-
-
-def triton_engine(server: TensorRTDetails | None) -> dict | None:
-    """The Triton config's request for that engine: precision mode and workspace."""
-    if server is None:
-        return None
-    return {"precision_mode": server.precision_mode, "workspace_bytes": int(server.workspace_gb * 2**30)}
 
 
 def _typed(lineage):
@@ -38,11 +22,23 @@ def pass_notes(lineage) -> list[str]:
     return [note for step, details in _typed(lineage) if step.notes is not None for note in step.notes(details)]
 
 
+def server_engine(lineage) -> dict | None:
+    """What a pass of the lineage asks the server to build at load time (``Pass.server_engine``: a TensorRT engine
+    left to Triton), or None."""
+    return _first(lineage, lambda step: step.server_engine)
+
+
 def shipped_precision(lineage) -> str | None:
     """The precision a pass left the artifact in when it is not the recipe's (``Pass.shipped_precision``: the INT8
     pass shipping FP32 that measured faster here), or None."""
+    return _first(lineage, lambda step: step.shipped_precision)
+
+
+def _first(lineage, hook):
+    """The first answer other than None that ``hook(step)``, a function of typed details, gives in the lineage."""
     for step, details in _typed(lineage):
-        found = step.shipped_precision(details) if step.shipped_precision is not None else None
+        ask = hook(step)
+        found = ask(details) if ask is not None else None
         if found is not None:
             return found
     return None

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 from infopt.api import candidates as cand
 from infopt.api import provenance, task_choice
 from infopt.api.build_inputs import latency_feeds, raw_reader, validation_batches
-from infopt.api.build_notes import noise_notes, pass_notes, server_engine, shipped_precision, triton_engine
+from infopt.api.build_notes import noise_notes, pass_notes, server_engine, shipped_precision
 from infopt.api.build_result import BuildResult, load  # noqa: F401 - load: infopt.load
 from infopt.api.emit import SAMPLES_FILE, base_manifest, read_samples, source_info, store_samples, write_output
 from infopt.api.generation import build_generation
@@ -409,7 +409,6 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
         curve = _measure_curve(chosen, spec, loaded.module, console,
                                {t.batch: t for t in timings if t.runner == chosen.label})
     final, recipe = chosen.artifact, chosen.recipe
-    server = server_engine(final.lineage)
     notes = pass_notes(final.lineage)
     if ends:
         notes.append("ran at the ends of its dim ranges (" + "; ".join(where for where, _, _ in ends)
@@ -449,7 +448,7 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
                                  candidates=cand.table(candidates, timings, ctx.batch_mix), selection=why, provenance=record,
                                  shipped=shipped_precision(final.lineage))
         manifest = write_output(stage, manifest, final.path, spec, target.device, recipe.emit, final.attachments,
-                                server_engine=triton_engine(server), products=final.products, times=ctx.times)
+                                server_engine=server_engine(final.lineage), products=final.products, times=ctx.times)
     return BuildResult(name, out, manifest, final, candidates)
 
 

@@ -196,6 +196,14 @@ def engine_notes(details: TensorRTDetails) -> list[str]:
             "here is the ONNX model it is built from"]
 
 
+def server_request(details: TensorRTDetails) -> dict | None:
+    """The Triton config's request for the engine left to the server (``Pass.server_engine``): precision mode and
+    workspace; None when the engine was built here."""
+    if details.engine != "server":
+        return None
+    return {"precision_mode": details.precision_mode, "workspace_bytes": int(details.workspace_gb * 2**30)}
+
+
 PASS = Pass(
     name="tensorrt_build",
     consumes="onnx",
@@ -205,4 +213,5 @@ PASS = Pass(
     details=TensorRTDetails,
     description="build a TensorRT engine (model.plan) from the ONNX model, or leave it to the server's TensorRT accelerator",
     notes=engine_notes,
+    server_engine=server_request,
 )
