@@ -32,8 +32,8 @@ CALIB_FIX = ("pass --calib PATH: a folder or file of .npy/.npz/.pt samples shape
 class QuantizeInt8Options(PassOptions):
     mode: Literal["auto", "static", "dynamic"] = Field(
         "auto", description="static needs calibration data; auto picks static when there is some")
-    method: str = Field("minmax", description="how activation ranges are calibrated: a registered calibration method "
-                                              "(quantize/calibrators.py)")
+    method: str = Field("minmax", description=f"how activation ranges are calibrated: {', '.join(calibrators.names())}, "
+                                              "or another method registered in quantize/calibrators.py")
     percentile: float = Field(99.99, gt=50.0, le=100.0, description="percentile kept by the percentile method")
     bins: int = Field(2048, ge=256, description="histogram bins for percentile, entropy and mse")
     placement: Literal["auto", "onnxruntime", "tensorrt"] = Field(
