@@ -50,3 +50,26 @@ def save_model(model, dst: Path, external: bool | None = None) -> Path:
     else:
         onnx.save(model, str(dst))
     return dst
+
+
+def has_external_data(path: Path) -> bool:
+    """Whether the model at ``path`` keeps any tensor in a file beside it (as models over 2 GB must)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+
+
+def save_ir(model, dst: Path) -> Path:
+    """Save an ``onnx_ir`` model at ``dst``. A model any of whose tensors lie in a file beside its source (a
+    model over 2 GB, or one shipped so), or whose tensors pass ``EXTERNAL_DATA_BYTES``, gets its own
+    ``<name>.data`` beside ``dst``: saved as they were, the tensors would name a file that is not beside ``dst``."""
+    import onnx_ir as ir
+
+    tensors = [v.const_value for v in model.graph.initializers.values() if v.const_value is not None]
+    external = any(isinstance(t, ir.ExternalTensor) for t in tensors)
+    if external or sum(t.nbytes for t in tensors) > EXTERNAL_DATA_BYTES:
+        ir.save(model, str(dst), external_data=dst.name + ".data")
+    else:
+        ir.save(model, str(dst))
+    return dst

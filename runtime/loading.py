@@ -164,7 +164,7 @@ def _load_onnx(path: Path) -> LoadedModel:
 
     try:
         model = onnx.load(str(path), load_external_data=False)
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(str(path))  # by path: external data is found beside the model, and may pass 2 GB
     except Exception as exc:  # noqa: BLE001 - protobuf and checker errors
         raise ModelLoadError(f"{path} is not a valid ONNX model: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
                              fix="re-export it, or run onnx.checker.check_model on it for details") from exc

@@ -182,7 +182,8 @@ def emit(job: EmitJob) -> Path:
     tuning = tune(validation.curve, job.device, job.spec, max_batch_size(job.spec, outputs),
                   measured_on_target=(validation.runs_on or job.device) == job.device)
     job.manifest.triton_tuning = tuning.to_json()
-    return write_repository(job.stage / "servers" / "triton", job.name, job.model_file, job.spec, outputs, job.device,
+    # the staged model: its external data, if any, is in the <name>.data beside it that the model names
+    return write_repository(job.stage / "servers" / "triton", job.name, job.staged_model, job.spec, outputs, job.device,
                             server_engine=job.server_engine, tuning=tuning)
 
 

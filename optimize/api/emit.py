@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from infopt.api.provenance import tool_versions
+from infopt.core import onnx_graph
 from infopt.core.manifest import file_table, sha256, write_manifest
 from infopt.core.manifest_schema import SCHEMA_VERSION, FileEntry, Manifest, Timings, check_written
 from infopt.core.safe_load import arrays_file
@@ -78,7 +79,13 @@ def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, 
     start = time.perf_counter()
     (stage / "model").mkdir(parents=True, exist_ok=True)
     rel_model = f"model/model{model_file.suffix}"
-    shutil.copyfile(model_file, stage / rel_model)
+    if model_file.suffix == ".onnx" and onnx_graph.has_external_data(model_file):
+        import onnx_ir as ir
+
+        # its tensors go to model/model.onnx.data, the name the model now gives them and the servers look for
+        onnx_graph.save_ir(ir.load(str(model_file)), stage / rel_model)
+    else:
+        shutil.copyfile(model_file, stage / rel_model)
     artifacts = {"model": rel_model}
     for rel, source in (attachments or {}).items():
         (stage / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,7 @@ LayerNormalization on this machine and taken back apart when the pair is faster
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -49,6 +50,10 @@ def optimize(source, target_path, level: str) -> None:
     options = ort_session_options()
     options.graph_optimization_level = levels[level]
     options.optimized_model_filepath = str(target_path)
+    if onnx_graph.has_external_data(Path(source)):  # written beside the target: the source's file is not beside it
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                         Path(target_path).name + ".data")
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
     check_for_onnxruntime(target_path)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from infopt.core import onnx_graph
 from infopt.core.artifact import Artifact
 from infopt.core.errors import UsageError
 from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
@@ -124,7 +125,7 @@ def run(artifact: Artifact, options: GraphInt4Options, context: PassContext) -> 
             model.graph.initializers.pop(value.name, None)
     model.opset_imports["com.microsoft"] = 1
     path = context.workdir / "int4_graph.onnx"
-    ir.save(model, str(path))
+    onnx_graph.save_ir(model, path)
     onnx.checker.check_model(str(path))
     return PassOutcome(artifact.derive("onnx", path=path), True, notes, details)
 

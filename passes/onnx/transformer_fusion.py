@@ -20,7 +20,9 @@ Llama-family models), which onnx's checker has no schema for, are judged by ONNX
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
+from infopt.core import onnx_graph
 from infopt.core.artifact import Artifact
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.passes.onnx.checks import onnxruntime_refuses
@@ -35,7 +37,7 @@ def fuse(source, target) -> dict[str, int]:
 
     model = ir.load(str(source))
     model, counts = ort_fusions.optimize_for_ort(model)
-    ir.save(model, str(target))
+    onnx_graph.save_ir(model, Path(target))
     return {k: int(v) for k, v in counts.items()}
 
 
