@@ -195,17 +195,20 @@ def int8_note(result) -> str:
     return f"{text} (verdict {'passed' if result.passed else 'FAILED'})"
 
 
-def builds(module, work: Path, tag: str, common: dict, calib: Path, budget: str, notes: list[str]) -> dict:
-    """infopt fp32, int8 static and int8 dynamic builds; name -> model.onnx path."""
+def builds(model, work: Path, tag: str, common: dict, calib: Path, budget: str, notes: list[str],
+           labels: dict[str, str] | None = None) -> dict:
+    """infopt's fp32, int8 static and int8 dynamic builds of ``model`` (a module or a folder), each kind given as
+    the runner ``labels`` names it (default: all three); runner label -> model.onnx path."""
+    kinds = {"fp32": {"recipe": "fp32-onnxruntime"},
+             "int8-static": {"precision": "int8", "calibration": str(calib), "max_drift": budget},
+             "int8-dynamic": {"precision": "int8", "max_drift": budget}}
     paths = {}
-    for runner, folder, kw in ((ORT32, "fp32", {"recipe": "fp32-onnxruntime"}),
-                               (STATIC, "int8-static", {"precision": "int8", "calibration": str(calib), "max_drift": budget}),
-                               (DYNAMIC, "int8-dynamic", {"precision": "int8", "max_drift": budget})):
+    for kind, runner in (labels or {"fp32": ORT32, "int8-static": STATIC, "int8-dynamic": DYNAMIC}).items():
         start = time.perf_counter()
-        result = infopt.build(module, output=work / f"{tag}-{folder}", force=True, progress=False,
-                              val=str(calib), **common, **kw)
+        result = infopt.build(model, output=work / f"{tag}-{kind}", force=True, progress=False,
+                              val=str(calib), **common, **kinds[kind])
         paths[runner] = result.output_dir / "model" / "model.onnx"
-        if runner != ORT32:
+        if kind != "fp32":
             notes.append(f"{tag} {runner}: {int8_note(result)}; build {time.perf_counter() - start:.0f} s")
     return paths
 
@@ -227,16 +230,10 @@ def folder_builds(work: Path, calib: dict[str, np.ndarray], common: dict, notes:
                                                               "sentence_bert_config.json"))
     data = work / "minilm_folder_calib.npz"
     np.savez(data, **calib, token_type_ids=np.zeros_like(calib["input_ids"]))
-    paths = {}
-    for folder, tag, static, dynamic in ((st, "st", ST_STATIC, ST_DYNAMIC), (plain, "bert", HF_STATIC, HF_DYNAMIC)):
-        for runner, kw in ((static, {"calibration": str(data)}), (dynamic, {})):
-            start = time.perf_counter()
-            result = infopt.build(str(folder), output=work / f"MiniLM-{tag}-{'static' if kw else 'dynamic'}",
-                                  force=True, progress=False, precision="int8", val=str(data), max_drift="cosine_mean=0.99",
-                                  **common, **kw)
-            paths[runner] = result.output_dir / "model" / "model.onnx"
-            notes.append(f"MiniLM {runner}: {int8_note(result)}; build {time.perf_counter() - start:.0f} s")
-    return paths
+    return {**builds(str(st), work, "MiniLM-st", common, data, "cosine_mean=0.99", notes,
+                     {"int8-static": ST_STATIC, "int8-dynamic": ST_DYNAMIC}),
+            **builds(str(plain), work, "MiniLM-bert", common, data, "cosine_mean=0.99", notes,
+                     {"int8-static": HF_STATIC, "int8-dynamic": HF_DYNAMIC})}
 
 
 def folder_runner(path: Path, threads: int):

@@ -190,8 +190,9 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     mix = _batch_mix(batch_mix, batch_sizes)
     if mix:
         batch_sizes = list(mix)
-    settings = {"require_precision": require_precision or None, "served_batch_sizes": list(batch_sizes or []) or None,
-                "batch_mix": {str(b): w for b, w in mix.items()} if mix else None}
+    settings = {name: value for name, value in (("require_precision", require_precision),
+                                                 ("served_batch_sizes", list(batch_sizes or [])),
+                                                 ("batch_mix", {str(b): w for b, w in (mix or {}).items()})) if value}
     recipes = [_with_overrides(r, thresholds, batch_sizes, pass_options, settings) for r in recipes]
     for each in recipes:  # every pass's pre-flight, before any slow work
         for step in each.passes:
@@ -297,9 +298,9 @@ def _batch_mix(mix: dict[int, float] | None, batch_sizes) -> dict[int, float] | 
 
 def _with_overrides(recipe, thresholds, batch_sizes, pass_options=None, settings=None):
     """The recipe with the user's thresholds, served batch sizes and pass options, and each build setting the user
-    gave (``settings``, ``core.registry.BUILD_SETTINGS``) in the options of the passes that take it and whose step
-    leaves it unset."""
-    given = {k: v for k, v in (settings or {}).items() if v is not None}
+    gave (``settings``, keys of ``core.registry.BUILD_SETTINGS``) in the options of the passes that take it and whose
+    step leaves it unset."""
+    given = settings or {}
     if not thresholds and not batch_sizes and not pass_options and not given:
         return recipe
     data = recipe.to_json()
