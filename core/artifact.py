@@ -31,9 +31,10 @@ class Artifact:
     lineage: list[PassRecord] = field(default_factory=list)
     attachments: dict[str, Path] = field(default_factory=dict)
     """Extra files that ship with the model, by their path in the output folder."""
-    products: dict[str, Any] = field(default_factory=dict)
-    """In-memory results of a pass that a server's emitter writes out at the end of the build, by name
-    (``int4_checkpoint``: the quantized Hugging Face module behind vLLM's 4-bit checkpoint)."""
+    products: dict[type, Any] = field(default_factory=dict)
+    """In-memory results of a pass that later passes read or a server's emitter writes out at the end of the
+    build, keyed by their type: ``CheckpointSource`` (the quantized Hugging Face module behind vLLM's 4-bit
+    checkpoint), ``KvDecoder`` (a captured decoder's cache layout), ``GenaiFolder`` (the folder the build judged)."""
 
     @property
     def has_python_module(self) -> bool:

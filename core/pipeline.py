@@ -1,8 +1,7 @@
 """Pipeline: runs a recipe's passes in order, timing each and recording its artifact size.
 
 A pass whose input representation is already behind the model (capture, for an ONNX file) is
-skipped and recorded as such, unless it is not ``skippable``: then the build stops with a usage
-error. A pass that raises stops the build with an error that names it.
+skipped and recorded as such. A pass that raises stops the build with an error that names it.
 
 Candidates whose recipes begin with the same passes and options (``capture`` ... ``onnx_export``
 for ONNX Runtime with and without fusion; ``quantize_int4`` ... for both INT4 backends) share that
@@ -23,7 +22,7 @@ from rich.markup import escape
 
 from infopt.core import progress as progress_display
 from infopt.core.artifact import STAGE, Artifact
-from infopt.core.errors import BuildError, InfoptError, RecipeError, UsageError, first_line
+from infopt.core.errors import BuildError, InfoptError, RecipeError, first_line
 from infopt.core.lineage import PassRecord
 from infopt.core.recipe import Recipe
 from infopt.core.registry import PassContext, PassDetails, get_pass
@@ -77,12 +76,6 @@ class Pipeline:
     def _run_one(self, definition, raw_options, artifact: Artifact) -> Artifact:
         record = PassRecord(definition.name, definition.consumes, definition.produces)
         if STAGE[definition.consumes] < STAGE[artifact.kind]:
-            if not definition.skippable:
-                needs = "the model's Python module" if definition.consumes == "torch" else f"the model as {definition.consumes}"
-                raise UsageError(f"pass {definition.name} needs {needs}, and this model is already {artifact.kind}",
-                                 where=f"recipe {self.recipe.name}",
-                                 fix="pass the model it was made from (a Hugging Face folder, a state dict with "
-                                     "--model-class, or an nn.Module)" if definition.consumes == "torch" else None)
             record.skipped = True
             record.notes.append(f"skipped: the model is already {artifact.kind}")
             record.details = {"options": definition.parse_options(raw_options).model_dump()}
@@ -93,8 +86,6 @@ class Pipeline:
                 f"pass {definition.name} consumes {definition.consumes} but the model is {artifact.kind}",
                 where=f"recipe {self.recipe.name}",
             )
-        if definition.needs_calibration and self.calibration is None:
-            raise RecipeError(f"pass {definition.name} needs calibration data", fix="pass --calib PATH")
         options = definition.parse_options(raw_options)
         context = PassContext(self.target, self.workdir, self.calibration, self.budget, self.check_batches, self._say,
                               self.check_source, self.check_reference)

@@ -62,15 +62,29 @@ class LatencyConfig(_Strict):
                                  f"runs or once this long is spent, whichever comes first (at least {MIN_CURVE_RUNS} runs)")
 
 
+class GenerationBudgets(_Strict):
+    """Limits on a text-generation build, measured under teacher forcing on held-out text against the FP32
+    model; ``None`` means unchecked. An FP32 build is held to greedy tokens equal to the source model's."""
+
+    min_top1: float | None = Field(None, ge=0, le=1, allow_inf_nan=False,
+                                   description="smallest per-token top-1 agreement with the FP32 model")
+    max_ppl_delta: float | None = Field(None, allow_inf_nan=False,
+                                        description="largest relative perplexity increase over the FP32 model (0.05: 5 %)")
+    greedy_equal: bool = Field(False, description="every prompt's greedy tokens equal the source model's")
+
+
 class Validation(_Strict):
     drift: DriftThresholds = Field(default_factory=DriftThresholds)
     latency: LatencyConfig = Field(default_factory=LatencyConfig)
+    generation: GenerationBudgets | None = Field(None, description="the budgets of a text-generation recipe")
 
 
 class Recipe(_Strict):
     name: str
     precision: Precision
     backend: BackendName
+    task: str | None = Field(None, description="the task the recipe builds (text-generation); none: a model's "
+                                               "inputs to its outputs (logits), which every other recipe builds")
     description: str = ""
     passes: list[PassStep]
     validation: Validation = Field(default_factory=Validation)
@@ -132,10 +146,10 @@ def bundled_recipes() -> dict[str, Path]:
     return {p.stem: p for p in sorted(PIPELINES_DIR.glob("*.yaml"))}
 
 
-def recipes_for(target: Target, precision: str, backend: str = "auto") -> list[Recipe]:
-    """Every bundled recipe that builds ``precision`` for ``target``: with ``backend="auto"`` one per
-    backend the target lists (and each variant, ``<precision>-<backend>-<variant>``), in the
-    target's order of preference; otherwise those of the one backend."""
+def recipes_for(target: Target, precision: str, backend: str = "auto", task: str | None = None) -> list[Recipe]:
+    """Every bundled recipe of ``task`` (None: the logits graph) that builds ``precision`` for ``target``: with
+    ``backend="auto"`` one per backend the target lists (and each variant, ``<precision>-<backend>-<variant>``),
+    in the target's order of preference; otherwise those of the one backend."""
     target.require_precision(precision)
     if backend != "auto" and backend not in target.backends:
         raise RecipeError(
@@ -146,7 +160,7 @@ def recipes_for(target: Target, precision: str, backend: str = "auto") -> list[R
     bundled = bundled_recipes()
     stems = [stem for candidate in order for stem in sorted(bundled, key=lambda s: (s.count("-"), s))
              if stem == f"{precision}-{candidate}" or stem.startswith(f"{precision}-{candidate}-")]
-    found = [load_recipe(bundled[stem]) for stem in stems]
+    found = [r for r in (load_recipe(bundled[stem]) for stem in stems) if r.task == task]
     if not found:
         raise RecipeError(
             f"no bundled recipe builds {precision} for target {target.name}"

@@ -2,7 +2,7 @@
 
 A pass is a function of its input artifact and typed options. It declares what representation
 it consumes and produces (a recipe is checked against both when it loads, and the pipeline again
-when it runs) and whether it needs calibration data. A recipe names passes; the registry resolves
+when it runs). A recipe names passes; the registry resolves
 the names. The registry is filled from above: importing ``infopt.passes`` registers every bundled
 pass, so this floor imports none of them.
 """
@@ -102,13 +102,8 @@ class Pass:
     run: Callable[["Artifact", Any, PassContext], PassOutcome]
     options: type[PassOptions] = PassOptions
     description: str = ""
-    needs_calibration: bool = False
-    mutates_input: bool = False
     details: type[PassDetails] | None = None
     """The type of the details the pass records, when code other than the report's generic listing reads them."""
-    skippable: bool = True
-    """A pass whose input is already behind the model (capture, for an ONNX file) is skipped; one
-    that is not skippable (a quantization that defines the precision) stops the build instead."""
     check: Callable[[Any, "Target", bool], None] | None = None
     """The pass's pre-flight: ``check(options, target, has_calibration)`` raises a UsageError, before any
     slow work, when the pass cannot run as asked (static INT8 without calibration data)."""

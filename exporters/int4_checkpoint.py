@@ -220,11 +220,6 @@ def write_awq_checkpoint(model: nn.Module, out: Path | str, *, config: Mapping[s
     return _write(model, Path(out), tensors, layers, quant_config, config, source_dir, force)
 
 
-CHECKPOINT_PRODUCT = "int4_checkpoint"
-"""The name under which the INT4 pass hands a :class:`CheckpointSource` to the vLLM emitter
-(``Artifact.products``)."""
-
-
 @dataclass(frozen=True)
 class CheckpointSource:
     """A checkpoint to write at the end of a build: the quantized Hugging Face module, its format
@@ -365,6 +360,6 @@ def _source_files(source_dir: Path | str | None) -> list[Path]:
     return [source_dir / name for name in SOURCE_FILES if (source_dir / name).is_file()]
 
 
-__all__ = ["AWQ_ORDER", "CHECKPOINT_PRODUCT", "CheckpointLayoutError", "CheckpointSource", "GPTQ_FORMATS",
+__all__ = ["AWQ_ORDER", "CheckpointLayoutError", "CheckpointSource", "GPTQ_FORMATS",
            "checkpoint_format", "pack_awq", "pack_gptq", "pack_nibbles", "write_awq_checkpoint", "write_checkpoint",
            "write_gptq_checkpoint"]

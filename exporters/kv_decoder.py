@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from infopt.core.errors import CaptureError, first_line
+from infopt.core.inputspec import DimRange, InputSpec
 from infopt.core.logs import quiet_third_party
 from infopt.exporters import kv_attention
 
@@ -45,6 +47,52 @@ class CacheLayout:
     def kv_bytes_per_token(self, itemsize: int = 4) -> int:
         """Bytes the cache grows by per token of one sequence (keys and values of every layer)."""
         return 2 * self.layers * self.kv_heads * self.head_size * itemsize
+
+
+CONTEXT_DEFAULT = 2048
+"""the context length a folder generates to when the model's config gives none (and the most it takes, else)"""
+
+
+@dataclass
+class KvDecoder:
+    """What the captured decoder carries down a text-generation pipeline (``Artifact.products``): the passes
+    after export and the GenAI folder's writer read it."""
+
+    layout: CacheLayout
+    context: int
+    fused: bool
+    """every layer's attention is GroupQueryAttention: the cache can be one buffer each step writes into"""
+    config: Any
+    """the transformers config of the model"""
+    source: Path | None
+    """the model's folder (its tokenizer and config)"""
+
+
+def context_length(config) -> int:
+    """The longest sequence the decoder is built for: the config's positions, at most :data:`CONTEXT_DEFAULT`."""
+    for key in ("max_position_embeddings", "n_positions", "seq_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return min(value, CONTEXT_DEFAULT)
+    return CONTEXT_DEFAULT
+
+
+def decoder_spec(layout: CacheLayout, context: int) -> InputSpec:
+    """The decoder's inputs, with GenAI's dim names and their ranges."""
+    cache = f"float32[{DIMS['batch']},{layout.kv_heads},{DIMS['past']},{layout.head_size}]"
+    spec = InputSpec.parse([f"input_ids:int64[{DIMS['batch']},{DIMS['seq']}]",
+                            f"attention_mask:int64[{DIMS['batch']},{DIMS['total']}]",
+                            *(f"{n}:{cache}" for n in layout.input_names()[2:])])
+    return spec.with_dims({DIMS["batch"]: DimRange(1, 1, 64), DIMS["seq"]: DimRange(1, 1, context),
+                           DIMS["total"]: DimRange(1, min(128, context), context),
+                           DIMS["past"]: DimRange(1, min(128, context), context)})
+
+
+def decoder_outputs(layout: CacheLayout) -> list[tuple[str, str, tuple]]:
+    """The decoder's outputs as the manifest lists them: name, dtype, shape."""
+    cache = (DIMS["batch"], layout.kv_heads, DIMS["total"], layout.head_size)
+    return [("logits", "float32", (DIMS["batch"], DIMS["seq"], layout.vocab)),
+            *((name, "float32", cache) for name in layout.output_names()[1:])]
 
 
 def cache_layout(model) -> CacheLayout:

@@ -261,9 +261,13 @@ class Int4Linear(nn.Module):
 LinearFilter = Callable[[str, nn.Linear], bool]
 
 
+HEAD_NAMES = frozenset({"lm_head", "embed_out"})
+"""an LLM's output head, by the last part of its module path (transformers' names: most families, GPT-NeoX)"""
+
+
 def default_filter(name: str, module: nn.Linear) -> bool:
     """Every Linear except an LLM's output head (servers keep ``lm_head`` in 16 bits)."""
-    return name.split(".")[-1] not in {"lm_head", "embed_out"}
+    return name.split(".")[-1] not in HEAD_NAMES
 
 
 def quantizable_linears(model: nn.Module, keep: LinearFilter = default_filter) -> Iterator[tuple[str, nn.Linear]]:

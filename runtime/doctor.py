@@ -1,12 +1,14 @@
 """``infopt doctor``: what this machine has for building and running models, and why not where it
 lacks something. The general checks (torch, a CUDA GPU, the exporters, Triton for kernels) are here;
-each backend's descriptor adds its own (``Backend.checks``), so a new backend reports itself."""
+each backend's descriptor adds its own (``Backend.checks``), so a new backend reports itself; a row per
+plugin another package declares (``plugin_checks``) says whether it loaded."""
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Sequence
 
+from infopt.core.plugin_loader import GROUP, Plugin
 from infopt.runtime import backends
 from infopt.runtime.backend import check, package_version
 
@@ -23,7 +25,9 @@ def _cuda() -> tuple[bool, str]:
     return True, ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
 
 
-def checks() -> list[dict[str, Any]]:
+def checks(plugins: Sequence[Plugin]) -> list[dict[str, Any]]:
+    """The rows, the backends' own among them, then the ``plugins``' (loaded before this is asked, so a
+    backend a plugin registered reports itself too)."""
     torch_version = package_version("torch")
     found = [check("torch", torch_version is not None, torch_version or "not installed", "pip install torch")]
     cuda_ok, cuda_detail = _cuda()
@@ -40,4 +44,14 @@ def checks() -> list[dict[str, Any]]:
     for pkg in ("onnx", "onnxscript"):
         v = package_version(pkg)
         found.append(check(pkg, v is not None, v or "not installed", f"pip install {pkg}"))
-    return found
+    return found + plugin_checks(plugins)
+
+
+def plugin_checks(plugins: Sequence[Plugin]) -> list[dict[str, Any]]:
+    """One row per plugin (``plugin NAME``: its module, distribution and version, loaded or the error), with
+    the plugin's own fields under ``plugin`` for ``--json``; one row saying where plugins come from if none."""
+    if not plugins:
+        return [check("plugins", True, f"none installed (a package declares one as an {GROUP!r} entry point)")]
+    return [{**check(f"plugin {p.name}", p.loaded, f"{p.value} from {p.distribution} {p.version}: "
+                     + ("loaded" if p.loaded else f"failed: {p.error}"), p.fix), "plugin": p.to_json()}
+            for p in plugins]

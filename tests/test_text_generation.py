@@ -79,6 +79,14 @@ def test_a_causal_lm_builds_a_genai_folder_that_generates_what_transformers_gene
     assert [r["batch"] for r in generation["tpot"]] == [1, 4, 8] and all(r["p50_ms"] > 0 for r in generation["tpot"])
     assert manifest["source"]["task"] == {"name": "text-generation", "judged_by": "greedy tokens equal"}
     assert manifest["artifacts"]["onnxruntime-genai"] == "servers/onnxruntime-genai"
+    # the task's recipe ran on the pipeline: the manifest lists the passes the recipe names, each with its details
+    recipe = manifest["recipe"]
+    assert recipe["name"] == "fp32-onnxruntime-genai" and recipe["task"] == "text-generation"
+    assert [p["name"] for p in manifest["passes"]] == [s["name"] for s in recipe["passes"]] == [
+        "capture_kv_decoder", "onnx_export", "fuse_decoder", "write_genai_folder"]
+    capture = manifest["passes"][0]["details"]
+    assert capture["layers"] == 2 and capture["fused"] is True and capture["rotary_inside"] == (family in ROTARY_INSIDE)
+    assert manifest["passes"][-1]["details"]["share_buffer"] is True
     assert "## Text generation" in (dist / "report.md").read_text()
     import onnx
 
@@ -217,11 +225,11 @@ def test_a_decoder_stored_as_external_data_is_fused_and_packed_too(decoders, tmp
     threshold is lowered here so that the tiny Llama takes that path)."""
     import onnx
 
-    import infopt.api.generation as generation
+    import infopt.passes.decoder.fuse_decoder as fuse_decoder
     import infopt.passes.lower.onnx_export as onnx_export
     from infopt.api.generation import build_generation
 
-    monkeypatch.setattr(generation, "EXTERNAL_DATA_BYTES", 10_000)
+    monkeypatch.setattr(fuse_decoder, "EXTERNAL_DATA_BYTES", 10_000)
     monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 10_000)
     folder = decoder(decoders, "llama")
     result = build_generation(folder, output=tmp_path / "external", val=decoders / "prompts.txt")
@@ -234,8 +242,8 @@ def test_a_decoder_stored_as_external_data_is_fused_and_packed_too(decoders, tmp
     ops = [n.op_type for n in graph.node]
     assert "SkipSimplifiedLayerNormalization" in ops and ops.count("MatMul") == 2 * 4 + 1, sorted(ops)
     assert all(n.input[1] == "" for n in graph.node if n.op_type == "GroupQueryAttention")  # packed QKV
-    export = next(p for p in manifest["passes"] if p["name"] == "onnx_export")
-    assert "projections packed x4" in " ".join(export["notes"])
+    fused = next(p for p in manifest["passes"] if p["name"] == "fuse_decoder")
+    assert "projections packed x4" in " ".join(fused["notes"]) and fused["details"]["rewrites"]["projections packed"] == 4
 
 
 def test_the_rotary_goes_inside_the_attention_op_only_where_a_table_of_positions_holds_it():

@@ -99,8 +99,9 @@ def built(folder: Path, name: str, *flags: str, code: int = 0) -> dict:
 
 @pytest.fixture(scope="module")
 def builds(trained) -> dict[str, dict]:
-    """The INT4 (GPTQ on calib.txt; RTN without it) and INT8 builds of the trained LM: their manifests."""
-    return {"int4": built(trained, "int4", "--int4", "--calib", "calib.txt"),
+    """The FP32, INT4 (GPTQ on calib.txt; RTN without it) and INT8 builds of the trained LM: their manifests."""
+    return {"fp32": built(trained, "fp32"),
+            "int4": built(trained, "int4", "--int4", "--calib", "calib.txt"),
             "int4-rtn": built(trained, "int4-rtn", "--int4"),
             "int8": built(trained, "int8", "--int8", "--price-per-hour", "0.8")}
 
@@ -187,6 +188,63 @@ def test_gate_compares_two_generation_builds_by_agreement_perplexity_ttft_and_tp
     assert {n for n in checks if n.startswith(("TTFT", "TPOT"))} == {"TTFT ratio b1", "TPOT ratio b1", "TPOT ratio b8"}
     assert all(checks[n]["candidate"] > 0 and checks[n]["passed"] for n in ("TTFT ratio b1", "TPOT ratio b1", "TPOT ratio b8"))
     assert checks["model bytes ratio"]["candidate"] < 1  # 4-bit weights against 8-bit
+
+
+def test_validate_judges_a_generation_folder_again_from_what_the_build_stored(trained, builds):
+    import shutil
+
+    from infopt.core.recipe import GenerationBudgets
+    from infopt.validators.generation_eval import SAMPLES_FILE, GenerationSamples, evaluate
+
+    # the recipe names the passes the manifest lists, each with its typed details
+    manifest = builds["int4"]
+    assert [p["name"] for p in manifest["passes"]] == [s["name"] for s in manifest["recipe"]["passes"]] == [
+        "quantize_int4", "capture_kv_decoder", "onnx_export", "fuse_decoder", "quantize_int4_head",
+        "write_genai_folder"]
+    assert manifest["passes"][0]["details"]["method"] == "gptq" and manifest["passes"][4]["details"]["head"].endswith("lm_head")
+    assert manifest["validation"]["stored_samples"] == 4 and SAMPLES_FILE in manifest["files"]
+
+    for name in ("fp32", "int4"):
+        proc = run_cli("validate", name, "--json", cwd=trained, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        result = json.loads(proc.stdout)
+        assert result["integrity"] == "ok" and result["verdict"]["passed"] is True
+        forced, stored = result["generation"]["teacher_forced"], builds[name]["validation"]["generation"]["teacher_forced"]
+        # the same folder on the same stored reference gives the build's figures again
+        assert forced["tokens"] == stored["tokens"] and forced["top1"] == pytest.approx(stored["top1"], abs=1e-3)
+        assert forced["ppl"] == pytest.approx(stored["ppl"], rel=1e-3)
+    assert result["generation"]["greedy"]["prompts"] == 4
+
+    # the FP32 folder with the INT4 build's model in it: the file check says so (exit 1), and the evaluator alone,
+    # on the stored reference, finds other greedy tokens than the source model's
+    swapped = trained / "swapped"
+    shutil.copytree(trained / "fp32", swapped)
+    for rel in ("model/model.onnx", "servers/onnxruntime-genai/model.onnx"):
+        shutil.copyfile(trained / "int4" / rel, swapped / rel)
+    proc = run_cli("validate", "swapped", cwd=trained, timeout=600)
+    assert proc.returncode == 1 and "files CHANGED" in proc.stdout and "model.onnx" in proc.stdout, proc.stdout
+    judged = evaluate(swapped / "servers" / "onnxruntime-genai", GenerationSamples.load(swapped / SAMPLES_FILE),
+                      GenerationBudgets(greedy_equal=True, min_top1=0.9999))
+    assert judged["verdict"]["passed"] is False and judged["greedy"]["equal"] < 4
+    assert [c["name"] for c in judged["verdict"]["checks"] if not c["passed"]] == ["greedy_tokens_equal", "top1"]
+    proc = run_cli("validate", "fp32", "--max-abs", "0.1", cwd=trained)
+    assert_clean_failure(proc, 2, "drift thresholds and --batch-sizes do not apply to it")
+
+
+def test_gate_holds_an_int4_generation_build_to_its_fp32_baseline_and_says_why(trained, builds):
+    # timing is measured and reported, never asserted in a test: the latency limit here cannot fail
+    proc = run_cli("gate", "int4", "--baseline", "fp32", "--val", "held-out.txt", "--trials", "5", "--max-latency-ratio", "1000",
+                   "--json", cwd=trained, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    result = json.loads(proc.stdout)
+    assert result["passed"] is True and result["reasons"] == []
+    checks = {c["name"]: c for c in result["checks"]}
+    # the same source model: the INT4 recipe's own budgets hold it to the FP32 build
+    assert checks["top1 (teacher-forced)"]["limit"] == ">= 0.8" and checks["top1 (teacher-forced)"]["passed"]
+    assert checks["perplexity increase"]["limit"] == "<= 0.1" and checks["perplexity increase"]["passed"]
+    forced = result["measurements"]["generation"]["teacher_forced"]
+    assert 0.8 <= forced["top1"] < 1.0 and forced["against"] == "baseline"
+    assert checks["model bytes ratio"]["candidate"] < 0.5  # 4-bit weights against 32-bit
 
 
 def test_a_sweep_takes_a_causal_lm_as_text_generation_cells_and_a_missed_budget_fails_the_cell(trained):

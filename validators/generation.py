@@ -114,11 +114,15 @@ def _pad(config) -> int:
 
 def greedy_check(folder: Path, model, prompts: list[list[int]], new_tokens: int) -> dict:
     """How many prompts' greedy tokens from the folder equal transformers' ``generate``, every token."""
-    got = generate_folder(folder, prompts, new_tokens)
-    want = generate_eager(model, prompts, new_tokens)
+    return compare_tokens(generate_folder(folder, prompts, new_tokens), generate_eager(model, prompts, new_tokens))
+
+
+def compare_tokens(got: list[list[int]], want: list[list[int]]) -> dict:
+    """How many prompts' tokens ``got`` equal those ``want``, every token; the first few that differ, and where."""
+    new_tokens = len(want[0]) if want else 0
     differ = [{"prompt": i, "at_token": next(j for j, (a, b) in enumerate(zip(g, w)) if a != b) if g[:len(w)] != w
                else len(w), "eager": w, "deployed": g} for i, (g, w) in enumerate(zip(got, want)) if g != w]
-    return {"prompts": len(prompts), "new_tokens": new_tokens, "equal": len(prompts) - len(differ),
+    return {"prompts": len(want), "new_tokens": new_tokens, "equal": len(want) - len(differ),
             "differences": differ[:3]}
 
 
@@ -144,7 +148,7 @@ def eager_logits(model, sequences: list[list[int]]) -> list[np.ndarray]:
                 .logits[0].float().numpy() for ids in sequences]
 
 
-def _nll(logits: np.ndarray, ids: list[int]) -> np.ndarray:
+def nll(logits: np.ndarray, ids: list[int]) -> np.ndarray:
     """Each next token's negative log-likelihood under the logits before it."""
     z = logits[:-1].astype(np.float64)
     z = z - z.max(-1, keepdims=True)
@@ -155,9 +159,16 @@ def _nll(logits: np.ndarray, ids: list[int]) -> np.ndarray:
 def agreement(reference: list[np.ndarray], candidate: list[np.ndarray], sequences: list[list[int]]) -> dict:
     """Per-token top-1 agreement of ``candidate`` with ``reference`` (every position), and the perplexity of
     each on the next tokens; ``ppl_delta`` is the candidate's relative increase (0.05 is 5 %)."""
-    same = np.concatenate([r.argmax(-1) == c.argmax(-1) for r, c in zip(reference, candidate)])
-    nll_ref = np.concatenate([_nll(r, ids) for r, ids in zip(reference, sequences)])
-    nll_new = np.concatenate([_nll(c, ids) for c, ids in zip(candidate, sequences)])
+    return agreement_with([r.argmax(-1) for r in reference], [nll(r, ids) for r, ids in zip(reference, sequences)],
+                          candidate, sequences)
+
+
+def agreement_with(reference_top1: list[np.ndarray], reference_nll: list[np.ndarray], candidate: list[np.ndarray],
+                   sequences: list[list[int]]) -> dict:
+    """:func:`agreement` against a reference given by its top-1 tokens and next-token NLLs (what a build stores)."""
+    same = np.concatenate([np.asarray(r) == c.argmax(-1) for r, c in zip(reference_top1, candidate)])
+    nll_ref = np.concatenate(reference_nll)
+    nll_new = np.concatenate([nll(c, ids) for c, ids in zip(candidate, sequences)])
     ppl_ref, ppl_new = float(np.exp(nll_ref.mean())), float(np.exp(nll_new.mean()))
     return {"sequences": len(sequences), "tokens": int(same.size), "top1": float(same.mean()),
             "ppl_reference": ppl_ref, "ppl": ppl_new, "ppl_delta": ppl_new / ppl_ref - 1.0}

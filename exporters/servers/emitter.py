@@ -34,8 +34,8 @@ class EmitJob:
     device: str
     backend: Backend
     server_engine: dict[str, Any] | None = None
-    products: Mapping[str, Any] = field(default_factory=dict)
-    """in-memory results of the build's passes for an emitter to write (``Artifact.products``)"""
+    products: Mapping[type, Any] = field(default_factory=dict)
+    """in-memory results of the build's passes for an emitter to write, keyed by their type (``Artifact.products``)"""
 
 
 @dataclass(frozen=True)

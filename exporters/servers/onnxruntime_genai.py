@@ -1,121 +1,24 @@
-"""ONNX Runtime GenAI: the folder ``onnxruntime_genai.Model`` loads and generates from,
-``servers/onnxruntime-genai/`` of a text-generation build.
-
-It holds the decoder with its KV cache (``exporters/kv_decoder.py``) as ``model.onnx`` (external
-data beside it when large), ``genai_config.json`` (the decoder's input and output names, the cache's
-layout, the special tokens, greedy search by default) and the model folder's tokenizer files. The
-build writes the folder first (:func:`write_folder`) and validates that very folder by generating
-from it; this emitter then copies it into the output. Serve it with ``onnxruntime_genai`` (Python,
-C#, C) or ``onnxruntime-genai``'s server examples.
+"""ONNX Runtime GenAI: ``servers/onnxruntime-genai/`` of a text-generation build, the folder
+``onnxruntime_genai.Model`` loads and generates from (``exporters/genai_folder.py`` writes it). The build
+validates that very folder by generating from it; this emitter copies it into the output. Serve it with
+``onnxruntime_genai`` (Python, C#, C) or ``onnxruntime-genai``'s server examples.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
-from typing import Any
 
-from infopt.core.errors import UsageError
-from infopt.exporters.kv_decoder import PAST, PRESENT, CacheLayout
+from infopt.exporters.genai_folder import GenaiFolder
 from infopt.exporters.servers.emitter import EmitJob, ServerEmitter, register
-
-PRODUCT = "onnxruntime_genai"
-"""``Artifact.products`` key: the folder :func:`write_folder` wrote and the build validated"""
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json", "chat_template.jinja")
-GENAI_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text",
-                         "granite", "olmo", "nemotron", "smollm3"})
-"""``model.type`` values ONNX Runtime GenAI 0.18 runs with the standard decoder inputs; any other decoder is
-its generic ``decoder`` (its ``gpt2`` type expects the builder's own input names)"""
-
-
-def genai_config(config: Any, layout: CacheLayout, context_length: int, source: Path, *, threads: int,
-                 share_buffer: bool, model_file: str = "model.onnx") -> dict:
-    """``genai_config.json`` for the decoder exported from a transformers model with ``config``, whose
-    folder ``source`` holds the tokenizer.
-
-    ``threads``: the decoder session's intra-op threads (the target machine's cores; ONNX Runtime GenAI 0.18
-    left to itself runs the decoder on fewer, measured at 1.6x the time per token on 2 cores).
-    ``share_buffer``: the cache is one buffer of ``max_length`` positions that each step writes into
-    (``past_present_share_buffer``), which needs every layer's attention to be ``GroupQueryAttention``;
-    otherwise each step's present cache is a new, concatenated tensor."""
-    heads = int(getattr(config, "num_attention_heads", layout.kv_heads))
-    eos = end_tokens(config, layout.vocab, source)
-    pad = _in_vocab(getattr(config, "pad_token_id", None), layout.vocab)
-    bos = _in_vocab(getattr(config, "bos_token_id", None), layout.vocab)
-    return {
-        "model": {
-            "type": config.model_type if config.model_type in GENAI_TYPES else "decoder",
-            "vocab_size": layout.vocab,
-            "context_length": context_length,
-            "bos_token_id": int(bos) if bos is not None else eos[0],
-            "eos_token_id": eos if len(eos) > 1 else eos[0],
-            "pad_token_id": int(pad) if pad is not None else eos[0],
-            "decoder": {
-                "session_options": {"log_id": "infopt", "intra_op_num_threads": threads, "provider_options": []},
-                "filename": model_file,
-                "head_size": layout.head_size,
-                "hidden_size": int(getattr(config, "hidden_size", heads * layout.head_size)),
-                "num_attention_heads": heads,
-                "num_key_value_heads": layout.kv_heads,
-                "num_hidden_layers": layout.layers,
-                "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask",
-                           "past_key_names": PAST.format("%d", "key"), "past_value_names": PAST.format("%d", "value")},
-                "outputs": {"logits": "logits", "present_key_names": PRESENT.format("%d", "key"),
-                            "present_value_names": PRESENT.format("%d", "value")},
-            },
-        },
-        # greedy by default, as the build validated it
-        "search": {"do_sample": False, "num_beams": 1, "top_k": 1, "max_length": context_length, "min_length": 0,
-                   "past_present_share_buffer": share_buffer, "num_return_sequences": 1, "repetition_penalty": 1.0,
-                   "temperature": 1.0},
-    }
-
-
-def end_tokens(config: Any, vocab: int, source: Path) -> list[int]:
-    """The end-of-sequence ids generation stops at: the config's that the vocabulary holds, else the
-    tokenizer's (a config may name an id past the vocabulary, which no step can generate)."""
-    named = getattr(config, "eos_token_id", None)
-    ids = [i for i in (named if isinstance(named, (list, tuple)) else [named]) if _in_vocab(i, vocab) is not None]
-    if not ids:
-        from transformers import AutoTokenizer
-
-        found = _in_vocab(AutoTokenizer.from_pretrained(str(source)).eos_token_id, vocab)
-        if found is None:
-            raise UsageError(f"the model names no end-of-sequence token within its vocabulary of {vocab} (config: {named})",
-                             where=str(source / "config.json"),
-                             fix="set eos_token_id in config.json (or the tokenizer's eos_token) to the id generation ends at")
-        ids = [found]
-    return [int(i) for i in ids]
-
-
-def _in_vocab(token: Any, vocab: int) -> int | None:
-    return int(token) if isinstance(token, int) and 0 <= token < vocab else None
-
-
-def write_folder(folder: Path, onnx_file: Path, config: dict, source: Path) -> Path:
-    """The GenAI folder: the model (with its external data), ``genai_config.json``, the source's tokenizer files."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for path in onnx_file.parent.glob(f"{onnx_file.name}*"):  # the model and its .data sidecar
-        shutil.copyfile(path, folder / path.name.replace(onnx_file.name, config["model"]["decoder"]["filename"], 1))
-    (folder / "genai_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    for name in TOKENIZER_FILES:
-        if (source / name).is_file():
-            shutil.copyfile(source / name, folder / name)
-    return folder
-
-
-def has_tokenizer(source: Path) -> bool:
-    return (source / "tokenizer.json").is_file() or (source / "tokenizer.model").is_file()
 
 
 def emit(job: EmitJob) -> Path | None:
-    prepared: Path | None = job.products.get(PRODUCT)
+    prepared: GenaiFolder | None = job.products.get(GenaiFolder)
     if prepared is None:
         return None
     target = job.stage / "servers" / "onnxruntime-genai"
-    shutil.copytree(prepared, target)
+    shutil.copytree(prepared.path, target)
     return target
 
 

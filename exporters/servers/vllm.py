@@ -2,7 +2,7 @@
 
 vLLM (and transformers) load a GPTQ or AWQ checkpoint folder, not infopt's model file, so this
 emitter writes the one the ``quantize_int4`` pass chose and checked
-(``Artifact.products["int4_checkpoint"]``, layouts in ``exporters/int4_checkpoint.py``). A build
+(``Artifact.products[CheckpointSource]``, layouts in ``exporters/int4_checkpoint.py``). A build
 without one (no INT4, no Hugging Face config, AWQ with unfolded input scales) gets no folder. Serve
 it with ``vllm serve dist/<name>/servers/vllm``; vLLM reads the method from the folder's
 ``quantization_config``.
@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infopt.exporters.int4_checkpoint import CHECKPOINT_PRODUCT, CheckpointSource
+from infopt.exporters.int4_checkpoint import CheckpointSource
 from infopt.exporters.servers.emitter import EmitJob, ServerEmitter, register
 
 
 def emit(job: EmitJob) -> Path | None:
-    source: CheckpointSource | None = job.products.get(CHECKPOINT_PRODUCT)
+    source: CheckpointSource | None = job.products.get(CheckpointSource)
     if source is None:
         return None
     return source.write(job.stage / "servers" / "vllm")

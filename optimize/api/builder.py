@@ -15,7 +15,7 @@ from infopt.api.build_inputs import latency_feeds, raw_reader, validation_batche
 from infopt.api.build_notes import noise_notes, pass_notes, server_engine, shipped_precision
 from infopt.api.build_result import BuildResult, load  # noqa: F401 - load: infopt.load
 from infopt.api.emit import SAMPLES_FILE, base_manifest, read_samples, source_info, store_samples, write_output
-from infopt.api.generation import build_generation
+from infopt.api.generation import build_generation, validate_generation
 from infopt.api.provenance import call_text, check_files
 from infopt.api.signing import check_signature
 from infopt.core import progress as progress_display
@@ -553,11 +553,17 @@ def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None
              batch_sizes: Sequence[int] | None = None, progress: bool | Any = True,
              key: str | Path | None = None) -> dict[str, Any]:
     """Re-check an output folder: file integrity against the manifest, drift of its model against
-    the stored reference outputs, latency, and the verdict against the recipe's thresholds."""
+    the stored reference outputs, latency, and the verdict against the recipe's thresholds. A text-generation
+    output is judged by its task's evaluator instead (``generation.validate_generation``)."""
 
     root = Path(dist_dir)
     manifest = read_manifest(root)
-    recipe = _with_overrides(Recipe.from_json(manifest.recipe), thresholds, batch_sizes)
+    generates = manifest.recipe.get("task") == "text-generation" or "onnxruntime-genai" in manifest.artifacts
+    if generates and (thresholds or batch_sizes):
+        raise UsageError("a text-generation output is validated against its recipe's budgets (top-1 agreement, "
+                         "perplexity, greedy tokens); drift thresholds and --batch-sizes do not apply to it",
+                         where=str(root), fix="drop them")
+    recipe = None if generates else _with_overrides(Recipe.from_json(manifest.recipe), thresholds, batch_sizes)
     spec = manifest.input_spec()
     if key is not None:
         check_signature(root, key)
@@ -566,6 +572,8 @@ def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None
     if problems:
         result["verdict"] = {"passed": False, "reasons": [f"file check: {p}" for p in problems], "checks": []}
         return result
+    if generates:
+        return validate_generation(root, manifest, result)
     runner = manifest_runner(root, manifest)
     inputs, reference = read_samples(root, manifest)
     drift = drift_mod.compare([reference], [runner.run(inputs)], manifest.output_names,

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from infopt.api import registries  # noqa: F401 - every registry filled, the plugins' entries included
 from infopt.api.provenance import tool_versions
 from infopt.core import onnx_graph
 from infopt.core.manifest import file_table, sha256, write_manifest

@@ -14,10 +14,11 @@ import importlib.util
 import json
 from pathlib import Path
 
-from infopt.api.generation_precision import METRICS, PRECISIONS
+from infopt.api.generation import PRECISIONS
 from infopt.core.errors import UsageError
-from infopt.exporters.servers.onnxruntime_genai import has_tokenizer
+from infopt.exporters.genai_folder import has_tokenizer
 from infopt.runtime import hub
+from infopt.validators.generation_eval import METRICS
 
 CAUSAL_SUFFIXES = ("ForCausalLM", "LMHeadModel")
 

@@ -16,7 +16,7 @@ def targets(
     markdown: Annotated[bool, typer.Option("--markdown", metavar="", help="Print what each target builds (precision x backend) as the README's Markdown table.")] = False,
 ) -> None:
     """List the targets and what they run."""
-    import infopt.passes  # noqa: F401 - registers every bundled pass
+    import infopt.api.registries  # noqa: F401 - registers every bundled pass, then the plugins' (a plugin's passes listed too)
     from infopt.core.recipe import build_table_markdown
     from infopt.core.target import targets as all_targets
 
@@ -39,7 +39,7 @@ def recipes(
     as_json: o.Json = False,
 ) -> None:
     """List the bundled recipes (and passes)."""
-    import infopt.passes  # noqa: F401 - registers every bundled pass
+    import infopt.api.registries  # noqa: F401 - registers every bundled pass, then the plugins' (a plugin's passes listed too)
     from infopt.core.recipe import bundled_recipes, load_recipe
     from infopt.core.registry import passes
 
@@ -49,7 +49,6 @@ def recipes(
         data = {"recipes": {n: r.to_json() for n, r in loaded.items()}}
         if show_passes:
             data["passes"] = {n: {"consumes": p.consumes, "produces": p.produces, "description": p.description,
-                                  "needs_calibration": p.needs_calibration,
                                   "options": p.describe_options()} for n, p in registry.items()}
         print_json(data)
         return
@@ -67,12 +66,13 @@ def doctor(
     as_json: o.Json = False,
     clean: Annotated[Path, typer.Option("--clean", help="Folder whose leftovers of killed builds to remove (those no live build owns).")] = Path("dist"),
 ) -> None:
-    """Which backends and devices are available here, and why not; removes what killed builds left in dist/ and $TMPDIR."""
+    """Which backends and devices are available here, and why not, and the plugins other packages declare; removes what killed builds left in dist/ and $TMPDIR."""
+    from infopt.api.registries import plugins
     from infopt.core.work_folders import clean_dead_work_folders
     from infopt.exporters.staging import clean_stale
     from infopt.runtime.doctor import checks
 
-    found = checks()
+    found = checks(plugins())
     removed = clean_stale(clean) + clean_dead_work_folders()
     if as_json:
         print_json(found)

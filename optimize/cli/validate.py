@@ -42,6 +42,17 @@ def validate(
             rows = [[t["batch"], f"{t['p50_ms']:.3f}", f"{t['p90_ms']:.3f}", f"{t['p99_ms']:.3f}", f"{t['throughput']:.1f}"]
                     for t in result["latency"]]
             console.print(table("Latency (ms)", ["batch", "p50", "p90", "p99", "samples/s"], rows))
+        if "generation" in result:
+            found = result["generation"]
+            greedy, forced = found["greedy"], found["teacher_forced"]
+            rows = [["greedy tokens equal", f"{greedy['equal']}/{greedy['prompts']} prompts"],
+                    ["top-1 agreement (teacher-forced)", f"{forced['top1']:.4f} over {forced['tokens']} tokens"],
+                    ["perplexity increase", f"{forced['ppl_delta']:+.4f} ({forced['ppl']:.4g} vs {forced['ppl_reference']:.4g})"],
+                    *([f"TTFT {r['prompt_tokens']} tokens", f"{r['p50_ms']:.2f} ms"] for r in found["ttft"]),
+                    *([f"TPOT batch {r['batch']}", f"{r['p50_ms']:.2f} ms ({r['tokens_per_s']:.1f} tokens/s)"]
+                      for r in found["tpot"])]
+            console.print(table(f"Generation against the stored reference (budgets: {found['budgets']})",
+                                ["figure", "measured"], rows))
         console.print("PASS" if verdict["passed"] else "FAIL: " + "; ".join(verdict["reasons"]), markup=False,
                       style="bold green" if verdict["passed"] else "bold red")
     if not verdict["passed"]:

@@ -120,5 +120,4 @@ PASS = Pass(
     run=run,
     options=FoldBatchNormOptions,
     description="fold inference BatchNorm into the preceding convolution",
-    mutates_input=True,
 )

@@ -129,5 +129,4 @@ PASS = Pass(
     details=KernelSwapDetails,
     options=Int4KernelsOptions,
     description="run INT4 weight-only linears with the Triton W4A16 kernel on CUDA (weights in its layout)",
-    mutates_input=True,
 )

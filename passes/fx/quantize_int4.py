@@ -7,7 +7,7 @@ and the ``int4_kernels`` pass swaps them for the Triton kernel on CUDA.
 
 When the model holds a Hugging Face transformer (a submodule with a ``config``), the pass also
 chooses its 4-bit checkpoint for the serving engines, checks that the layout can hold every layer,
-and hands the quantized module on (``Artifact.products["int4_checkpoint"]``); the vLLM emitter
+and hands the quantized module on (``Artifact.products[CheckpointSource]``); the vLLM emitter
 (``exporters/servers/vllm.py``) writes it into ``servers/vllm/`` of the output. The GPTQ layout by
 default, or AWQ's GEMM layout (``checkpoint: awq``). After AWQ, whose per-input scales stay in
 the model as a division before each layer, no checkpoint is written unless one is asked for, and
@@ -29,7 +29,7 @@ from pydantic import Field
 from infopt.core.artifact import Artifact
 from infopt.core.errors import UsageError
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
-from infopt.exporters.int4_checkpoint import CHECKPOINT_PRODUCT, CheckpointSource, checkpoint_format
+from infopt.exporters.int4_checkpoint import CheckpointSource, checkpoint_format
 from infopt.passes.fx.int4_sections import int4_sections
 from infopt.quantize.int4_config import Int4Config, Int4MethodConfig, Method
 from infopt.quantize.int4_format import conv1d_as_linear
@@ -46,6 +46,8 @@ class QuantizeInt4Options(PassOptions, Int4Config):
     fallback_budget: str | None = Field(
         None, description="drift budget METRIC=VALUE (as --max-drift, which wins) measured on the validation inputs "
                           "after quantizing; the most sensitive layers go back to float until it holds")
+    calibration_batch: int = Field(16, ge=1, description="calibration samples run together, sorted by length and each "
+                                                        "batch cut to its longest; 1 runs each at its own length")
     checkpoint: Literal["auto", "gptq", "awq", "none"] = Field(
         "auto", description="4-bit checkpoint for the serving engines when the model has a Hugging Face config; "
                             "auto: GPTQ layout, none after AWQ (its input scales have no place in either layout)")
@@ -143,7 +145,8 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
         asked = Int4Details(method=options.method, group_size=options.group_size, symmetric=options.symmetric,
                             route=SKIPPED_ROUTE)
         return PassOutcome(artifact, False, [note], asked)
-    batches = calibration_batches(context.calibration, artifact.spec) if config.needs_data and context.calibration else None
+    batches = (calibration_batches(context.calibration, artifact.spec, options.calibration_batch)
+               if config.needs_data and context.calibration else None)
     model = copy.deepcopy(module).eval()
     conv1d = conv1d_as_linear(model)  # GPT-2's Conv1D projections are Linears with the weight transposed
     # a checkpoint's config holds one group size: decided before calibrating, for every layer
@@ -203,7 +206,7 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
 
 def _method_config(options: QuantizeInt4Options, method: str) -> Int4MethodConfig:
     """The chosen method's config from the options given (a setting of another method is refused)."""
-    given = options.model_dump(exclude={"method", "checkpoint", "fallback_budget"}, exclude_unset=True)
+    given = options.model_dump(exclude={"method", "checkpoint", "fallback_budget", "calibration_batch"}, exclude_unset=True)
     try:
         return Int4Config(method=method, **given).method_config()
     except UsageError as exc:
@@ -233,7 +236,7 @@ def _plan_checkpoint(model, layout: str, artifact: Artifact, details: Int4Detail
     prefix, inner = found
     fmt = checkpoint_format(inner, layout)
     source = getattr(model, "source_dir", None)
-    artifact.products[CHECKPOINT_PRODUCT] = CheckpointSource(inner, fmt, Path(source) if source else None)
+    artifact.products[CheckpointSource] = CheckpointSource(inner, fmt, Path(source) if source else None)
     details.checkpoint = {"format": fmt, "folder": CHECKPOINT_DIR, "module": prefix or "(the model)"}
     return f"{fmt.upper()} checkpoint of {prefix or 'the model'} for {CHECKPOINT_DIR}/ (vLLM, transformers)"
 
@@ -247,7 +250,6 @@ PASS = Pass(
     details=Int4Details,
     sections=int4_sections,
     description="INT4 weight-only Linear layers (RTN, GPTQ, AWQ) in infopt's packed format; GPTQ/AWQ checkpoint",
-    needs_calibration=False,
     needs_python_module="INT4 quantizes layer by layer, and TorchScript, .pt2 and ONNX have no Python layers; "
                         "the onnxruntime backend quantizes the graph instead",
 )

@@ -67,5 +67,4 @@ PASS = Pass(
     run=run,
     options=RemoveNoopsOptions,
     description="remove eval-mode dropout and identity copies",
-    mutates_input=True,
 )

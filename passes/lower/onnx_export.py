@@ -24,6 +24,7 @@ from infopt.core.errors import BuildError
 from infopt.core.logs import quiet_third_party
 from infopt.core.manifest import EXTERNAL_DATA_BYTES
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.exporters import kv_attention
 from infopt.exporters.program_key import key_or_none, program_parts, source_of
 from infopt.passes.lower.onnx_int4 import lower_int4_nodes, translation_table
 
@@ -102,7 +103,7 @@ def run(artifact: Artifact, options: OnnxExportOptions, context: PassContext) ->
         details = ExportDetails.model_validate({**meta["details"], "cached": True})
         return PassOutcome(artifact.derive("onnx", path=path, obj=None), True, list(meta["notes"]), details)
     matmul_nbits = export_onnx(artifact.obj, path, artifact.spec.names, artifact.output_names, options.opset,
-                               options.optimize, options.int4_accuracy_level)
+                               options.optimize, options.int4_accuracy_level, kv_attention.translation_table())
     renamed = rename_dims(path, artifact.spec)
     model = onnx.load(str(path), load_external_data=False)
     notes = [f"opset {options.opset}, {len(model.graph.node)} nodes"]
@@ -131,7 +132,7 @@ def export_key(program, input_names, output_names, options: OnnxExportOptions, s
 
     return content_key(*program_parts(program), repr(list(input_names)), repr(list(output_names)),
                        options.model_dump_json(), repr(spec.to_json()),
-                       source_of(sys.modules[__name__], sys.modules[lower_int4_nodes.__module__]),
+                       source_of(sys.modules[__name__], sys.modules[lower_int4_nodes.__module__], kv_attention),
                        f"torch {torch.__version__} onnx {onnx.__version__} onnxscript {onnxscript.__version__}")
 
 

@@ -16,8 +16,9 @@ def int8_sections(d) -> list[Section]:
 
 
 def layers_section(d) -> Section | None:
-    """The per-layer INT8 table: each layer's drift when it alone is INT8, and what stayed FP32."""
-    if not d.layers:
+    """The per-layer INT8 table: each layer's drift when it alone is INT8, and what stayed FP32 (none when the pass
+    measured no drift)."""
+    if not d.layers or d.budget_metric is None:
         return None
     metric = d.budget_metric
     by_cost = d.fallback_order == "drift_per_ms"
@@ -71,6 +72,8 @@ def int8_notes(d) -> list[str]:
                 + ("; pass --calib PATH for static INT8, which covers Conv and Gemm" if d.mode == "dynamic" else "")]
     if d.shipped == "fp32":
         return [f"{d.selection}: this artifact computes in FP32"]
+    if d.budget is None:
+        return [f"INT8 is dynamic: {len(d.layers)} layers, activations quantized per call; the pass measured no drift"]
     notes = []
     if d.mode == "dynamic":
         notes.append("INT8 is dynamic: no calibration data was given, so activations are quantized per batch "

@@ -52,6 +52,9 @@ class QuantizeInt8Options(PassOptions):
                                "budget, or FP32 when none is faster (ONNX Runtime on a CPU target); first: ship the first")
     require_int8: bool = Field(False, description="ship INT8 even when FP32 is faster here (--require-precision)",
                                json_schema_extra=from_build("require_precision"))
+    keep_float: list[str] = Field(default_factory=list,
+                                  description="modules whose layers stay in float, by the last part of their path "
+                                              "(lm_head: an LM's output head, whose logits pick every token)")
     speed_trials: int = Field(5, ge=3, description="ABBA trials per batch size when timing the variants")
     speed_weights: dict[int, float] = Field(default_factory=dict,
                                             description="each timed batch size's share of requests (--batch-mix), "
@@ -107,7 +110,12 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
     onnx_graph.ensure_node_names(model)
     del model.graph.value_info[:]  # the quantizers re-infer shapes; stale exporter hints can contradict them
     src = onnx_graph.save_model(model, context.workdir / "fp32-named.onnx")
-    layers = onnx_int8.layers(model, onnx_int8.STATIC_OPS if mode == "static" else onnx_int8.DYNAMIC_OPS)
+    found = onnx_int8.layers(model, onnx_int8.STATIC_OPS if mode == "static" else onnx_int8.DYNAMIC_OPS)
+    layers = [x for x in found if x.module.split(".")[-1] not in options.keep_float]
+    kept = [f"{len(found) - len(layers)} layer(s) of {', '.join(options.keep_float)} kept in float, as the recipe asks"
+            ] if len(layers) < len(found) else []
+    if layers and mode == "dynamic" and not options.fallback and not context.check_batches:
+        return _unjudged(artifact, src, layers, kept, context)
     if not layers:
         kinds = "Conv/MatMul/Gemm" if mode == "static" else "MatMul"
         return PassOutcome(artifact, False,
@@ -193,6 +201,21 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
     result = artifact.derive("onnx", path=dst)
     result.attachments.update(attachments)
     return PassOutcome(result, True, notes, details)
+
+
+def _unjudged(artifact: Artifact, src: Path, layers, kept: list[str], context: PassContext) -> PassOutcome:
+    """Dynamic INT8 of every layer, with no data to measure drift on here (a text-generation decoder, whose
+    build judges the generator it ships under teacher forcing): nothing to fall back from, nothing measured."""
+    context.say(f"dynamic INT8 of {len(layers)} layers")
+    dst = onnx_int8.quantize_dynamic(src, context.workdir / "int8.onnx", [x.node for x in layers])
+    ops = onnx_int8.quantized_nodes(dst)
+    notes = [f"dynamic INT8 (int8 weights per output channel, activations quantized per call): {len(layers)} layers",
+             *kept, ", ".join(f"{n} {op}" for op, n in sorted(ops.items())),
+             "drift not measured by the pass (no data for it): the build's evaluator judges the model"]
+    details = Int8Details(mode="dynamic", placement="onnxruntime", quantized_ops=ops,
+                          layers=[{"layer": x.node, "op": x.op, "module": x.module, "precision": "int8"} for x in layers],
+                          selection="every layer: no fallback asked and no data to judge by")
+    return PassOutcome(artifact.derive("onnx", path=dst), True, notes, details)
 
 
 def _fastest(mode, src, model, layers, int8_nodes, ranges, confirmed, batches, reference, budget, options, spec, context):

@@ -20,7 +20,6 @@ from torch import nn
 
 from infopt.core.errors import UsageError
 from infopt.exporters.int4_checkpoint import (
-    CHECKPOINT_PRODUCT,
     CheckpointLayoutError,
     CheckpointSource,
     checkpoint_format,
@@ -259,7 +258,7 @@ def test_vllm_emitter_writes_the_checkpoint_the_pass_handed_on_and_nothing_witho
     job = servers_job(tmp_path, backends.for_file("model.onnx"), {})
     assert vllm.serves_backend(job.backend) and vllm.write(job) is None
     assert not (tmp_path / "servers").exists()
-    job.products = {CHECKPOINT_PRODUCT: CheckpointSource(model, checkpoint_format(model, "gptq"))}
+    job.products = {CheckpointSource: CheckpointSource(model, checkpoint_format(model, "gptq"))}
     folder = vllm.write(job)
     assert folder == tmp_path / "servers" / "vllm"
     quant = json.loads((folder / "config.json").read_text())["quantization_config"]

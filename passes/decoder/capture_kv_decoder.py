@@ -1,0 +1,108 @@
+"""Capture a causal LM's decoder with its KV cache (``torch -> exported``), as a generator runs it.
+
+The decoder (``exporters/kv_decoder.py``) takes the new tokens, the attention mask and the past keys and
+values, and gives the logits and the present keys and values. Attention becomes ONNX Runtime's
+``GroupQueryAttention``, one op per layer (``exporters/kv_attention.py``), where that op computes what the model
+computes, with the rotary embedding inside it where a table of positions holds it; elsewhere attention stays as
+transformers writes it, and the note says why. The artifact's InputSpec and output names become the decoder's,
+and the decoder's facts (its cache layout, context length, whether attention is fused, the source folder) travel
+down the pipeline as a :class:`~infopt.exporters.kv_decoder.KvDecoder` product.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from infopt.core.artifact import Artifact
+from infopt.core.errors import CaptureError
+from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.exporters import kv_attention, kv_decoder
+from infopt.quantize.int4_format import conv1d_as_linear
+
+
+class CaptureKvDecoderOptions(PassOptions):
+    attention: Literal["fused", "unfused"] = Field(
+        "fused", description="fused: GroupQueryAttention where it computes the same (the cache one shared buffer); "
+                             "unfused: attention as transformers writes it (the cache concatenated each step)")
+    conv1d_as_linear: bool = Field(False, description="GPT-2's Conv1D layers as the Linears they are (MatMul in the "
+                                                      "graph, which dynamic INT8 takes)")
+
+
+class CaptureKvDecoderDetails(PassDetails):
+    """The decoder as captured: its cache and how attention was captured."""
+
+    layers: int
+    kv_heads: int
+    head_size: int
+    vocab: int
+    context: int
+    """the longest sequence the folder generates (the model's positions, at most ``kv_decoder.CONTEXT_DEFAULT``)"""
+    fused: bool
+    """attention is one GroupQueryAttention op per layer (the cache one buffer each step writes into)"""
+    rotary_inside: bool = False
+    attention: str = ""
+    """how attention was captured, in words"""
+
+
+def run(artifact: Artifact, options: CaptureKvDecoderOptions, context: PassContext) -> PassOutcome:
+    lm = artifact.obj
+    if options.conv1d_as_linear:
+        lm = copy.deepcopy(lm).eval()
+        converted = conv1d_as_linear(lm)
+    else:
+        converted = []
+    length = kv_decoder.context_length(lm.config)
+    context.say("capturing the decoder with its KV cache (torch.export)")
+    layout = kv_decoder.cache_layout(lm)
+    unfused = kv_attention.fusable(lm, length) if options.attention == "fused" else "the recipe asks for it unfused"
+    note, program, fused, rotary = _capture(lm, layout, unfused, length)
+    details = CaptureKvDecoderDetails(layers=layout.layers, kv_heads=layout.kv_heads, head_size=layout.head_size,
+                                      vocab=layout.vocab, context=length, fused=fused, rotary_inside=rotary,
+                                      attention=note)
+    notes = [f"{layout.layers} layers, {layout.kv_heads} KV heads of {layout.head_size}; past length dynamic from 0",
+             note]
+    if converted:
+        notes.append(f"{len(converted)} transformers Conv1D layers as the Linears they are (weight transposed)")
+    source = getattr(artifact.obj, "source_dir", None)
+    result = artifact.derive("exported", obj=program, output_names=tuple(layout.output_names()),
+                             spec=kv_decoder.decoder_spec(layout, length))
+    result.products[kv_decoder.KvDecoder] = kv_decoder.KvDecoder(layout, length, fused, lm.config,
+                                                                 Path(source) if source else None)
+    return PassOutcome(result, True, notes, details)
+
+
+def _capture(lm, layout: kv_decoder.CacheLayout, unfused: str | None, length: int):
+    """(note, program, fused, rotary inside): the decoder with fused attention where it applies, the rotary
+    inside where it can be (else as transformers writes them)."""
+    if unfused is None:
+        rotary = kv_attention.rotary_caches(lm, length, layout.head_size)
+        fused = ("attention as ONNX Runtime's GroupQueryAttention, one op per layer (the cache's concat, grouped "
+                 "KV heads and the mask inside")
+        if not isinstance(rotary, str):
+            try:
+                return (f"{fused}, and the rotary embedding from a table of {length} positions)",
+                        kv_decoder.capture(lm, layout, fused=True, rotary=rotary), True, True)
+            except CaptureError as exc:
+                rotary = f"the capture with it inside failed ({exc.what})"
+        try:
+            return (f"{fused}; the rotary embedding as the model computes it"
+                    + (f": {rotary})" if rotary != kv_attention.NO_ROTARY else ")"),
+                    kv_decoder.capture(lm, layout, fused=True), True, False)
+        except CaptureError as exc:
+            unfused = f"the fused capture failed ({exc.what})"
+    return f"attention as transformers writes it, unfused: {unfused}", kv_decoder.capture(lm, layout), False, False
+
+
+PASS = Pass(
+    name="capture_kv_decoder",
+    consumes="torch",
+    produces="exported",
+    run=run,
+    options=CaptureKvDecoderOptions,
+    details=CaptureKvDecoderDetails,
+    description="torch.export a causal LM's decoder with its KV cache (GroupQueryAttention where it computes the same)",
+)

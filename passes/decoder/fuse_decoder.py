@@ -1,0 +1,79 @@
+"""Fusions and plumbing of an exported KV decoder (``onnx -> onnx``): what makes it run as fast as ONNX
+Runtime's own decoders.
+
+- dims named as ONNX Runtime GenAI names them (``batch_size``, ``sequence_length``, ...);
+- RMSNorm (with its residual add) as ONNX Runtime's fused norm ops (``passes/onnx/transformer_fusion.py``);
+- sibling projections (query/key/value, gate/up; float or ``MatMulNBits``) packed into one MatMul each
+  (``passes/onnx/fuse_matmuls.py``);
+- the Reshape chains between the projections and the attention collapsed, and the attention fed the packed
+  query/key/value (``passes/onnx/decoder_plumbing.py``).
+
+The result must open in ONNX Runtime with every optimization; where it does not, the decoder goes on as
+exported and the note says why.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from infopt.core.artifact import Artifact
+from infopt.core.errors import BuildError
+from infopt.core.logs import quiet_third_party
+from infopt.core.manifest import EXTERNAL_DATA_BYTES, model_bytes
+from infopt.core.onnx_graph import save_model
+from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.exporters import kv_decoder
+from infopt.passes.onnx import decoder_plumbing, fuse_matmuls, transformer_fusion
+from infopt.passes.onnx.checks import onnxruntime_refuses
+
+
+class FuseDecoderDetails(PassDetails):
+    """How often each fusion and rewrite fired, and why none applied if ONNX Runtime refused the result."""
+
+    fused: dict[str, int] = Field(default_factory=dict)
+    """ONNX Runtime's fused ops written, by fusion rule"""
+    rewrites: dict[str, int] = Field(default_factory=dict)
+    refused: str | None = None
+
+
+def run(artifact: Artifact, options: PassOptions, context: PassContext) -> PassOutcome:
+    from onnx.external_data_helper import load_external_data_for_model
+
+    decoder = artifact.products.get(kv_decoder.KvDecoder)
+    if decoder is None:
+        raise BuildError("fuse_decoder needs the decoder captured by capture_kv_decoder",
+                         fix="put capture_kv_decoder before onnx_export in the recipe")
+    source = artifact.path
+    kv_decoder.name_dims(source, decoder.layout)
+    big = model_bytes(source) > EXTERNAL_DATA_BYTES
+    context.say("fusing the decoder's norms and packing its projections")
+    with quiet_third_party():
+        model, counts = transformer_fusion.fuse_norms_and_rotary(source)
+    load_external_data_for_model(model, str(source.parent))  # a large model's tensors, for the packing
+    fired = {k: v for k, v in counts.items() if v}
+    rewrites = {"reshape chains collapsed": decoder_plumbing.collapse_reshapes(model),
+                "projections packed": fuse_matmuls.fuse(model) + fuse_matmuls.fuse_nbits(model)}
+    rewrites["attention ops taking packed QKV"] = decoder_plumbing.packed_attention_inputs(model)
+    rewrites = {k: v for k, v in rewrites.items() if v}
+    if not fired and not rewrites:
+        return PassOutcome(artifact, False, ["no norm, projection or reshape pattern to fuse"], FuseDecoderDetails())
+    fused = save_model(model, context.workdir / "decoder-fused" / "model.onnx", external=big)
+    del model
+    refused = onnxruntime_refuses(fused, optimize=True)
+    if refused:
+        return PassOutcome(artifact, False, [f"fusions not applied: ONNX Runtime refuses the fused graph ({refused[:200]})"],
+                           FuseDecoderDetails(refused=refused[:500]))
+    notes = ["fused as ONNX Runtime's ops: " + ", ".join(f"{k} x{v}" for k, v in fired.items())] if fired else []
+    notes.append("; ".join(f"{k} x{v}" for k, v in rewrites.items()))
+    return PassOutcome(artifact.derive("onnx", path=fused), True, [n for n in notes if n],
+                       FuseDecoderDetails(fused=fired, rewrites=rewrites))
+
+
+PASS = Pass(
+    name="fuse_decoder",
+    consumes="onnx",
+    produces="onnx",
+    run=run,
+    details=FuseDecoderDetails,
+    description="a KV decoder's norms fused, sibling projections packed, the reshapes before its attention collapsed",
+)

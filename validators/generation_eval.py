@@ -1,0 +1,147 @@
+"""The text-generation task's evaluator: what judges a generator folder, at build time and again later.
+
+At build time :meth:`GenerationSamples.from_model` runs the FP32 source model (transformers) once: its greedy
+tokens on the prompts, and its logits on the held-out sequences, reduced to what the figures are computed from
+(each position's top-1 token and each next token's negative log-likelihood; whole logits would be tokens x
+vocabulary floats, gigabytes at a real vocabulary). They are stored in ``validation/generation.npz``, hashed in
+the manifest like every file. :func:`evaluate` then generates from the folder with ``onnxruntime_genai`` and
+compares: the same call judges the build and ``infopt validate``, which needs no source model.
+
+The budgets are the recipe's ``validation.generation`` (``core.recipe.GenerationBudgets``), with
+``--max-drift top1=...,ppl_delta=...`` in their place where given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from infopt.core.errors import UsageError
+from infopt.core.recipe import GenerationBudgets
+from infopt.core.safe_load import arrays_file
+from infopt.validators import generation
+
+SAMPLES_FILE = "validation/generation.npz"
+METRICS = {"top1": ("min", "min_top1", "top-1 agreement with the FP32 model under teacher forcing"),
+           "ppl_delta": ("max", "max_ppl_delta", "relative perplexity increase over the FP32 model")}
+"""each figure a budget holds: its direction, its field of GenerationBudgets, what it means"""
+FIX = ("calibrate with --calib TEXT.txt (GPTQ), or set the budget with --max-drift top1=...,ppl_delta=...; "
+       "a model with random weights agrees little, its logits being nearly flat")
+
+
+@dataclass
+class GenerationSamples:
+    """The prompts and held-out text a generation build is judged on, with the FP32 model's answers."""
+
+    prompts: list[list[int]]
+    reference_tokens: list[list[int]]
+    """transformers' greedy tokens after each prompt (FP32)"""
+    held_out: list[list[int]]
+    reference_top1: list[np.ndarray]
+    """per held-out sequence, the FP32 model's top-1 token at each position"""
+    reference_nll: list[np.ndarray]
+    """per held-out sequence, the FP32 model's negative log-likelihood of each next token"""
+    prompt_source: str = ""
+    held_out_source: str = ""
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.reference_tokens[0]) if self.reference_tokens else 0
+
+    @classmethod
+    def from_model(cls, lm, prompts: list[list[int]], prompt_source: str, held_out: list[list[int]],
+                   held_out_source: str, new_tokens: int) -> "GenerationSamples":
+        logits = generation.eager_logits(lm, held_out)
+        return cls(prompts, generation.generate_eager(lm, prompts, new_tokens), held_out,
+                   [x.argmax(-1) for x in logits], [generation.nll(x, ids) for x, ids in zip(logits, held_out)],
+                   prompt_source, held_out_source)
+
+    def save(self, path: Path) -> int:
+        """Write the samples (ragged lists flattened with their lengths); returns how many prompts."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(path, **_ragged("prompts", self.prompts), reference_tokens=np.asarray(self.reference_tokens, np.int64),
+                 **_ragged("held_out", self.held_out), reference_top1=np.concatenate(self.reference_top1).astype(np.int64),
+                 reference_nll=np.concatenate(self.reference_nll).astype(np.float64),
+                 sources=np.asarray([self.prompt_source, self.held_out_source]))
+        return len(self.prompts)
+
+    @classmethod
+    def load(cls, path: Path) -> "GenerationSamples":
+        data = arrays_file(path)
+        held_out = _unragged(data, "held_out")
+        lengths = [len(ids) for ids in held_out]
+        top1 = np.split(data["reference_top1"], np.cumsum(lengths)[:-1])
+        nll = np.split(data["reference_nll"], np.cumsum([n - 1 for n in lengths])[:-1])
+        sources = [str(s) for s in data["sources"]]
+        return cls(_unragged(data, "prompts"), data["reference_tokens"].tolist(), held_out, top1, nll, *sources)
+
+
+def _ragged(name: str, rows: list[list[int]]) -> dict[str, np.ndarray]:
+    return {f"{name}.ids": np.asarray([t for row in rows for t in row], np.int64),
+            f"{name}.lengths": np.asarray([len(row) for row in rows], np.int64)}
+
+
+def _unragged(data, name: str) -> list[list[int]]:
+    ids, lengths = data[f"{name}.ids"], data[f"{name}.lengths"]
+    return [part.tolist() for part in np.split(ids, np.cumsum(lengths)[:-1])]
+
+
+def with_max_drift(budgets: GenerationBudgets | None, max_drift: str | None) -> GenerationBudgets:
+    """The recipe's budgets, with those ``--max-drift`` gives (``top1=0.9,ppl_delta=0.05``) in their place."""
+    limits = (budgets or GenerationBudgets()).model_dump()
+    fix = ("write METRIC=VALUE[,METRIC=VALUE] with METRIC top1 (agreement, at least) or ppl_delta (relative "
+           "perplexity increase over FP32, at most), e.g. --max-drift top1=0.9,ppl_delta=0.05")
+    for part in filter(None, (p.strip() for p in (max_drift or "").split(","))):
+        metric, sep, value = part.partition("=")
+        if not sep or metric.strip() not in METRICS:
+            raise UsageError(f"--max-drift {part!r} names no metric of --task text-generation", fix=fix)
+        try:
+            limits[METRICS[metric.strip()][1]] = float(value)
+        except ValueError:
+            raise UsageError(f"--max-drift {part!r}: {value!r} is not a number", fix=fix) from None
+    return GenerationBudgets(**limits)
+
+
+def describe(budgets: GenerationBudgets, forced_only: bool = False) -> str:
+    """The budgets in words: ``top1 >= 0.8, ppl_delta <= 0.1``, ``greedy tokens equal`` (with ``forced_only``, the
+    teacher-forced ones alone, possibly none)."""
+    parts = [f"{m} {'>=' if way == 'min' else '<='} {getattr(budgets, field):g}"
+             for m, (way, field, _) in METRICS.items() if getattr(budgets, field) is not None]
+    if forced_only:
+        return ", ".join(parts)
+    if budgets.greedy_equal:
+        parts.insert(0, "greedy tokens equal")
+    return ", ".join(parts) or "not judged"
+
+
+def evaluate(folder: Path, samples: GenerationSamples, budgets: GenerationBudgets) -> dict:
+    """Generate from ``folder`` and judge it against the stored answers: the greedy check, the teacher-forced
+    figures, and the verdict (``passed``, ``reasons``, ``checks``) under ``budgets``."""
+    got = generation.generate_folder(folder, samples.prompts, samples.new_tokens)
+    greedy = generation.compare_tokens(got, samples.reference_tokens)
+    forced = generation.agreement_with(samples.reference_top1, samples.reference_nll,
+                                       generation.teacher_forced(folder, samples.held_out), samples.held_out)
+    checks = []
+    if budgets.greedy_equal:
+        checks.append({"name": "greedy_tokens_equal", "measured": greedy["equal"], "limit": greedy["prompts"],
+                       "passed": greedy["equal"] == greedy["prompts"]})
+    for metric, (way, field, _) in METRICS.items():
+        limit = getattr(budgets, field)
+        if limit is not None:
+            value = forced[metric]
+            checks.append({"name": metric, "measured": value, "limit": limit,
+                           "passed": bool(value >= limit if way == "min" else value <= limit)})
+    reasons = [_reason(c) for c in checks if not c["passed"]]
+    return {"greedy": greedy, "teacher_forced": forced,
+            "verdict": {"passed": not reasons, "reasons": reasons, "checks": checks}}
+
+
+def _reason(check: dict) -> str:
+    if check["name"] == "greedy_tokens_equal":
+        return (f"greedy tokens equal on {check['measured']} of {check['limit']} prompts: the folder generates other "
+                "tokens than the source model")
+    way, _, meaning = METRICS[check["name"]]
+    return (f"{check['name']} {check['measured']:.4g} {'<' if way == 'min' else '>'} {check['limit']:g} ({meaning}); "
+            f"{FIX}")
