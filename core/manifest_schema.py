@@ -145,6 +145,9 @@ class Provenance(_Open):
     command: str | None = None
     python_call: str | None = None
     recipe: str
+    settings: dict[str, Any] = Field(default_factory=dict)
+    """the build settings the user gave (``--int4-method``, ``--calib-method``, ``--batch-sizes``...): the passes that
+    take one put it in their options over the recipe's"""
     calibration: DataRecord | None = None
     validation_data: DataRecord | None = None
 

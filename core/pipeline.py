@@ -25,7 +25,7 @@ from infopt.core.artifact import STAGE, Artifact
 from infopt.core.errors import BuildError, InfoptError, RecipeError, first_line
 from infopt.core.lineage import PassRecord
 from infopt.core.recipe import Recipe
-from infopt.core.registry import PassContext, PassDetails, get_pass
+from infopt.core.registry import BuildSettings, PassContext, PassDetails, get_pass
 from infopt.core.step_times import StepTimes
 from infopt.core.target import Target
 
@@ -35,7 +35,7 @@ log = logging.getLogger("infopt.core.pipeline")
 class Pipeline:
     def __init__(self, recipe: Recipe, target: Target, workdir: Path, *, calibration=None, budget=None,
                  check_batches=None, check_source: str = "validation data", check_reference=None, console=None,
-                 label: str = "", times: StepTimes | None = None):
+                 label: str = "", times: StepTimes | None = None, settings: BuildSettings | None = None):
         self.recipe = recipe
         self.target = target
         self.workdir = workdir
@@ -48,6 +48,8 @@ class Pipeline:
         self.label = f"{label}: " if label else ""
         self.times = times
         """where each pass's seconds are recorded for the build's ``timings`` (None: nowhere)"""
+        self.settings = settings or BuildSettings()
+        """what the build was asked for: each pass's options take the settings it declares"""
         self._say = None
 
     def run(self, artifact: Artifact, shared: "SharedPrefixes | None" = None) -> Artifact:
@@ -78,7 +80,7 @@ class Pipeline:
         if STAGE[definition.consumes] < STAGE[artifact.kind]:
             record.skipped = True
             record.notes.append(f"skipped: the model is already {artifact.kind}")
-            record.details = {"options": definition.parse_options(raw_options).model_dump()}
+            record.details = {"options": definition.parse_options(raw_options, self.settings).model_dump()}
             artifact.lineage.append(record)
             return artifact
         if definition.consumes != artifact.kind:
@@ -86,9 +88,9 @@ class Pipeline:
                 f"pass {definition.name} consumes {definition.consumes} but the model is {artifact.kind}",
                 where=f"recipe {self.recipe.name}",
             )
-        options = definition.parse_options(raw_options)
+        options = definition.parse_options(raw_options, self.settings)
         context = PassContext(self.target, self.workdir, self.calibration, self.budget, self.check_batches, self._say,
-                              self.check_source, self.check_reference)
+                              self.check_source, self.check_reference, self.settings)
         start = time.perf_counter()
         try:
             outcome = definition.run(artifact, options, context)

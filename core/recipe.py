@@ -113,6 +113,20 @@ class Recipe(_Strict):
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
+    def with_pass_options(self, pass_options: dict[str, dict[str, Any]] | None) -> "Recipe":
+        """The recipe with ``pass_options`` (pass name -> options) over its steps' own; a pass it lacks is an error."""
+        if not pass_options:
+            return self
+        data = self.to_json()
+        for pass_name, values in pass_options.items():
+            steps = [s for s in data["passes"] if s["name"] == pass_name]
+            if not steps:
+                raise RecipeError(f"recipe {self.name} has no pass {pass_name!r} to set options on",
+                                  fix=f"its passes are: {', '.join(s['name'] for s in data['passes'])}")
+            for step in steps:
+                step["options"] = {**step["options"], **values}
+        return Recipe.from_json(data)
+
     @classmethod
     def from_json(cls, data: dict[str, Any] | str) -> "Recipe":
         return _validated(json.loads(data) if isinstance(data, str) else data, "JSON")

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infopt.core.errors import RecipeError
 from infopt.core.plugins import Registry
@@ -29,22 +29,42 @@ class PassOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-
-BUILD_SETTINGS = {
-    "require_precision": "True when the build must ship the precision asked for (--require-precision)",
-    "served_batch_sizes": "the batch sizes the model serves (--batch-sizes, or those of --batch-mix)",
-    "batch_mix": "each served batch size's share of requests, keyed by the size as text (--batch-mix)",
-}
-"""What a build was asked for that a pass may take as one of its options. A field that declares
-``json_schema_extra=from_build(NAME)`` is set to the build's NAME when the user gave it and the recipe did
-not set the field, so the builder names no pass."""
+    SETTINGS: ClassVar[dict[str, str]] = {}
+    """option field -> the :class:`BuildSettings` field that sets it where the user gave that setting (a setting
+    given wins over the recipe's option): how a command line flag reaches a pass without the builder naming it"""
 
 
-def from_build(setting: str) -> dict[str, str]:
-    """The marker that makes an option field take the build's ``setting`` (a key of :data:`BUILD_SETTINGS`)."""
-    if setting not in BUILD_SETTINGS:
-        raise ValueError(f"unknown build setting {setting!r}; one of: {', '.join(BUILD_SETTINGS)}")
-    return {"build_setting": setting}
+class BuildSettings(BaseModel):
+    """What a build was asked for that passes take, as one typed object in every pass's context: the command
+    line's flags (``build``'s arguments). A setting the user did not give is unset (``model_fields_set``), and
+    the recipe's options stand; a pass's options declare the settings they take (``PassOptions.SETTINGS``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    require_precision: bool = Field(False, description="ship the precision asked for even when another measured "
+                                                       "faster (--require-precision)")
+    served_batch_sizes: list[int] = Field(default_factory=list, description="the batch sizes the model serves "
+                                                                            "(--batch-sizes, or those of --batch-mix)")
+    batch_mix: dict[int, float] = Field(default_factory=dict, description="each served batch size's share of "
+                                                                          "requests (--batch-mix)")
+    int4_method: str | None = Field(None, description="INT4 method: auto, rtn, gptq, awq (--int4-method)")
+    group_size: int | None = Field(None, description="INT4 group size (--group-size)")
+    act_order: bool | None = Field(None, description="GPTQ in order of activation size (--act-order)")
+    int4_checkpoint: str | None = Field(None, description="the 4-bit checkpoint's layout (--int4-checkpoint)")
+    calib_method: str | None = Field(None, description="how INT8 calibration turns ranges into scales (--calib-method)")
+    calib_percentile: float | None = Field(None, description="the percentile method's percentile (--calib-percentile)")
+    calib_bins: int | None = Field(None, description="histogram bins of calibration (--calib-bins)")
+    smoothquant_alpha: float | None = Field(None, description="SmoothQuant's migration strength (--smoothquant-alpha)")
+    attention: str | None = Field(None, description="a KV decoder's attention: fused or unfused")
+
+    @classmethod
+    def of(cls, **given: Any) -> "BuildSettings":
+        """The settings the user gave (None, False and empty values are not given)."""
+        return cls(**{k: v for k, v in given.items() if v is not None and v is not False and v != [] and v != {}})
+
+    def given(self) -> dict[str, Any]:
+        """The settings the user gave, as JSON (the manifest's ``provenance.settings``)."""
+        return self.model_dump(mode="json", include=self.model_fields_set)
 
 
 @dataclass
@@ -65,6 +85,8 @@ class PassContext:
     """the source model's outputs on ``check_batches`` (per batch, per output), which the build's verdict compares
     the shipped model with: a pass that chooses by drift compares against them too, so that what it chose to meet
     the budget meets it when the build is judged"""
+    settings: BuildSettings = field(default_factory=BuildSettings)
+    """what the build was asked for (the flags); the pipeline has put those a pass takes in its options already"""
 
     def say(self, text: str) -> None:
         if self.progress is not None:
@@ -93,6 +115,27 @@ class PassDetails(BaseModel):
         """The typed form of a record's details; None when the pass recorded none (skipped, nothing to do)."""
         return cls.model_validate(details) if details else None
 
+    def notes(self) -> list[str]:
+        """What the build says about the pass's outcome (INT8's mode and a missed budget, a TensorRT engine left to
+        the server): the manifest's, report's and CLI's notes."""
+        return []
+
+    def sections(self) -> list["Section"]:
+        """The pass's own report sections (the INT8 pass's layer and variant tables); the report places and renders
+        them and names no pass."""
+        return []
+
+    def shipped_precision(self) -> str | None:
+        """The precision the shipped artifact computes in when the pass left it in another than the recipe's (the
+        INT8 pass shipping FP32 that measured faster); None otherwise."""
+        return None
+
+    def server_engine(self) -> dict[str, Any] | None:
+        """What the pass asks the server to build at load time (a TensorRT engine left to Triton's ONNX Runtime
+        backend: ``precision_mode`` and ``workspace_bytes``), or None; the emitters write it into the server's
+        config."""
+        return None
+
 
 @dataclass(frozen=True)
 class Pass:
@@ -107,9 +150,6 @@ class Pass:
     check: Callable[[Any, "Target", bool], None] | None = None
     """The pass's pre-flight: ``check(options, target, has_calibration)`` raises a UsageError, before any
     slow work, when the pass cannot run as asked (static INT8 without calibration data)."""
-    sections: Callable[[Any], list["Section"]] | None = None
-    """The pass's own report sections, given its typed ``details`` of one record (the INT8 pass's layer and
-    variant tables); the report places and renders them and names no pass."""
     needs_python_module: str | None = None
     """Why the pass needs the model's Python layers, when it does (INT4 quantizes layer by layer): a recipe with
     it is not built from a source without them (TorchScript, ``.pt2``, ONNX) unless a step of the recipe stands in
@@ -117,16 +157,6 @@ class Pass:
     stands_in_for: tuple[str, ...] = ()
     """Passes whose work this one does where they cannot run (INT4 on the ONNX graph, for a source without a
     Python module, in place of ``quantize_int4``)."""
-    server_engine: Callable[[Any], dict[str, Any] | None] | None = None
-    """What the pass asks the server to build at load time, given its typed ``details`` (a TensorRT engine left to
-    Triton's ONNX Runtime backend: ``precision_mode`` and ``workspace_bytes``), or None; the emitters write it into
-    the server's config."""
-    notes: Callable[[Any], list[str]] | None = None
-    """What the build says about the pass's outcome, given its typed ``details`` of one record (INT8's mode and a
-    missed budget, a TensorRT engine left to the server): the manifest's, report's and CLI's notes."""
-    shipped_precision: Callable[[Any], str | None] | None = None
-    """The precision the shipped artifact computes in when the pass left it in another than the recipe's (the INT8
-    pass shipping FP32 that measured faster), given its typed ``details``; None otherwise."""
 
     def typed(self, record) -> Any:
         """A record's details as this pass's type (None when it ran skipped or recorded none)."""
@@ -134,26 +164,27 @@ class Pass:
             return None
         return self.details.of(record.details) if self.details is not None else record.details
 
-    def preflight(self, raw: dict[str, Any] | None, target: "Target", has_calibration: bool) -> None:
+    def preflight(self, raw: dict[str, Any] | None, target: "Target", has_calibration: bool,
+                  settings: BuildSettings | None = None) -> None:
         """Parse the step's options and run the pass's own check, if it has one."""
-        options = self.parse_options(raw)
+        options = self.parse_options(raw, settings)
         if self.check is not None:
             self.check(options, target, has_calibration)
 
-    def parse_options(self, raw: dict[str, Any] | None) -> PassOptions:
+    def parse_options(self, raw: dict[str, Any] | None, settings: BuildSettings | None = None) -> PassOptions:
+        """The step's options, with the build settings the user gave in the fields that take them."""
+        values = dict(raw or {})
+        if settings is not None:
+            values.update({option: getattr(settings, name) for option, name in self.options.SETTINGS.items()
+                           if name in settings.model_fields_set})
         try:
-            return self.options(**(raw or {}))
+            return self.options(**values)
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
             raise RecipeError(
                 f"bad options for pass {self.name}: {problems}",
                 fix=f"see `infopt recipes --passes` for the options of {self.name}",
             ) from exc
-
-    def build_settings(self) -> dict[str, str]:
-        """Option field -> the build setting it takes (:func:`from_build`)."""
-        return {name: f.json_schema_extra["build_setting"] for name, f in self.options.model_fields.items()
-                if isinstance(f.json_schema_extra, dict) and "build_setting" in f.json_schema_extra}
 
     def describe_options(self) -> list[dict[str, Any]]:
         return [

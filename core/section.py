@@ -1,5 +1,5 @@
 """One table of a report: a title, headers, rows and notes; rendered as markdown, HTML and rich by
-``infopt.report``. It stands on the ground floor so that a pass can give its own section (``Pass.sections``)."""
+``infopt.report``. It stands on the ground floor so that a pass can give its own section (``PassDetails.sections``)."""
 
 from __future__ import annotations
 

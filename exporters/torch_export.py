@@ -12,20 +12,11 @@ import sys
 import traceback
 from pathlib import Path
 
-from pydantic import Field
-
-from infopt.core.artifact import Artifact
 from infopt.core.errors import CaptureError
 from infopt.core.inputspec import InputSpec, dtype_name
 from infopt.core.logs import quiet_third_party
-from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
 from infopt.core.sample_inputs import capture_feed, id_high
 from infopt.exporters.torchscript_graph import to_graph_module
-
-
-class CaptureOptions(PassOptions):
-    strict: bool = Field(False, description="trace with TorchDynamo (strict) instead of the Python interpreter")
-    dynamic: bool = Field(True, description="keep the InputSpec's symbolic dims dynamic in the graph")
 
 
 def dynamic_shapes(spec: InputSpec):
@@ -84,24 +75,6 @@ def _takes_varargs(module) -> bool:
     except (TypeError, ValueError):
         return False
     return bool(params) and params[0].kind is inspect.Parameter.VAR_POSITIONAL
-
-
-def run(artifact: Artifact, options: CaptureOptions, context: PassContext) -> PassOutcome:
-    program = export_module(artifact.obj, artifact.spec, strict=options.strict, dynamic=options.dynamic)
-    outputs = program.graph_signature.user_outputs
-    names = artifact.output_names or tuple("output" if len(outputs) == 1 else f"output_{i}" for i in range(len(outputs)))
-    notes = [f"{sum(1 for n in program.graph.nodes if n.op == 'call_function')} ops captured"]
-    return PassOutcome(artifact.derive("exported", obj=program, output_names=names), True, notes)
-
-
-PASS = Pass(
-    name="capture",
-    consumes="torch",
-    produces="exported",
-    run=run,
-    options=CaptureOptions,
-    description="torch.export the model with the InputSpec's dynamic dims",
-)
 
 
 def capture_error(exc: Exception, module, spec: InputSpec) -> CaptureError:

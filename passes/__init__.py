@@ -7,9 +7,8 @@ Importing this package registers every bundled pass (``core/registry.py``), in t
 from __future__ import annotations
 
 from infopt.core.registry import register
-from infopt.exporters import torch_export
 from infopt.passes.decoder import capture_kv_decoder, fuse_decoder, quantize_int4_head, write_genai_folder
-from infopt.passes.fx import cast_precision, fold_batchnorm, int4_kernels, quantize_int4, remove_noops
+from infopt.passes.fx import capture, cast_precision, fold_batchnorm, int4_kernels, quantize_int4, remove_noops
 from infopt.passes.lower import aoti_compile, onnx_export, tensorrt_build
 from infopt.passes.onnx import (
     attention_mask_fill,
@@ -21,7 +20,7 @@ from infopt.passes.onnx import (
     transformer_fusion,
 )
 
-BUNDLED = (torch_export, remove_noops, fold_batchnorm, cast_precision, quantize_int4, int4_kernels, onnx_export,
+BUNDLED = (capture, remove_noops, fold_batchnorm, cast_precision, quantize_int4, int4_kernels, onnx_export,
            aoti_compile, tensorrt_build, ort_optimize, transformer_fusion, attention_mask_fill, quantize_int4_graph,
            smoothquant, fuse_matmuls, quantize_int8, capture_kv_decoder, fuse_decoder, quantize_int4_head,
            write_genai_folder)

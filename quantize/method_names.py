@@ -8,3 +8,6 @@ from typing import Literal
 
 Int4MethodName = Literal["rtn", "gptq", "awq"]
 """the INT4 methods: the names in ``int4_config.METHOD_CONFIGS`` (a test keeps them equal)"""
+
+CheckpointLayout = Literal["auto", "gptq", "awq", "none"]
+"""the 4-bit checkpoint layouts for the serving engines (``--int4-checkpoint``; auto: GPTQ, none after AWQ)"""

@@ -208,3 +208,22 @@ def test_the_folders_on_disk_are_the_floors():
     assert not both, "top-level folders importing each other both ways:\n" + "\n".join(both)
     planted = [Edge("infopt.core.errors", "infopt.api.builder", 1, False), Edge("infopt.api.builder", "infopt.core.errors", 1, False)]
     assert folder_pairs_both_ways(planted) == ["core -> optimize (1), optimize -> core (1)"]
+
+
+def test_no_module_outside_the_passes_names_a_pass():
+    """A pass is named by the recipes and by its own module: the builder, the tasks, the flags, the reports and
+    the servers reach passes through the registry, their typed details and the build settings, never by name.
+    Every string constant of the source outside ``passes/`` that equals a registered pass's name fails."""
+    import infopt.passes  # noqa: F401 - registers the bundled passes
+    from infopt.core.registry import PASSES
+
+    names = set(PASSES.items)
+    assert {"capture", "quantize_int8", "quantize_int4", "capture_kv_decoder", "write_genai_folder"} <= names
+    found = []
+    for module, path in modules().items():
+        if module.startswith("infopt.passes"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} names pass {node.value!r}")
+    assert not found, "\n".join(found)

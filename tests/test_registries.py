@@ -190,8 +190,8 @@ def test_a_task_added_to_the_list_is_what_the_loader_and_the_build_use(tmp_path,
 
 
 def test_a_passes_own_report_section_is_shown_without_the_report_naming_it(digits_dist, monkeypatch):
-    """``Pass.sections``: the report asks each recorded pass for its sections, given its typed details; a pass
-    that gives one (here a toy on whichever pass of a real build recorded details) appears in report.md."""
+    """``PassDetails.sections``: the report asks each recorded pass's typed details for its sections; a pass whose
+    details give one (here a toy on whichever pass of a real build recorded details) appears in report.md."""
     from dataclasses import replace
 
     from infopt.core import registry
@@ -201,8 +201,11 @@ def test_a_passes_own_report_section_is_shown_without_the_report_naming_it(digit
     manifest = read_manifest(digits_dist)
     record = next(r for r in manifest.passes if r.details and not r.skipped)
     real = registry.get_pass(record.name)
-    toy = replace(real, sections=lambda details: [Section("Toy pass section", ["details"], [[type(details).__name__]])])
-    monkeypatch.setitem(registry.PASSES.items, record.name, toy)
+    class ToyDetails(real.details):
+        def sections(self):
+            return [Section("Toy pass section", ["details"], [[type(self).__mro__[1].__name__]])]
+
+    monkeypatch.setitem(registry.PASSES.items, record.name, replace(real, details=ToyDetails))
     report = to_markdown(manifest)
     assert "## Toy pass section" in report and f"| {real.details.__name__} |" in report
 
@@ -225,9 +228,9 @@ def test_a_calibration_method_registered_from_outside_is_offered_checked_and_use
     monkeypatch.setattr(calibrators.CALIBRATORS, "items", dict(calibrators.CALIBRATORS.items))
     calibrators.register(calibrators.Calibrator("widened", widened, False, "the observed range and a quarter more"))
     assert calibrators.names()[-1] == "widened"
-    assert flags.calibration_options("widened", None, None, None) == {"quantize_int8": {"method": "widened"}}
+    assert flags.calibration_settings("widened", None, None, None) == {"calib_method": "widened"}
     with pytest.raises(UsageError, match="unknown --calib-method 'narrowed'") as refused:
-        flags.calibration_options("narrowed", None, None, None)
+        flags.calibration_settings("narrowed", None, None, None)
     assert "widened" in refused.value.fix
 
     monkeypatch.setenv("INFOPT_CACHE_DIR", str(tmp_path / "cache"))  # calibrated here, not read from a cache
@@ -246,7 +249,7 @@ def test_a_calibration_method_registered_from_outside_is_offered_checked_and_use
 
 
 def test_a_passes_own_notes_are_what_the_build_says_of_it(tmp_path, monkeypatch):
-    """``Pass.notes``: the build asks each pass of the shipped lineage for its notes, given its typed details;
+    """``PassDetails.notes``: the build asks the typed details of each pass of the shipped lineage for its notes;
     a toy in place of the INT8 pass's notes is what the manifest says, and the INT8 pass's own are gone. (The
     input has a sequence dim so that the Linears export as MatMuls, which dynamic INT8 covers.)"""
     import json
@@ -255,8 +258,12 @@ def test_a_passes_own_notes_are_what_the_build_says_of_it(tmp_path, monkeypatch)
     from infopt.core import registry
 
     real = registry.get_pass("quantize_int8")
-    toy = replace(real, notes=lambda d: [f"toy note: {d.mode} INT8, {len(d.layers)} layers"])
-    monkeypatch.setitem(registry.PASSES.items, "quantize_int8", toy)
+
+    class ToyDetails(real.details):
+        def notes(self):
+            return [f"toy note: {self.mode} INT8, {len(self.layers)} layers"]
+
+    monkeypatch.setitem(registry.PASSES.items, "quantize_int8", replace(real, details=ToyDetails))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
     result = infopt.build(model, inputs=["x:float32[batch,4,16]"], precision="int8", max_drift="cosine_mean=0.9",

@@ -16,6 +16,9 @@ The model file's suffix picks the backend:
 - ``.pt2``: an AOTInductor package served by the Python backend (``backend: "python"``):
   ``1/model.pt2`` beside a ``1/model.py`` that loads it. The Python environment Triton runs the
   model in must have a torch build matching the one that compiled the package.
+
+A text-generation build gets a decoupled Python-backend model generating from its ONNX Runtime GenAI
+folder instead (``triton_genai.py``), answering Triton's generate endpoint.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from typing import Any
 
 from infopt.core.errors import UsageError
 from infopt.core.inputspec import InputSpec
+from infopt.exporters.genai_folder import GenaiFolder
 from infopt.exporters.servers.emitter import EmitJob, ServerEmitter, register
+from infopt.exporters.servers.triton_genai import write_generation_model
 from infopt.exporters.servers.triton_tuning import TRITON_DTYPES, Tuning, tune
 
 ENGINE_CACHE_ROOT = "/tmp/triton_trt_engines"
@@ -176,7 +181,10 @@ def write_repository(root: Path, name: str, model_file: Path, spec: InputSpec,
 
 def emit(job: EmitJob) -> Path:
     """The repository under ``servers/triton/``, its batching tuned to the measured latency curve
-    (recorded in the manifest as ``triton_tuning``)."""
+    (recorded in the manifest as ``triton_tuning``); for a text-generation build, the Python backend generating
+    from its GenAI folder (``triton_genai.py``)."""
+    if job.products.get(GenaiFolder) is not None:
+        return write_generation_model(job.stage / "servers" / "triton", job.name)
     outputs = [(o.name, o.dtype, tuple(o.shape)) for o in job.manifest.outputs]
     validation = job.manifest.validation
     tuning = tune(validation.curve, job.device, job.spec, max_batch_size(job.spec, outputs),
@@ -188,7 +196,8 @@ def emit(job: EmitJob) -> Path:
 
 
 SERVES = {
-    "onnx": "the onnxruntime backend (the TensorRT accelerator with server_engine)",
+    "onnx": "the onnxruntime backend (the TensorRT accelerator with server_engine); a text-generation build's GenAI "
+            "folder through the Python backend and onnxruntime_genai, on the generate endpoint",
     "aoti": "the Python backend, model.py loading model.pt2",
     "tensorrt": "the TensorRT backend (platform tensorrt_plan)",
 }

@@ -1,47 +1,37 @@
-"""What a build says about its chosen artifact's lineage, asking each pass of it: its notes (``Pass.notes``:
-INT8's mode and choice, a TensorRT engine left to the server), the precision it shipped in, the engine the
-server's config asks for; and a noisy machine's timings. Notes for the manifest and report; nothing here names
-a pass."""
+"""What a build says about its chosen artifact's lineage, asking each pass's typed details
+(``PassDetails.notes``: INT8's mode and choice, a TensorRT engine left to the server; the precision it shipped
+in; the engine the server's config asks for); and a noisy machine's timings. Notes for the manifest and report;
+nothing here names a pass."""
 
 from __future__ import annotations
 
 from infopt.core.registry import PASSES
 
 
-def _typed(lineage):
-    """(the pass, its typed details) of each record of ``lineage`` that ran and recorded details."""
+def typed_details(lineage):
+    """The typed details of each record of ``lineage`` that ran and recorded details of a declared type."""
     for record in lineage:
         step = PASSES.items.get(record.name)
-        details = step.typed(record) if step is not None else None
+        details = step.typed(record) if step is not None and step.details is not None else None
         if details is not None:
-            yield step, details
+            yield details
 
 
 def pass_notes(lineage) -> list[str]:
-    """Every pass's own notes on what it did (``Pass.notes``), in the order the passes ran."""
-    return [note for step, details in _typed(lineage) if step.notes is not None for note in step.notes(details)]
+    """Every pass's own notes on what it did (``PassDetails.notes``), in the order the passes ran."""
+    return [note for details in typed_details(lineage) for note in details.notes()]
 
 
 def server_engine(lineage) -> dict | None:
-    """What a pass of the lineage asks the server to build at load time (``Pass.server_engine``: a TensorRT engine
-    left to Triton), or None."""
-    return _first(lineage, lambda step: step.server_engine)
+    """What a pass of the lineage asks the server to build at load time (``PassDetails.server_engine``: a TensorRT
+    engine left to Triton), or None."""
+    return next((found for d in typed_details(lineage) if (found := d.server_engine()) is not None), None)
 
 
 def shipped_precision(lineage) -> str | None:
-    """The precision a pass left the artifact in when it is not the recipe's (``Pass.shipped_precision``: the INT8
-    pass shipping FP32 that measured faster here), or None."""
-    return _first(lineage, lambda step: step.shipped_precision)
-
-
-def _first(lineage, hook):
-    """The first answer other than None that ``hook(step)``, a function of typed details, gives in the lineage."""
-    for step, details in _typed(lineage):
-        ask = hook(step)
-        found = ask(details) if ask is not None else None
-        if found is not None:
-            return found
-    return None
+    """The precision a pass left the artifact in when it is not the recipe's (``PassDetails.shipped_precision``: the
+    INT8 pass shipping FP32 that measured faster here), or None."""
+    return next((found for d in typed_details(lineage) if (found := d.shipped_precision()) is not None), None)
 
 
 def noise_notes(timings) -> list[str]:

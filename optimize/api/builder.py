@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from infopt.api import candidates as cand
-from infopt.api import provenance, task_choice
+from infopt.api import flags, provenance, task_choice
 from infopt.api.build_inputs import latency_feeds, raw_reader, validation_batches
 from infopt.api.build_notes import noise_notes, pass_notes, server_engine, shipped_precision
 from infopt.api.build_result import BuildResult, load  # noqa: F401 - load: infopt.load
@@ -24,7 +24,7 @@ from infopt.core.inputspec import InputSpec, parse_dim
 from infopt.core.manifest import data_sha256, model_bytes, read_manifest
 from infopt.core.pipeline import Pipeline, SharedPrefixes
 from infopt.core.recipe import MIN_CURVE_RUNS, MIN_LATENCY_RUNS, Recipe, load_recipe, recipes_for
-from infopt.core.registry import get_pass
+from infopt.core.registry import BuildSettings, get_pass
 from infopt.core.sample_inputs import capture_feed, id_high, random_feed
 from infopt.core.step_times import StepTimes
 from infopt.core.target import get_target
@@ -130,6 +130,9 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
           allow_pickle: bool = False, max_val_samples: int = DEFAULT_MAX_VAL_SAMPLES,
           calibration: Any = None, calib_samples: int | None = 128, calib_seed: int = 0, tokenizer: str | None = None,
           max_drift: str | None = None, pass_options: dict[str, dict[str, Any]] | None = None,
+          int4_method: str | None = None, group_size: int | None = None, act_order: bool = False,
+          int4_checkpoint: str | None = None, calib_method: str | None = None, calib_percentile: float | None = None,
+          calib_bins: int | None = None, smoothquant_alpha: float | None = None,
           allow_partial: bool = True, strict: bool = False, require_precision: bool = False,
           progress: bool | Any = True,
           command: Sequence[str] | None = None, dry_run: bool = False,
@@ -146,7 +149,10 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
 
     ``calibration`` (a path, an iterable or DataLoader, or ``"module:function"``) makes INT8
     static; ``max_drift`` (``"cosine_mean=0.995"``) is the budget the INT8 fallback holds and the
-    verdict checks; ``pass_options`` overrides recipe options by pass name. When one of several
+    verdict checks; ``pass_options`` overrides recipe options by pass name. ``int4_method``, ``group_size``,
+    ``act_order``, ``int4_checkpoint`` (INT4), ``calib_method``, ``calib_percentile``, ``calib_bins`` and
+    ``smoothquant_alpha`` (static INT8) are the command line's flags of those names: build settings that the
+    passes taking them put in their options (``core.registry.BuildSettings``). When one of several
     candidates fails to build or to run, the others are judged, the best that passes ships and the
     failures are listed (the manifest's and report's candidate tables, a warning from the CLI);
     ``strict`` (or ``allow_partial=False``) stops the build instead (``BuildError``, naming each
@@ -161,7 +167,7 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     ``task="text-generation"`` builds a Hugging Face causal LM (its folder or hub id) as its decoder
     with the KV cache, an ONNX Runtime GenAI folder judged by generating from it (fp32, int8, int4 for
     the ``cpu`` target; ``calibration`` a text file for int4; ``val`` a text file; ``max_drift`` top1
-    and ppl_delta; the INT4 method, group size and act order as ``pass_options["quantize_int4"]``).
+    and ppl_delta; ``int4_method``, ``group_size`` and ``act_order`` for INT4).
     ``task="logits"`` builds one graph from the inputs to the head's output. Without ``task``, a
     causal LM builds text-generation wherever that builds what was asked, and everything else logits;
     a causal LM kept on logits says why on the progress console.
@@ -190,13 +196,14 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     mix = _batch_mix(batch_mix, batch_sizes)
     if mix:
         batch_sizes = list(mix)
-    settings = {name: value for name, value in (("require_precision", require_precision),
-                                                 ("served_batch_sizes", list(batch_sizes or [])),
-                                                 ("batch_mix", {str(b): w for b, w in (mix or {}).items()})) if value}
-    recipes = [_with_overrides(r, thresholds, batch_sizes, pass_options, settings) for r in recipes]
+    settings = BuildSettings.of(
+        require_precision=require_precision, served_batch_sizes=list(batch_sizes or []), batch_mix=mix or {},
+        **flags.int4_settings(int4_method, group_size, act_order, int4_checkpoint),
+        **flags.calibration_settings(calib_method, calib_percentile, calib_bins, smoothquant_alpha))
+    recipes = [_with_overrides(r, thresholds, batch_sizes, pass_options) for r in recipes]
     for each in recipes:  # every pass's pre-flight, before any slow work
         for step in each.passes:
-            get_pass(step.name).preflight(step.options, target_obj, calibration is not None)
+            get_pass(step.name).preflight(step.options, target_obj, calibration is not None, settings)
 
     with times.step("load"):
         if isinstance(model, (str, Path)):
@@ -214,7 +221,7 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     request = BuildRequest(spec, recipes, target_obj, name, out, command, call, force=force, val=val,
                            max_samples=max_val_samples, console=console, calibration=calibration,
                            calib_samples=calib_samples, calib_seed=calib_seed, tokenizer=tokenizer, budget=budget,
-                           allow_partial=allow_partial and not strict, batch_mix=mix, times=times)
+                           allow_partial=allow_partial and not strict, batch_mix=mix, times=times, settings=settings)
     if dry_run:
         return _plan(loaded, request)
     with times.step("machine roof"):
@@ -296,21 +303,11 @@ def _batch_mix(mix: dict[int, float] | None, batch_sizes) -> dict[int, float] | 
     return {b: w / total for b, w in sorted(pairs.items())}
 
 
-def _with_overrides(recipe, thresholds, batch_sizes, pass_options=None, settings=None):
-    """The recipe with the user's thresholds, served batch sizes and pass options, and each build setting the user
-    gave (``settings``, keys of ``core.registry.BUILD_SETTINGS``) in the options of the passes that take it and whose
-    step leaves it unset."""
-    given = settings or {}
-    if not thresholds and not batch_sizes and not pass_options and not given:
+def _with_overrides(recipe, thresholds, batch_sizes, pass_options=None):
+    """The recipe with the user's thresholds, served batch sizes and pass options."""
+    if not thresholds and not batch_sizes and not pass_options:
         return recipe
-    data = recipe.to_json()
-    for pass_name, values in (pass_options or {}).items():
-        steps = [s for s in data["passes"] if s["name"] == pass_name]
-        if not steps:
-            raise UsageError(f"recipe {recipe.name} has no pass {pass_name!r} to set options on",
-                             fix=f"its passes are: {', '.join(s['name'] for s in data['passes'])}")
-        for step in steps:
-            step["options"] = {**step["options"], **values}
+    data = recipe.with_pass_options(pass_options).to_json()
     for key, value in (thresholds or {}).items():
         if key == "max_p99_ms":
             data["validation"]["latency"][key] = value
@@ -321,10 +318,6 @@ def _with_overrides(recipe, thresholds, batch_sizes, pass_options=None, settings
                              fix=f"use one of: {', '.join(list(data['validation']['drift']) + ['max_p99_ms'])}")
     if batch_sizes:
         data["validation"]["latency"]["batch_sizes"] = list(batch_sizes)
-    for step in data["passes"]:  # a pass that chooses by timing times at the sizes the model serves, as candidates are
-        for option, setting in get_pass(step["name"]).build_settings().items():
-            if setting in given and not step["options"].get(option):
-                step["options"] = {**step["options"], option: given[setting]}
     return type(recipe).from_json(data)
 
 
@@ -362,6 +355,8 @@ class BuildRequest:
     """turns raw --val and --calib files into samples (see :func:`raw_reader`)"""
     times: StepTimes = field(default_factory=StepTimes)
     """seconds per step, for the manifest's ``timings``"""
+    settings: BuildSettings = field(default_factory=BuildSettings)
+    """what the build was asked for that passes take (the flags), given to every pass's pipeline"""
 
 
 def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
@@ -376,7 +371,7 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
     with ctx.times.step("validation"):  # the eager outputs every candidate is judged against, and INT8 chooses by
         ref_out = drift_mod.run_all(reference, batches)
     candidates = _build_candidates(work, artifact, recipes, target, console, ctx.calib, ctx.budget, batches, checked_on,
-                                   ctx.allow_partial, ctx.times, ref_out)
+                                   ctx.allow_partial, ctx.times, ref_out, ctx.settings)
     built = [c for c in candidates if c.status == "built"]
     status = progress_display.status(console, "validating: drift against the eager reference")
     if status:
@@ -441,7 +436,7 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
     record = provenance.record(ctx.command, ctx.call, recipe.name, ctx.calib,
                                {"source": source,
                                 "samples": sum(int(next(iter(b.values())).shape[0]) if spec.batch_symbol else 1 for b in batches),
-                                "sha256": data_sha256(batches)})
+                                "sha256": data_sha256(batches)}, ctx.settings)
     with staged_output(out, force) as stage:
         validation["stored_samples"] = store_samples(stage / "validation" / "samples.npz", batches, ref_out, names,
                                                      spec.batch_symbol is not None)
@@ -507,7 +502,7 @@ def _work(module, spec, model_file: Path) -> dict[str, Any]:
 
 
 def _build_candidates(work, artifact, recipes, target, console, calib, budget, check_batches, check_source,
-                      allow_partial=False, times=None, check_reference=None):
+                      allow_partial=False, times=None, check_reference=None, settings=None):
     """Run each recipe's pipeline. One this machine cannot build is recorded as skipped; one that
     fails stops the build with every failure named, unless ``allow_partial`` keeps the survivors."""
 
@@ -533,7 +528,8 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
             c.artifact = Pipeline(c.recipe, target, work / c.label, calibration=calib, budget=budget,
                                   check_batches=check_batches, check_source=check_source,
                                   check_reference=check_reference, console=console,
-                                  label=c.label if len(runnable) > 1 else "", times=times).run(artifact, shared)
+                                  label=c.label if len(runnable) > 1 else "", times=times,
+                                  settings=settings).run(artifact, shared)
             c.runner = cand.validation_runner(c.artifact, target)
             c.outputs = cand.artifact_outputs(c.artifact)
             c.status = "built"

@@ -1,14 +1,15 @@
 """The command line's words turned into ``build``'s arguments, here so that the CLI only declares its
-flags: precision flags to one precision, and the quantization flags to pass options, each value
-outside its choices named by its flag."""
+flags: precision flags to one precision, and the quantization flags to build settings
+(``core.registry.BuildSettings``, which the passes that take them declare), each value outside its choices
+named by its flag."""
 
 from __future__ import annotations
 
 from typing import get_args
 
 from infopt.core.errors import UsageError
-from infopt.passes.fx.quantize_int4 import QuantizeInt4Options
 from infopt.quantize import calibrators
+from infopt.quantize.method_names import CheckpointLayout, Int4MethodName
 
 PRECISION_FLAGS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
 
@@ -22,25 +23,21 @@ def precision(flags: dict[str, bool], named: str | None = None) -> str:
     return chosen[0] if chosen else "fp32"
 
 
-def int4_options(method, group_size, act_order, checkpoint) -> dict[str, dict]:
-    """The INT4 flags as ``quantize_int4`` options. (The group size is checked by the options
-    themselves, for recipes as well.)"""
-    fields = QuantizeInt4Options.model_fields
-    for flag, value, field in (("--int4-method", method, "method"), ("--int4-checkpoint", checkpoint, "checkpoint")):
-        allowed = get_args(fields[field].annotation)
+def int4_settings(method, group_size, act_order, checkpoint) -> dict[str, object]:
+    """The INT4 flags as build settings. (The group size is checked by the options that take it, for recipes
+    as well.)"""
+    for flag, value, allowed in (("--int4-method", method, ("auto", *get_args(Int4MethodName))),
+                                 ("--int4-checkpoint", checkpoint, get_args(CheckpointLayout))):
         if value is not None and value not in allowed:
             raise UsageError(f"unknown {flag} {value!r}", fix=f"use one of: {', '.join(allowed)}")
-    values = {"method": method, "group_size": group_size, "act_order": act_order or None, "checkpoint": checkpoint}
-    found = {k: v for k, v in values.items() if v is not None}
-    return {"quantize_int4": found} if found else {}
+    values = {"int4_method": method, "group_size": group_size, "act_order": act_order or None,
+              "int4_checkpoint": checkpoint}
+    return {k: v for k, v in values.items() if v is not None}
 
 
-def calibration_options(method, percentile, bins, alpha) -> dict[str, dict]:
-    """``--calib-method``, ``--calib-percentile``, ``--calib-bins`` and ``--smoothquant-alpha`` as pass options."""
+def calibration_settings(method, percentile, bins, alpha) -> dict[str, object]:
+    """``--calib-method``, ``--calib-percentile``, ``--calib-bins`` and ``--smoothquant-alpha`` as build settings."""
     if method is not None and method not in calibrators.names():
         raise UsageError(f"unknown --calib-method {method!r}", fix=f"use one of: {', '.join(calibrators.names())}")
-    int8 = {k: v for k, v in {"method": method, "percentile": percentile, "bins": bins}.items() if v is not None}
-    found = {"quantize_int8": int8} if int8 else {}
-    if alpha is not None:
-        found["smoothquant"] = {"alpha": alpha}
-    return found
+    values = {"calib_method": method, "calib_percentile": percentile, "calib_bins": bins, "smoothquant_alpha": alpha}
+    return {k: v for k, v in values.items() if v is not None}

@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from infopt.api import provenance
+from infopt.api import flags, provenance
+from infopt.api.build_notes import typed_details
 from infopt.api.build_result import BuildResult
 from infopt.api.emit import base_manifest, source_info, write_output
 from infopt.api.provenance import call_text
@@ -36,6 +37,7 @@ from infopt.core.inputspec import InputSpec
 from infopt.core.manifest import data_sha256
 from infopt.core.pipeline import Pipeline
 from infopt.core.recipe import Recipe, recipes_for
+from infopt.core.registry import BuildSettings, get_pass
 from infopt.core.step_times import StepTimes
 from infopt.core.target import get_target
 from infopt.core.work_folders import work_folder
@@ -77,9 +79,12 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                      force: bool = False, val: str | Path | None = None, precision: str = "fp32",
                      target: str = "cpu", calib: str | Path | None = None, max_drift: str | None = None,
                      int4_method: str | None = None, group_size: int | None = None, act_order: bool = False,
-                     price_per_hour: float | None = None, attention: str = "fused", command: list[str] | None = None,
+                     price_per_hour: float | None = None, attention: str | None = None,
+                     pass_options: dict[str, dict[str, Any]] | None = None, command: list[str] | None = None,
                      console: Any = None) -> BuildResult:
-    """Build the text-generation deployable of a causal LM (fp32, dynamic INT8 or INT4 weight-only)."""
+    """Build the text-generation deployable of a causal LM (fp32, dynamic INT8 or INT4 weight-only). The INT4 flags
+    and ``attention`` (``unfused``: attention as transformers writes it) are build settings the task's passes take;
+    ``pass_options`` (pass name -> options) go over the recipe's own."""
     if precision not in PRECISIONS or target != "cpu":
         raise UsageError(f"--task {TASK} builds fp32, --int8 and --int4 for the cpu target so far; asked {precision} "
                          f"for {target}", fix=f"drop the precision flag and --target, or build --task logits for {precision}")
@@ -90,8 +95,11 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
     if precision != "int4" and (int4_method or group_size or act_order):
         raise UsageError("--int4-method, --group-size and --act-order apply to --int4", fix="drop them, or build --int4")
     machine = get_target(target)
-    recipe = _recipe(recipes_for(machine, precision, "onnxruntime", task=TASK)[0], calib, int4_method, group_size,
-                     act_order, attention)
+    settings = BuildSettings.of(attention=attention, **flags.int4_settings(int4_method, group_size, act_order, None))
+    _check_int4(settings, calib)
+    recipe = recipes_for(machine, precision, "onnxruntime", task=TASK)[0].with_pass_options(pass_options)
+    for step in recipe.passes:  # every pass's pre-flight, before any slow work
+        get_pass(step.name).preflight(step.options, machine, calib is not None, settings)
     budgets = evaluator.with_max_drift(recipe.validation.generation, max_drift)
     try:
         import onnxruntime_genai  # noqa: F401 - the folder's consumer, which judges the build
@@ -122,7 +130,8 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
     call = call_text(model, {"task": TASK, **({"precision": precision} if precision != "fp32" else {})})
     with claim_output(out, force), work_folder("generation") as work:
         source = Artifact("torch", InputSpec.parse(list(LM_INPUTS)), obj=lm, output_names=("logits",))
-        final = Pipeline(recipe, machine, Path(work), calibration=calibration, console=console, times=times).run(source)
+        final = Pipeline(recipe, machine, Path(work), calibration=calibration, console=console, times=times,
+                         settings=settings).run(source)
         decoder: KvDecoder = final.products[KvDecoder]
         prepared = final.products[genai.GenaiFolder].path
         config = json.loads((prepared / "genai_config.json").read_text())
@@ -170,7 +179,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                       "verdict": judged["verdict"]}
         record = provenance.record(command, call, recipe.name, calibration,
                                    {"source": prompt_source, "samples": len(prompts),
-                                    "sha256": data_sha256({"input_ids": np.asarray(p)} for p in prompts)})
+                                    "sha256": data_sha256({"input_ids": np.asarray(p)} for p in prompts)}, settings)
         with staged_output(out, force) as stage:
             validation["stored_samples"] = samples.save(stage / evaluator.SAMPLES_FILE)
             manifest = base_manifest(name, origin, machine, recipe, final.spec, decoder_outputs(decoder.layout),
@@ -187,26 +196,24 @@ def time_folder(folder: Path, vocab: int, context: int) -> dict:
     return generation.time_generation(folder, vocab, lengths, list(TPOT_BATCHES), NEW_TOKENS)
 
 
-def _recipe(recipe: Recipe, calib, int4_method, group_size, act_order, attention) -> Recipe:
-    """The task's recipe with the build's INT4 flags and attention in its passes' options; the INT4 settings this
-    task's folder cannot take refused before any work."""
-    if group_size is not None and group_size not in BLOCK_SIZES:
-        raise UsageError(f"--group-size {group_size}: ONNX Runtime's MatMulNBits takes "
+def generation_passes() -> set[str]:
+    """The passes the task's recipes run (the options ``pass_options`` may set for a text-generation build)."""
+    machine = get_target("cpu")
+    return {step.name for p in PRECISIONS for step in recipes_for(machine, p, "onnxruntime", task=TASK)[0].passes}
+
+
+def _check_int4(settings: BuildSettings, calib) -> None:
+    """The INT4 settings this task's folder cannot take, refused before any work: a group size MatMulNBits does not
+    take, a method that calibrates without --calib."""
+    if settings.group_size is not None and settings.group_size not in BLOCK_SIZES:
+        raise UsageError(f"--group-size {settings.group_size}: ONNX Runtime's MatMulNBits takes "
                          f"{', '.join(map(str, BLOCK_SIZES))}", fix="pass --group-size 32, 64 or 128")
-    given = {"quantize_int4": {k: v for k, v in {"method": int4_method, "group_size": group_size,
-                                                  "act_order": act_order or None}.items() if v is not None},
-             "capture_kv_decoder": {"attention": attention} if attention != "fused" else {}}
-    data = recipe.to_json()
-    for step in data["passes"]:
-        step["options"] = {**step["options"], **given.get(step["name"], {})}
-        if step["name"] == "quantize_int4":
-            method = step["options"].get("method", "auto")
-            method = ("gptq" if calib else "rtn") if method == "auto" else method
-            settings = {k: v for k, v in step["options"].items() if k in ("group_size", "act_order")}
-            if Int4Config(method=method, **settings).method_config().needs_data and not calib:
-                raise UsageError(f"INT4 {method.upper()} calibrates on text, and no --calib was given",
-                                 fix="pass --calib TEXT.txt (one passage per line), or --int4-method rtn")
-    return Recipe.from_json(data)
+    method = settings.int4_method or "auto"
+    method = ("gptq" if calib else "rtn") if method == "auto" else method
+    given = {k: v for k, v in (("group_size", settings.group_size), ("act_order", settings.act_order)) if v is not None}
+    if Int4Config(method=method, **given).method_config().needs_data and not calib:
+        raise UsageError(f"INT4 {method.upper()} calibrates on text, and no --calib was given",
+                         fix="pass --calib TEXT.txt (one passage per line), or --int4-method rtn")
 
 
 def _calibration(calib, folder: Path, config) -> CalibrationSet:
@@ -219,17 +226,15 @@ def _calibration(calib, folder: Path, config) -> CalibrationSet:
 
 def _quantization(lineage, calibration: CalibrationSet | None) -> dict | None:
     """What the quantization pass of the lineage did, as ``validation.generation.quantization`` says it."""
-    for record in lineage:
-        if record.name == "quantize_int4" and record.details:
-            d = Int4Details.of(record.details)
-            return {"precision": "int4", "method": d.method, "layers": len(d.layers),
-                    "group_sizes": sorted({row["group_size"] for row in d.layers}, reverse=True),
-                    "act_order": d.act_order, "kept_in_float": sorted(d.kept),
-                    "calibration_passages": calibration.count if calibration and d.method != "rtn" else 0,
+    for details in typed_details(lineage):
+        if isinstance(details, Int4Details) and details.route is None:
+            return {"precision": "int4", "method": details.method, "layers": len(details.layers),
+                    "group_sizes": sorted({row["group_size"] for row in details.layers}, reverse=True),
+                    "act_order": details.act_order, "kept_in_float": sorted(details.kept),
+                    "calibration_passages": calibration.count if calibration and details.method != "rtn" else 0,
                     "format": "MatMulNBits (com.microsoft), 4-bit weights"}
-        if record.name == "quantize_int8" and record.details:
-            d = Int8Details.of(record.details)
-            return {"precision": "int8", "method": d.mode, "per_channel": True, "layers": len(d.layers),
+        if isinstance(details, Int8Details):
+            return {"precision": "int8", "method": details.mode, "per_channel": True, "layers": len(details.layers),
                     "format": "MatMulInteger, int8 weights per output channel"}
     return None
 

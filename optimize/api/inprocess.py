@@ -13,10 +13,9 @@ from typing import Any
 
 from infopt.core.cache import cache_dir
 from infopt.core.recipe import find_recipe, load_recipe
-from infopt.core.registry import get_pass
 from infopt.core.target import get_target
 from infopt.passes.fx.cast_precision import DTYPES, cast_module
-from infopt.passes.lower.aoti_compile import inductor_configs, resolve_device, user_cache_dir
+from infopt.passes.lower.aoti_compile import in_process_settings, inductor_configs, resolve_device, user_cache_dir
 
 
 def compile(module: Any, *, target: str = "cpu", precision: str = "fp32", recipe: str | Path | None = None,
@@ -34,12 +33,10 @@ def compile(module: Any, *, target: str = "cpu", precision: str = "fp32", recipe
     target_obj = get_target(target)
     chosen = load_recipe(recipe) if recipe else find_recipe(target_obj, precision, "inductor")
     target_obj.require_precision(chosen.precision)
-    step = next(s for s in chosen.passes if s.name == "aoti_compile")
-    options = get_pass("aoti_compile").parse_options(step.options)
+    options, cast = in_process_settings(chosen)
     device = resolve_device(options.device, target_obj.device)
-    cast = next((s for s in chosen.passes if s.name == "cast_precision"), None)
     if cast is not None:
-        module = cast_module(module, getattr(torch, DTYPES[get_pass("cast_precision").parse_options(cast.options).precision]))
+        module = cast_module(module, getattr(torch, DTYPES[cast]))
     if not user_cache_dir():
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir("inductor"))
     return torch.compile(module.eval().to(device), backend="inductor", options=inductor_configs(options), dynamic=dynamic)

@@ -58,12 +58,15 @@ def _short(value: Any) -> str:
     return f"<{type(value).__name__}>"
 
 
-def record(command: Sequence[str] | None, call: str, recipe_name: str, calibration, validation: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's provenance block."""
+def record(command: Sequence[str] | None, call: str, recipe_name: str, calibration, validation: dict[str, Any],
+           settings=None) -> dict[str, Any]:
+    """The manifest's provenance block; ``settings``: the build settings the user gave (``BuildSettings``), which
+    the passes that take them put in their options over the recipe's."""
     return {
         "command": shlex.join(command) if command else None,
         "python_call": None if command else call,
         "recipe": recipe_name,
+        "settings": settings.given() if settings is not None else {},
         "calibration": None if calibration is None else {"source": calibration.source, "samples": calibration.count,
                                                          "sha256": calibration.digest},
         "validation_data": validation,

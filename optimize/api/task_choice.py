@@ -14,7 +14,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from infopt.api.generation import PRECISIONS
+from infopt.api.generation import PRECISIONS, generation_passes
 from infopt.core.errors import UsageError
 from infopt.exporters.genai_folder import has_tokenizer
 from infopt.runtime import hub
@@ -68,8 +68,8 @@ TASKS = ("logits", "text-generation")
 # infopt.build's arguments that only the logits graph takes (the text-generation build has no use for them)
 LOGITS_ONLY = ("example_inputs", "backend", "inputs", "dims", "batch_sizes", "batch_mix", "thresholds", "recipe", "model_class",
                "model_args", "allow_pickle", "max_val_samples", "calib_samples", "calib_seed", "tokenizer",
-               "allow_partial", "strict", "require_precision", "dry_run")
-INT4_OPTIONS = {"method": "int4_method", "group_size": "group_size", "act_order": "act_order"}
+               "allow_partial", "strict", "require_precision", "dry_run", "int4_checkpoint", "calib_method",
+               "calib_percentile", "calib_bins", "smoothquant_alpha")
 
 
 def generation_arguments(model, task: str | None, given: dict, defaults: dict, say) -> dict | None:
@@ -85,10 +85,8 @@ def generation_arguments(model, task: str | None, given: dict, defaults: dict, s
                              f"not a {type(model).__name__}", fix="pass the model's folder (save_pretrained) or hub id")
         return None
     options = dict(given.get("pass_options") or {})
-    int4 = options.pop("quantize_int4", {})
     extra = [name for name in LOGITS_ONLY if given[name] != defaults.get(name)]  # example_inputs: None
-    extra += [f"pass_options[{name!r}]" for name in options] + [f"pass_options['quantize_int4'][{k!r}]"
-                                                                 for k in int4 if k not in INT4_OPTIONS]
+    extra += [f"pass_options[{name!r}]" for name in options if name not in generation_passes()]
     calib = given["calibration"]
     if calib is not None and not isinstance(calib, (str, Path)):
         extra.append("calibration (as anything but a text file)")
@@ -106,4 +104,5 @@ def generation_arguments(model, task: str | None, given: dict, defaults: dict, s
     return {"output": given["output"], "name": given["name"], "force": given["force"], "val": given["val"],
             "precision": given["precision"] or "fp32", "target": given["target"], "calib": calib,
             "max_drift": given["max_drift"], "price_per_hour": given["price_per_hour"],
-            **{INT4_OPTIONS[k]: v for k, v in int4.items() if k in INT4_OPTIONS}}
+            "int4_method": given["int4_method"], "group_size": given["group_size"], "act_order": given["act_order"],
+            "pass_options": options or None}

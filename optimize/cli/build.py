@@ -108,7 +108,7 @@ def build(
         if dry_run or recipe or backend != "auto":
             raise UsageError("--task text-generation takes no --dry-run, --recipe or --backend yet",
                              fix="drop them: it builds the ONNX Runtime GenAI folder for the cpu target")
-        api_flags.int4_options(int4_method, group_size, act_order, None)  # an unknown --int4-method exits 2 here
+        api_flags.int4_settings(int4_method, group_size, act_order, None)  # an unknown --int4-method exits 2 here
         _build_generation(model, precision=api_flags.precision(flags, precision) or "fp32", target=target, val=val,
                           name=name, output=output, force=force, calib=calib, max_drift=max_drift,
                           int4_method=int4_method, group_size=group_size, act_order=act_order,
@@ -121,8 +121,9 @@ def build(
                                 min_sqnr_db=min_sqnr_db, max_p99_ms=max_p99_ms),
         recipe=recipe, name=name, output=output, force=force, model_class=model_class, model_args=model_args,
         allow_pickle=allow_pickle, progress=False if quiet else stderr(), calibration=calib, calib_samples=calib_samples, tokenizer=tokenizer,
-        max_drift=max_drift, pass_options={**api_flags.calibration_options(calib_method, calib_percentile, calib_bins, smoothquant_alpha),
-                                           **api_flags.int4_options(int4_method, group_size, act_order, int4_checkpoint)},
+        max_drift=max_drift, int4_method=int4_method, group_size=group_size, act_order=act_order,
+        int4_checkpoint=int4_checkpoint, calib_method=calib_method, calib_percentile=calib_percentile,
+        calib_bins=calib_bins, smoothquant_alpha=smoothquant_alpha,
         strict=strict, require_precision=require_precision, command=["infopt", *sys.argv[1:]],
         dry_run=dry_run, price_per_hour=price_per_hour, task="logits",
     )

@@ -1,9 +1,11 @@
 """``infopt serve DIST``: the real server on an output folder, on loopback, until Ctrl-C.
 
 Triton (the ``tritonserver`` binary ``nvidia-pytriton`` ships: its Python backend serves an
-AOTInductor ``model.pt2``; it has no ONNX Runtime or TensorRT backend) or TorchServe (the
-``servers/torchserve/`` archive: ONNX Runtime or a ``.pt2``; Java 17). ``--server auto`` takes Triton
-where it can serve the model and TorchServe otherwise. Once the model is ready the command prints the
+AOTInductor ``model.pt2``, and a text-generation build's GenAI folder on the generate endpoint; it has no
+ONNX Runtime or TensorRT backend) or TorchServe (the ``servers/torchserve/`` archive: ONNX Runtime or a
+``.pt2``; Java 17). ``--server auto`` takes Triton where it can serve the model and TorchServe otherwise.
+An output neither can serve here is exit 2 (a text-generation build asked of TorchServe, a server folder
+the build did not write) or 4 (what this machine lacks). Once the model is ready the command prints the
 endpoint and a request that works, then waits; Ctrl-C (or SIGTERM) stops the server and everything it
 started, and the command exits 0.
 """
@@ -46,8 +48,16 @@ def serve(
         raise UsageError(f"{dist} is not an output folder of infopt (no manifest.json)", fix="pass the folder `infopt build` wrote")
     manifest = read_manifest(dist)
     model = Path(manifest.artifacts.model)
-    chosen = _choose(server, model.suffix, dist)
-    if chosen == "triton" and model.suffix != ".pt2":
+    generates = "onnxruntime-genai" in manifest.artifacts
+    chosen = "triton" if generates and server == "auto" else _choose(server, model.suffix, dist)
+    if generates and chosen != "triton":
+        raise UsageError(f"{dist} is a text-generation build, which TorchServe does not serve here",
+                         fix="use --server triton (or leave --server out): Triton's generate endpoint serves it")
+    folder = dist / "servers" / chosen
+    if not folder.is_dir():
+        raise UsageError(f"{dist} holds no servers/{chosen}/: its build wrote no {chosen} deployable",
+                         where=str(dist), fix="rebuild it with this infopt, or serve it with the other --server")
+    if chosen == "triton" and model.suffix != ".pt2" and not generates:
         raise EnvironmentProblem(f"the Triton binary here (nvidia-pytriton's) has no backend for {model.name}: it serves "
                                  "AOTInductor packages through its Python backend only",
                                  fix=f"use --server torchserve, or serve {dist / 'servers' / 'triton'} with NVIDIA's Triton "
@@ -63,12 +73,15 @@ def serve(
             context = serving(dist / "servers" / "torchserve", manifest.name, Path(work), first_http_port=port or 8080)
         with context as endpoints:
             if chosen == "triton":
-                url = f"http://{endpoints.http}/v2/models/{manifest.name}/infer"
+                url = f"http://{endpoints.http}/v2/models/{manifest.name}/{'generate' if generates else 'infer'}"
                 where = f"Triton Inference Server on http://{endpoints.http} (gRPC {endpoints.grpc})"
             else:
                 url = f"{endpoints.inference}/predictions/{manifest.name}"
                 where = f"TorchServe on {endpoints.inference} (management {endpoints.management})"
-            _say_ready(manifest, where, url)
+            if generates:
+                _say_ready_to_generate(manifest, where, url)
+            else:
+                _say_ready(manifest, where, url)
             handlers = _wait(endpoints.process)
             stdout().print("stopping the server", markup=False)
     for sig, handler in handlers.items():
@@ -120,6 +133,20 @@ def _say_ready(manifest, where: str, url: str) -> None:
         shapes = ", ".join(f"{t['name']} {t['datatype']}{t['shape']}" for t in body["inputs"])
         console.print(f"POST {url} a JSON body {{\"inputs\": [{{\"name\", \"shape\", \"datatype\", \"data\"}}]}} "
                       f"with {shapes}", markup=False, soft_wrap=True)
+
+
+GENERATE_EXAMPLE = {"text_input": "Once upon a time", "max_tokens": 16}
+"""the request printed for a text-generation build: Triton's generate endpoint maps its fields to the model's inputs"""
+
+
+def _say_ready_to_generate(manifest, where: str, url: str) -> None:
+    console = stdout()
+    console.print(f"serving {manifest.name} with {where}; Ctrl-C stops it", markup=False)
+    console.print("a request (add \"stream\": true and POST to .../generate_stream for one event per token):",
+                  markup=False)
+    text = json.dumps(GENERATE_EXAMPLE, separators=(",", ":"))
+    console.print(f"curl -s -X POST {url} -H 'Content-Type: application/json' -d {shlex.quote(text)}", markup=False,
+                  soft_wrap=True)
 
 
 def _wait(process) -> dict:

@@ -119,15 +119,14 @@ def _span(counts) -> str:
 
 
 def pass_sections(manifest: Manifest) -> list[Section]:
-    """The sections the passes give of their own records (``Pass.sections``, from their typed details), in
+    """The sections the passes give of their own records (``PassDetails.sections``, from their typed details), in
     pipeline order; of two with one title (INT4 by the module and by the graph pass), the one with more rows."""
     found: dict[str, Section] = {}
     for record in manifest.passes:
         step = PASSES.items.get(record.name)
-        if step is None or step.sections is None or record.skipped or not record.details:
+        if step is None or step.details is None or record.skipped or not record.details:
             continue
-        details = step.details.of(record.details) if step.details else record.details
-        for section in step.sections(details):
+        for section in step.details.of(record.details).sections():
             kept = found.get(section.title)
             if kept is None or len(section.rows) > len(kept.rows):
                 found[section.title] = section

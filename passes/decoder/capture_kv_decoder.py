@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
@@ -25,6 +25,7 @@ from infopt.quantize.int4_format import conv1d_as_linear
 
 
 class CaptureKvDecoderOptions(PassOptions):
+    SETTINGS: ClassVar[dict[str, str]] = {"attention": "attention"}
     attention: Literal["fused", "unfused"] = Field(
         "fused", description="fused: GroupQueryAttention where it computes the same (the cache one shared buffer); "
                              "unfused: attention as transformers writes it (the cache concatenated each step)")

@@ -1,4 +1,4 @@
-"""The INT4 passes' own report section (``Pass.sections`` of ``quantize_int4`` and ``quantize_int4_graph``):
+"""The INT4 passes' own report section (``Int4Details.sections``, of ``quantize_int4`` and ``quantize_int4_graph``):
 each Linear's group size and error, and why any stayed in float. Given the pass's ``Int4Details``."""
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -33,6 +33,7 @@ from infopt.exporters.int4_checkpoint import CheckpointSource, checkpoint_format
 from infopt.passes.fx.int4_sections import int4_sections
 from infopt.quantize.int4_config import Int4Config, Int4MethodConfig, Method
 from infopt.quantize.int4_format import conv1d_as_linear
+from infopt.quantize.method_names import CheckpointLayout
 from infopt.quantize.sensitivity import Budget
 from infopt.quantize.weight_only import fall_back_to_budget, quantize_int4
 from infopt.runtime.backend import package_version
@@ -41,6 +42,8 @@ CHECKPOINT_DIR = "servers/vllm"
 
 
 class QuantizeInt4Options(PassOptions, Int4Config):
+    SETTINGS: ClassVar[dict[str, str]] = {"method": "int4_method", "group_size": "group_size",
+                                          "act_order": "act_order", "checkpoint": "int4_checkpoint"}
     method: Literal["auto", Method] = Field(
         "auto", description="auto: GPTQ with calibration data, RTN without; or rtn, gptq, awq")
     fallback_budget: str | None = Field(
@@ -48,7 +51,7 @@ class QuantizeInt4Options(PassOptions, Int4Config):
                           "after quantizing; the most sensitive layers go back to float until it holds")
     calibration_batch: int = Field(16, ge=1, description="calibration samples run together, sorted by length and each "
                                                         "batch cut to its longest; 1 runs each at its own length")
-    checkpoint: Literal["auto", "gptq", "awq", "none"] = Field(
+    checkpoint: CheckpointLayout = Field(
         "auto", description="4-bit checkpoint for the serving engines when the model has a Hugging Face config; "
                             "auto: GPTQ layout, none after AWQ (its input scales have no place in either layout)")
 
@@ -78,6 +81,9 @@ class Int4Details(PassDetails):
     route: str | None = None
     """"onnx graph" when the graph pass quantized a model with no Python module; :data:`SKIPPED_ROUTE`
     when this pass stepped aside for it"""
+
+    def sections(self) -> list:
+        return int4_sections(self)
 
 
 def argument_tuples(batches, spec) -> list[tuple]:
@@ -248,7 +254,6 @@ PASS = Pass(
     run=run,
     options=QuantizeInt4Options,
     details=Int4Details,
-    sections=int4_sections,
     description="INT4 weight-only Linear layers (RTN, GPTQ, AWQ) in infopt's packed format; GPTQ/AWQ checkpoint",
     needs_python_module="INT4 quantizes layer by layer, and TorchScript, .pt2 and ONNX have no Python layers; "
                         "the onnxruntime backend quantizes the graph instead",

@@ -26,10 +26,11 @@ from pydantic import Field
 
 from infopt.core.artifact import Artifact
 from infopt.core.cache import cache_dir, content_key, store, stored
-from infopt.core.errors import EnvironmentProblem
+from infopt.core.errors import EnvironmentProblem, RecipeError
 from infopt.core.logs import quiet_third_party
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.exporters.program_key import key_or_none, program_parts, source_of
+from infopt.passes.fx import cast_precision
 from infopt.quantize.int4_format import decompose_int4
 
 
@@ -177,3 +178,15 @@ PASS = Pass(
     options=InductorOptions,
     description="AOTInductor: compile the ExportedProgram into a .pt2 package (CPU or CUDA)",
 )
+
+
+def in_process_settings(recipe) -> tuple[InductorOptions, str | None]:
+    """What ``infopt.compile`` applies in process from an Inductor recipe: the options of its compile step, and the
+    precision its cast step casts to (None without one)."""
+    step = next((s for s in recipe.passes if s.name == PASS.name), None)
+    if step is None:
+        raise RecipeError(f"recipe {recipe.name} has no {PASS.name} step to take Inductor's options from",
+                          fix="pass an inductor recipe (infopt recipes lists them)")
+    cast = next((s for s in recipe.passes if s.name == cast_precision.PASS.name), None)
+    return (PASS.parse_options(step.options),
+            cast_precision.PASS.parse_options(cast.options).precision if cast is not None else None)

@@ -172,6 +172,12 @@ class TensorRTDetails(PassDetails):
     timing_cache_reused: bool | None = None
     optimization_level: int | None = None
 
+    def notes(self) -> list[str]:
+        return engine_notes(self)
+
+    def server_engine(self) -> dict | None:
+        return server_request(self)
+
 
 def run(artifact: Artifact, options: TensorRTOptions, context: PassContext) -> PassOutcome:
     reason = tensorrt_unavailable()
@@ -188,7 +194,7 @@ def run(artifact: Artifact, options: TensorRTOptions, context: PassContext) -> P
 
 
 def engine_notes(details: TensorRTDetails) -> list[str]:
-    """What the build says when the engine is left to the server (``Pass.notes``)."""
+    """What the build says when the engine is left to the server (``TensorRTDetails.notes``)."""
     if details.engine != "server":
         return []
     return [f"the TensorRT engine is built on the server at load time ({details.reason} here): Triton's ONNX Runtime "
@@ -197,7 +203,7 @@ def engine_notes(details: TensorRTDetails) -> list[str]:
 
 
 def server_request(details: TensorRTDetails) -> dict | None:
-    """The Triton config's request for the engine left to the server (``Pass.server_engine``): precision mode and
+    """The Triton config's request for the engine left to the server (``TensorRTDetails.server_engine``): precision mode and
     workspace; None when the engine was built here."""
     if details.engine != "server":
         return None
@@ -212,6 +218,4 @@ PASS = Pass(
     options=TensorRTOptions,
     details=TensorRTDetails,
     description="build a TensorRT engine (model.plan) from the ONNX model, or leave it to the server's TensorRT accelerator",
-    notes=engine_notes,
-    server_engine=server_request,
 )

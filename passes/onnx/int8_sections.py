@@ -1,5 +1,5 @@
-"""What the INT8 pass shows of itself: its report sections (``Pass.sections``: the per-layer table and the
-variants tried), its notes (``Pass.notes``) and the precision it shipped (``Pass.shipped_precision``).
+"""What the INT8 pass shows of itself: its report sections (``Int8Details.sections``: the per-layer table and the
+variants tried), its notes (``Int8Details.notes``) and the precision it shipped (``Int8Details.shipped_precision``).
 
 Each is given the pass's typed details (``Int8Details``) of one record; the report and the builder place and
 render them, and name no pass."""

@@ -20,7 +20,6 @@ from infopt.core import onnx_graph
 from infopt.core.artifact import Artifact
 from infopt.core.errors import UsageError
 from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
-from infopt.passes.fx.int4_sections import int4_sections
 from infopt.passes.fx.quantize_int4 import Int4Details
 from infopt.passes.lower.onnx_int4 import replace_with_nbits
 from infopt.quantize.rtn import rtn_quantize
@@ -137,7 +136,6 @@ PASS = Pass(
     run=run,
     options=GraphInt4Options,
     details=Int4Details,
-    sections=int4_sections,
     description="INT4 RTN of an ONNX graph's MatMul/Gemm weights to MatMulNBits, for sources without a Python module",
     stands_in_for=("quantize_int4",),
 )

@@ -10,14 +10,14 @@ not only on the probe; the per-layer table goes into the manifest and the report
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
 from infopt.core import onnx_graph
 from infopt.core.artifact import Artifact
 from infopt.core.errors import UsageError
-from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome, from_build
+from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.passes.onnx.int8_sections import int8_notes, int8_sections, int8_shipped_precision
 from infopt.quantize import calibrators, int8_variants, layer_timing, onnx_int8, sensitivity
 from infopt.quantize.calibrate import calibrate
@@ -30,6 +30,9 @@ CALIB_FIX = ("pass --calib PATH: a folder or file of .npy/.npz/.pt samples shape
 
 
 class QuantizeInt8Options(PassOptions):
+    SETTINGS: ClassVar[dict[str, str]] = {
+        "method": "calib_method", "percentile": "calib_percentile", "bins": "calib_bins",
+        "require_int8": "require_precision", "speed_weights": "batch_mix", "speed_batch_sizes": "served_batch_sizes"}
     mode: Literal["auto", "static", "dynamic"] = Field(
         "auto", description="static needs calibration data; auto picks static when there is some")
     method: str = Field("minmax", description=f"how activation ranges are calibrated: {', '.join(calibrators.names())}, "
@@ -50,20 +53,17 @@ class QuantizeInt8Options(PassOptions):
         "fastest", description="fastest: build the INT8 variants worth trying (activation type, weight scales, layers "
                                "after pooling in float), time each against FP32 and ship the fastest that holds the "
                                "budget, or FP32 when none is faster (ONNX Runtime on a CPU target); first: ship the first")
-    require_int8: bool = Field(False, description="ship INT8 even when FP32 is faster here (--require-precision)",
-                               json_schema_extra=from_build("require_precision"))
+    require_int8: bool = Field(False, description="ship INT8 even when FP32 is faster here (--require-precision)")
     keep_float: list[str] = Field(default_factory=list,
                                   description="modules whose layers stay in float, by the last part of their path "
                                               "(lm_head: an LM's output head, whose logits pick every token)")
     speed_trials: int = Field(5, ge=3, description="ABBA trials per batch size when timing the variants")
     speed_weights: dict[int, float] = Field(default_factory=dict,
                                             description="each timed batch size's share of requests (--batch-mix), "
-                                                        "which weighs it when the variants are compared with FP32",
-                                            json_schema_extra=from_build("batch_mix"))
+                                                        "which weighs it when the variants are compared with FP32")
     speed_batch_sizes: list[int] = Field(default_factory=list,
                                          description="batch sizes the variants are timed at (default: the batch dim's min "
-                                                     "and opt, or --batch-sizes: the sizes the model serves)",
-                                         json_schema_extra=from_build("served_batch_sizes"))
+                                                     "and opt, or --batch-sizes: the sizes the model serves)")
 
     @field_validator("method")
     @classmethod
@@ -287,6 +287,15 @@ class Int8Details(PassDetails):
     variants: list[dict[str, Any]] = Field(default_factory=list)
     """every INT8 variant tried: its drift, whether it held the budget, its time against FP32 per batch size"""
 
+    def notes(self) -> list[str]:
+        return int8_notes(self)
+
+    def sections(self) -> list:
+        return int8_sections(self)
+
+    def shipped_precision(self) -> str | None:
+        return int8_shipped_precision(self)
+
 
 def _why(mode: str, context: PassContext) -> str:
     if mode == "static":
@@ -384,7 +393,4 @@ PASS = Pass(
     details=Int8Details,
     description="INT8 weights and activations: static QDQ from calibration, or dynamic; sensitivity-guided FP32 fallback",
     check=check,
-    sections=int8_sections,
-    notes=int8_notes,
-    shipped_precision=int8_shipped_precision,
 )

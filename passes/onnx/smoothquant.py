@@ -6,6 +6,8 @@ quantizes activations per batch at run time) the pass does nothing and says so.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
 from infopt.core import onnx_graph
@@ -17,6 +19,7 @@ from infopt.quantize.observers import Observer
 
 
 class SmoothQuantOptions(PassOptions):
+    SETTINGS: ClassVar[dict[str, str]] = {"alpha": "smoothquant_alpha"}
     alpha: float = Field(
         0.5, ge=0.0, le=1.0, description="migration strength: 0 keeps the weights, 1 moves all of the activation range into them")
     min_outlier_ratio: float = Field(
