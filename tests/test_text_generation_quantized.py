@@ -239,7 +239,13 @@ def test_gate_holds_an_int4_generation_build_to_its_fp32_baseline_and_says_why(t
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
     result = json.loads(proc.stdout)
     assert result["passed"] is True and result["reasons"] == []
-    checks = {c["name"]: c for c in result["checks"]}
+    # first against its own stored reference (the FP32 source model's answers), as infopt validate judges it
+    reference = {c["name"]: c for c in result["checks"] if c["group"] == "reference"}
+    assert set(reference) == {"top1", "ppl_delta"} and all(c["passed"] for c in reference.values())
+    assert reference["top1"]["limit"] == ">= 0.8" and reference["ppl_delta"]["limit"] == "<= 0.1"
+    assert reference["top1"]["candidate"] == pytest.approx(
+        builds["int4"]["validation"]["generation"]["teacher_forced"]["top1"], abs=1e-3)
+    checks = {c["name"]: c for c in result["checks"] if c["group"] != "reference"}
     # the same source model: the INT4 recipe's own budgets hold it to the FP32 build
     assert checks["top1 (teacher-forced)"]["limit"] == ">= 0.8" and checks["top1 (teacher-forced)"]["passed"]
     assert checks["perplexity increase"]["limit"] == "<= 0.1" and checks["perplexity increase"]["passed"]

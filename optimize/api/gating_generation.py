@@ -1,7 +1,11 @@
 """The release gate for text-generation builds: a candidate GenAI folder against a baseline's, in one process.
 
-Both folders are run by ``onnxruntime_genai``, the runtime that serves them:
+Both folders are run by ``onnxruntime_genai``, the runtime that serves them. As for every build, the candidate
+is first held to its own reference, then to the baseline:
 
+0. the candidate's folder against the FP32 source model's answers its build stored
+   (``validation/generation.npz``), judged by the task's evaluator (``validators/generation_eval.py``) against
+   its recipe's budgets, as ``infopt validate`` judges it (the ``reference`` checks);
 1. accuracy under teacher forcing on the held-out text (``--val``, a text file through the candidate's
    tokenizer; else seeded random token ids, flagged): the candidate's top-1 agreement with the baseline at
    every position (``baseline.min_top1``; by default the candidate's own top-1 budget for builds of the same
@@ -24,7 +28,8 @@ from typing import Any, Callable
 import numpy as np
 
 from infopt.core.errors import UsageError
-from infopt.validators import generation
+from infopt.core.recipe import Recipe
+from infopt.validators import generation, generation_eval
 from infopt.validators.gate_config import GateConfig
 from infopt.validators.gate_result import GateCheck, GateResult
 from infopt.validators.side_by_side import compare
@@ -59,6 +64,7 @@ def check(result: GateResult, config: GateConfig, cand_root: Path, cand, base_ro
         raise UsageError("a text-generation build is gated against another text-generation build; one of the two is "
                          "not", fix="pass two outputs of `infopt build ... --task text-generation`")
     cand_dir, base_dir = folder_of(cand_root, cand), folder_of(base_root, base)
+    _reference_checks(result, cand_root, cand, cand_dir, say)
     configs = [json.loads((d / "genai_config.json").read_text())["model"] for d in (cand_dir, base_dir)]
     vocab = configs[0]["vocab_size"]
     context = min(c["context_length"] for c in configs)
@@ -66,7 +72,8 @@ def check(result: GateResult, config: GateConfig, cand_root: Path, cand, base_ro
     say(f"teacher-forced logits of {len(sequences)} sequences from both folders")
     found = generation.agreement(generation.teacher_forced(base_dir, sequences),
                                  generation.teacher_forced(cand_dir, sequences), sequences)
-    result.measurements["generation"] = {"teacher_forced": {**found, "against": "baseline", "source": source}}
+    result.measurements.setdefault("generation", {})["teacher_forced"] = {**found, "against": "baseline",
+                                                                          "source": source}
     top1 = config.baseline.min_top1
     if top1 is None:
         top1 = (_budget(cand, "top1") if same_source else None) or DEFAULT_TOP1
@@ -82,6 +89,26 @@ def check(result: GateResult, config: GateConfig, cand_root: Path, cand, base_ro
                                    + ("" if text else "; on random token ids (pass --val text to gate it)")))
     _latency(result, config, og, cand_dir, base_dir, vocab, context, say)
     result.notes.append("text-generation builds: both folders run by onnxruntime_genai; peak memory is not measured")
+
+
+def _reference_checks(result: GateResult, root: Path, manifest, folder: Path, say) -> None:
+    """The candidate against its own stored reference, under its recipe's budgets (the ``reference`` checks)."""
+    stored = root / generation_eval.SAMPLES_FILE
+    if not stored.is_file():
+        result.notes.append(f"the candidate holds no {generation_eval.SAMPLES_FILE} (built before generation builds "
+                            "stored their reference): it was not judged against its source model here")
+        return
+    say("the candidate against its stored reference (the FP32 source model's answers)")
+    budgets = generation_eval.with_max_drift(Recipe.from_json(manifest.recipe).validation.generation, None)
+    judged = generation_eval.evaluate(folder, generation_eval.GenerationSamples.load(stored), budgets)
+    result.measurements["generation"] = {"reference": {"greedy": judged["greedy"],
+                                                       "teacher_forced": judged["teacher_forced"]}}
+    for check in judged["verdict"]["checks"]:
+        name, limit = check["name"], check["limit"]
+        rule = (f"== {limit}" if name == "greedy_tokens_equal" else
+                f"{'>=' if generation_eval.METRICS[name][0] == 'min' else '<='} {limit:g}")
+        result.checks.append(GateCheck("reference", name, check["measured"], None, rule, check["passed"],
+                                       f"on {generation_eval.SAMPLES_FILE}, against the FP32 source model"))
 
 
 def _sequences(val, folder: Path, vocab: int, length: int) -> tuple[list[list[int]], str]:

@@ -6,7 +6,7 @@ Runtime's own decoders.
 - sibling projections (query/key/value, gate/up; float or ``MatMulNBits``) packed into one MatMul each
   (``passes/onnx/fuse_matmuls.py``);
 - the Reshape chains between the projections and the attention collapsed, and the attention fed the packed
-  query/key/value (``passes/onnx/decoder_plumbing.py``).
+  query/key/value (``passes/decoder/plumbing.py``).
 
 The result must open in ONNX Runtime with every optimization; where it does not, the decoder goes on as
 exported and the note says why.
@@ -23,7 +23,8 @@ from infopt.core.manifest import EXTERNAL_DATA_BYTES, model_bytes
 from infopt.core.onnx_graph import save_model
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.exporters import kv_decoder
-from infopt.passes.onnx import decoder_plumbing, fuse_matmuls, transformer_fusion
+from infopt.passes.decoder import plumbing
+from infopt.passes.onnx import fuse_matmuls, transformer_fusion
 from infopt.passes.onnx.checks import onnxruntime_refuses
 
 
@@ -51,9 +52,9 @@ def run(artifact: Artifact, options: PassOptions, context: PassContext) -> PassO
         model, counts = transformer_fusion.fuse_norms_and_rotary(source)
     load_external_data_for_model(model, str(source.parent))  # a large model's tensors, for the packing
     fired = {k: v for k, v in counts.items() if v}
-    rewrites = {"reshape chains collapsed": decoder_plumbing.collapse_reshapes(model),
+    rewrites = {"reshape chains collapsed": plumbing.collapse_reshapes(model),
                 "projections packed": fuse_matmuls.fuse(model) + fuse_matmuls.fuse_nbits(model)}
-    rewrites["attention ops taking packed QKV"] = decoder_plumbing.packed_attention_inputs(model)
+    rewrites["attention ops taking packed QKV"] = plumbing.packed_attention_inputs(model)
     rewrites = {k: v for k, v in rewrites.items() if v}
     if not fired and not rewrites:
         return PassOutcome(artifact, False, ["no norm, projection or reshape pattern to fuse"], FuseDecoderDetails())
