@@ -18,6 +18,18 @@ from tests.conftest import ROOT
 READY_TIMEOUT_S = 180
 
 
+def triton_missing() -> str | None:
+    """Why the bundled Triton server cannot run here (a test skips, saying so), or None."""
+    from infopt.core.errors import EnvironmentProblem
+    from infopt.runtime.serving.triton_server import bundled
+
+    try:
+        bundled()
+    except EnvironmentProblem as exc:
+        return exc.what
+    return None
+
+
 def consecutive_free_ports(count: int) -> int:
     """The first of ``count`` consecutive ports free on loopback."""
     for _ in range(200):

@@ -12,7 +12,6 @@ import urllib.request
 
 import pytest
 
-from infopt.core.errors import EnvironmentProblem
 from tests.conftest import run_cli, run_cli_here
 from tests.test_bad_input import assert_clean_failure
 from tests.test_text_generation import SENTENCES, decoder
@@ -20,20 +19,13 @@ from tests.test_text_generation import SENTENCES, decoder
 pytest.importorskip("onnxruntime_genai")
 transformers = pytest.importorskip("transformers")
 
-from infopt.runtime.serving.triton_server import bundled, serving  # noqa: E402
+from infopt.runtime.serving.triton_server import serving  # noqa: E402
+from tests.served import triton_missing  # noqa: E402
 
 NEW_TOKENS = 12
 
 
-def _server_missing() -> str | None:
-    try:
-        bundled()
-    except EnvironmentProblem as exc:
-        return exc.what
-    return None
-
-
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(_server_missing() is not None, reason=_server_missing() or "")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(triton_missing() is not None, reason=triton_missing() or "")]
 
 
 def _post(url: str, body: dict) -> bytes:

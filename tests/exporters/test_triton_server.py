@@ -21,24 +21,14 @@ import numpy as np
 import pytest
 import torch
 
-from infopt.core.errors import EnvironmentProblem
-
 http = pytest.importorskip("tritonclient.http")
 grpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from infopt.runtime.serving.triton_server import bundled, serving  # noqa: E402
+from infopt.runtime.serving.triton_server import serving  # noqa: E402
+from tests.served import triton_missing  # noqa: E402
 
-
-def _server_missing() -> str | None:
-    try:
-        bundled()
-    except EnvironmentProblem as exc:
-        return exc.what
-    return None
-
-
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(_server_missing() is not None, reason=_server_missing() or ""),
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(triton_missing() is not None, reason=triton_missing() or ""),
               pytest.mark.xdist_group("digits-aoti")]
 
 
