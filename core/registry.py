@@ -187,9 +187,11 @@ class Pass:
             ) from exc
 
     def describe_options(self) -> list[dict[str, Any]]:
+        """Each option: its name, type, default, description, and the build setting that sets it (or None)."""
         return [
             {"name": name, "type": getattr(f.annotation, "__name__", str(f.annotation)),
-             "default": f.default, "description": f.description or ""}
+             "default": f.default, "description": f.description or "",
+             "build_setting": self.options.SETTINGS.get(name)}
             for name, f in self.options.model_fields.items()
         ]
 

@@ -226,7 +226,11 @@ def test_inspect_targets_recipes_doctor_version(files):
     assert set(found) >= {"cpu", "gpu", "h100", "h200", "a100", "l4", "t4"}
     assert found["gpu"]["device"] == "cuda" and found["gpu"]["memory_bandwidth_gbs"] is None  # any GPU: no roofline
     proc = run_cli("recipes", "--passes", "--json")
-    assert "fold_batchnorm" in json.loads(proc.stdout)["passes"]
+    listed = json.loads(proc.stdout)
+    assert "fold_batchnorm" in listed["passes"] and "fp32-onnxruntime-genai" in listed["recipes"]
+    # which build setting (the flag) sets each option of a pass
+    takes = {o["name"]: o["build_setting"] for o in listed["passes"]["quantize_int8"]["options"]}
+    assert takes["method"] == "calib_method" and takes["require_int8"] == "require_precision" and takes["fallback"] is None
     proc = run_cli("doctor", "--json")
     checks = {c["component"]: c for c in json.loads(proc.stdout)}
     assert checks["onnxruntime"]["ok"] and checks["torch"]["ok"]

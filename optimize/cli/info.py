@@ -57,7 +57,9 @@ def recipes(
     console.print(table("Recipes", ["name", "precision", "backend", "passes", "description"], rows))
     if show_passes:
         rows = [[n, f"{p.consumes} -> {p.produces}", p.description,
-                 "; ".join(f"{x['name']}={x['default']!r}: {x['description']}" for x in p.describe_options())]
+                 "; ".join(f"{x['name']}={x['default']!r}: {x['description']}"
+                           + (f" (set by the build setting {x['build_setting']})" if x["build_setting"] else "")
+                           for x in p.describe_options())]
                 for n, p in registry.items()]
         console.print(table("Passes", ["pass", "representation", "what it does", "options"], rows))
 
