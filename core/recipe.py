@@ -113,6 +113,12 @@ class Recipe(_Strict):
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
+    def preflight(self, target: Target, has_calibration: bool, settings=None) -> None:
+        """Every step's pre-flight (``Pass.preflight``: its options with the build ``settings``, and its own check),
+        before any slow work."""
+        for step in self.passes:
+            get_pass(step.name).preflight(step.options, target, has_calibration, settings)
+
     def with_pass_options(self, pass_options: dict[str, dict[str, Any]] | None) -> "Recipe":
         """The recipe with ``pass_options`` (pass name -> options) over its steps' own; a pass it lacks is an error."""
         if not pass_options:

@@ -118,5 +118,10 @@ def write_folder(folder: Path, onnx_file: Path, config: dict, source: Path) -> P
     return folder
 
 
+def weights_bytes(folder: Path) -> int:
+    """What the folder's model files hold (its weights, as stored: 4-bit, int8 or float)."""
+    return sum(p.stat().st_size for p in folder.iterdir() if p.suffix in (".onnx", ".data"))
+
+
 def has_tokenizer(source: Path) -> bool:
     return (source / "tokenizer.json").is_file() or (source / "tokenizer.model").is_file()

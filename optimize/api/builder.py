@@ -24,7 +24,7 @@ from infopt.core.inputspec import InputSpec, parse_dim
 from infopt.core.manifest import data_sha256, model_bytes, read_manifest
 from infopt.core.pipeline import Pipeline, SharedPrefixes
 from infopt.core.recipe import MIN_CURVE_RUNS, MIN_LATENCY_RUNS, Recipe, load_recipe, recipes_for
-from infopt.core.registry import BuildSettings, get_pass
+from infopt.core.registry import BuildSettings
 from infopt.core.sample_inputs import capture_feed, id_high, random_feed
 from infopt.core.step_times import StepTimes
 from infopt.core.target import get_target
@@ -201,9 +201,8 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
         **flags.int4_settings(int4_method, group_size, act_order, int4_checkpoint),
         **flags.calibration_settings(calib_method, calib_percentile, calib_bins, smoothquant_alpha))
     recipes = [_with_overrides(r, thresholds, batch_sizes, pass_options) for r in recipes]
-    for each in recipes:  # every pass's pre-flight, before any slow work
-        for step in each.passes:
-            get_pass(step.name).preflight(step.options, target_obj, calibration is not None, settings)
+    for each in recipes:
+        each.preflight(target_obj, calibration is not None, settings)
 
     with times.step("load"):
         if isinstance(model, (str, Path)):

@@ -37,7 +37,7 @@ from infopt.core.inputspec import InputSpec
 from infopt.core.manifest import data_sha256
 from infopt.core.pipeline import Pipeline
 from infopt.core.recipe import Recipe, recipes_for
-from infopt.core.registry import BuildSettings, get_pass
+from infopt.core.registry import BuildSettings
 from infopt.core.step_times import StepTimes
 from infopt.core.target import get_target
 from infopt.core.work_folders import work_folder
@@ -98,8 +98,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
     settings = BuildSettings.of(attention=attention, **flags.int4_settings(int4_method, group_size, act_order, None))
     _check_int4(settings, calib)
     recipe = recipes_for(machine, precision, "onnxruntime", task=TASK)[0].with_pass_options(pass_options)
-    for step in recipe.passes:  # every pass's pre-flight, before any slow work
-        get_pass(step.name).preflight(step.options, machine, calib is not None, settings)
+    recipe.preflight(machine, calib is not None, settings)
     budgets = evaluator.with_max_drift(recipe.validation.generation, max_drift)
     try:
         import onnxruntime_genai  # noqa: F401 - the folder's consumer, which judges the build
@@ -136,8 +135,9 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
         prepared = final.products[genai.GenaiFolder].path
         config = json.loads((prepared / "genai_config.json").read_text())
         with times.step("validation"):
-            prompts, prompt_source = _prompts(val, folder, decoder.layout.vocab, _special(config))
-            held_out, held_source = _held_out(val, folder, decoder.layout.vocab, _special(config), decoder.context)
+            special = _special(config)
+            prompts, prompt_source = _prompts(val, folder, decoder.layout.vocab, special)
+            held_out, held_source = _held_out(val, folder, decoder.layout.vocab, special, decoder.context)
             say(f"generating {NEW_TOKENS} tokens from {len(prompts)} prompts with onnxruntime_genai and transformers; "
                 f"teacher-forced logits on {len(held_out)} held-out sequences")
             samples = evaluator.GenerationSamples.from_model(lm, prompts, prompt_source, held_out, held_source,
@@ -159,8 +159,9 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
             timing = time_folder(prepared, decoder.layout.vocab, decoder.context)
         for row in timing["tpot"]:
             row["usd_per_million_tokens"] = generation.usd_per_million(machine.price_per_hour, row["tokens_per_s"])
-        judged_by = (f"teacher-forced agreement and perplexity ({evaluator.describe(budgets, forced_only=True)})"
-                     if evaluator.describe(budgets, forced_only=True) else "greedy tokens equal")
+        forced_budgets = evaluator.describe(budgets, forced_only=True)
+        judged_by = (f"teacher-forced agreement and perplexity ({forced_budgets})" if forced_budgets
+                     else "greedy tokens equal")
         origin = {**source_info(folder, "hf-folder"), "task": {"name": TASK, "judged_by": judged_by}}
         if loaded.hub is not None:
             origin["hub"] = loaded.hub.to_json()
@@ -173,7 +174,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
         quantization = _quantization(final.lineage, calibration)
         validation = {"device": "cpu (onnxruntime_genai, CPU)", "runs_on": "cpu", "notes": notes,
                       "generation": {"greedy": greedy, "teacher_forced": judged["teacher_forced"], **timing,
-                                     "weights_bytes": _weights_bytes(prepared),
+                                     "weights_bytes": genai.weights_bytes(prepared),
                                      "kv_cache_bytes_per_token": decoder.layout.kv_bytes_per_token(),
                                      **({"quantization": quantization} if quantization else {})},
                       "verdict": judged["verdict"]}
@@ -238,10 +239,6 @@ def _quantization(lineage, calibration: CalibrationSet | None) -> dict | None:
                     "format": "MatMulInteger, int8 weights per output channel"}
     return None
 
-
-def _weights_bytes(folder: Path) -> int:
-    """What the deployed model's files hold (its weights, as stored: 4-bit, int8 or float)."""
-    return sum(p.stat().st_size for p in folder.iterdir() if p.suffix in (".onnx", ".data"))
 
 
 def _special(config: dict) -> set[int]:

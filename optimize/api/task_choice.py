@@ -86,7 +86,9 @@ def generation_arguments(model, task: str | None, given: dict, defaults: dict, s
         return None
     options = dict(given.get("pass_options") or {})
     extra = [name for name in LOGITS_ONLY if given[name] != defaults.get(name)]  # example_inputs: None
-    extra += [f"pass_options[{name!r}]" for name in options if name not in generation_passes()]
+    if options:
+        runs = generation_passes()
+        extra += [f"pass_options[{name!r}]" for name in options if name not in runs]
     calib = given["calibration"]
     if calib is not None and not isinstance(calib, (str, Path)):
         extra.append("calibration (as anything but a text file)")

@@ -41,7 +41,6 @@ def run(artifact: Artifact, options: GenaiFolderOptions, context: PassContext) -
     config = genai.genai_config(decoder.config, decoder.layout, decoder.context, decoder.source, threads=threads,
                                 share_buffer=decoder.fused)
     folder = genai.write_folder(context.workdir / "genai", artifact.path, config, decoder.source)
-    weights = sum(p.stat().st_size for p in folder.iterdir() if p.suffix in (".onnx", ".data"))
     result = artifact.derive("onnx", path=folder / config["model"]["decoder"]["filename"])
     result.products[genai.GenaiFolder] = genai.GenaiFolder(folder)
     notes = [f"the decoder runs {threads} intra-op thread{'s' if threads > 1 else ''} (this machine's physical cores "
@@ -50,7 +49,7 @@ def run(artifact: Artifact, options: GenaiFolderOptions, context: PassContext) -
                 "concatenates its KV cache each step (attention not fused)")]
     return PassOutcome(result, True, notes, GenaiFolderDetails(
         model_type=config["model"]["type"], context_length=decoder.context, threads=threads,
-        share_buffer=decoder.fused, weights_bytes=weights))
+        share_buffer=decoder.fused, weights_bytes=genai.weights_bytes(folder)))
 
 
 PASS = Pass(

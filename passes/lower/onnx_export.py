@@ -40,11 +40,11 @@ class OnnxExportOptions(PassOptions):
 
 
 def export_onnx(program, path: Path, input_names, output_names, opset: int = 20, optimize: bool = True,
-                int4_accuracy_level: int = 0, translations: dict | None = None) -> int:
+                int4_accuracy_level: int = 0) -> int:
     """Export, save, check and infer shapes; returns the number of MatMulNBits nodes emitted.
 
-    Exporter chatter is kept off the user's terminal. ``translations`` adds ``custom_translation_table``
-    entries (the KV decoder's fused attention) to the INT4 layer's.
+    Exporter chatter is kept off the user's terminal. infopt's own ops are translated by the
+    ``custom_translation_table``: the INT4 layer, and a KV decoder's fused attention.
     """
     import onnx
     import torch
@@ -53,7 +53,7 @@ def export_onnx(program, path: Path, input_names, output_names, opset: int = 20,
         onnx_program = torch.onnx.export(program, (), dynamo=True, input_names=list(input_names),
                                          output_names=list(output_names), opset_version=opset,
                                          optimize=optimize, verbose=False,
-                                         custom_translation_table={**translation_table(), **(translations or {})})
+                                         custom_translation_table={**translation_table(), **kv_attention.translation_table()})
         matmul_nbits = lower_int4_nodes(onnx_program.model, int4_accuracy_level)
         big = sum(t.numel() * t.element_size() for t in program.state_dict.values()) > EXTERNAL_DATA_BYTES
         onnx_program.save(str(path), external_data=big)
@@ -103,7 +103,7 @@ def run(artifact: Artifact, options: OnnxExportOptions, context: PassContext) ->
         details = ExportDetails.model_validate({**meta["details"], "cached": True})
         return PassOutcome(artifact.derive("onnx", path=path, obj=None), True, list(meta["notes"]), details)
     matmul_nbits = export_onnx(artifact.obj, path, artifact.spec.names, artifact.output_names, options.opset,
-                               options.optimize, options.int4_accuracy_level, kv_attention.translation_table())
+                               options.optimize, options.int4_accuracy_level)
     renamed = rename_dims(path, artifact.spec)
     model = onnx.load(str(path), load_external_data=False)
     notes = [f"opset {options.opset}, {len(model.graph.node)} nodes"]
