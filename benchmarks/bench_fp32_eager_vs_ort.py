@@ -25,7 +25,7 @@ import infopt  # noqa: E402
 from benchmarks.common import environment, publish  # noqa: E402
 from examples.train import train_digits, train_encoder  # noqa: E402
 from infopt.runtime.runner import TorchRunner  # noqa: E402
-from infopt.validators.latency import measure  # noqa: E402
+from infopt.validators.timing import measure  # noqa: E402
 
 RECIPE = "fp32-onnxruntime"
 """Named, so the row is one recipe: ``backend="onnxruntime"`` also builds ``fp32-onnxruntime-fused``
@@ -60,7 +60,7 @@ def main() -> None:
             eager = TorchRunner(module.eval(), names)
             built = infopt.load(result.output_dir)
             stats = measure({"eager fp32": eager.run, "infopt onnxruntime fp32": built.run},
-                            {b: feed(b) for b in sizes}, args.warmup, args.iterations)
+                            {b: feed(b) for b in sizes}, warmup=args.warmup, iterations=args.iterations).stats
             drift = result.drift["worst"]["max_abs"]
             for b in sizes:
                 rows = [s for s in stats if s.batch == b]

@@ -77,7 +77,7 @@ def eager_fp16(model):
 def build_rows(args, name, entry, workdir: Path, notes: list[str]) -> list[str]:
     import infopt
     from infopt.runtime.runner import TorchRunner
-    from infopt.validators.latency import measure
+    from infopt.validators.timing import measure
 
     model, inputs, dims, feeds = entry
     names = [spec.split(":")[0] for spec in inputs]
@@ -101,7 +101,8 @@ def build_rows(args, name, entry, workdir: Path, notes: list[str]) -> list[str]:
                 notes.append(f"{name} {precision}: load failed: {type(exc).__name__}: {str(exc)[:200]}")
                 continue
             runners[f"infopt {precision}{', CUDA graphs' if graphs else ''}"] = runner.run
-    stats = measure(runners, feeds, args.warmup, args.iterations, devices={k: "cuda" for k in runners})
+    stats = measure(runners, feeds, warmup=args.warmup, iterations=args.iterations,
+                    devices={k: "cuda" for k in runners}).stats
     eager = {s.batch: s.p50_ms for s in stats if s.runner == "eager fp16"}
     rows = []
     for s in stats:

@@ -40,7 +40,7 @@ the runners take turns on the same cores and an idle session's spinning pool slo
 
 The blocks above run one after the other, so a machine whose speed drifts over the run skews them. The
 second table settles the question the blocks only suggest: each infopt INT8 build against the fastest
-peer of its row, timed with the release gate's method (``validators/side_by_side.py``: ABBA trials
+peer of its row, timed with the release gate's method (``validators/timing.py``: ABBA trials
 of interleaved blocks, the median of the per-trial ratios and its 95% confidence bounds), given as
 the peer's time over infopt's (above 1: infopt is faster).
 
@@ -66,7 +66,7 @@ import infopt  # noqa: E402
 from benchmarks.common import arguments, environment, minilm_eval, publish, timed  # noqa: E402
 from infopt.runtime.backends.onnxruntime import OrtRunner  # noqa: E402
 from infopt.runtime.runner import TorchRunner  # noqa: E402
-from infopt.validators.side_by_side import compare  # noqa: E402
+from infopt.validators.timing import paired  # noqa: E402
 
 EAGER, ORT32, ORTQ, ORTS, OPTIMUM, OPTIMUM_FILLED, STATIC, DYNAMIC = (
     "eager fp32", "onnxruntime fp32 (infopt build)", "ORT quantize_dynamic defaults", "ORT quantize_static defaults",
@@ -370,8 +370,8 @@ def main() -> None:
                     for mine in (STATIC, DYNAMIC, *FOLDER_BUILDS):
                         if mine not in runners:
                             continue
-                        r = compare(runners[mine], runners[peer], {b: feed(seq, b)}, trials=args.trials,
-                                    iterations=3 if b == 1 else 1, warmup=2)[0]
+                        r = paired(runners[mine], runners[peer], {b: feed(seq, b)}, trials=args.trials,
+                                   runs=3 if b == 1 else 1, warmup=2)[0]
                         duels.append(f"| {label} | {seq or '-'} | {b} | {mine} | {peer} | {r.candidate_p50_ms:.3f} | "
                                      f"{r.baseline_p50_ms:.3f} | {1 / r.ratio:.2f}x ({1 / r.upper:.2f}-{1 / r.lower:.2f}) |")
     elapsed = time.perf_counter() - started

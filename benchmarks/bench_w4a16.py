@@ -45,7 +45,7 @@ from torch.nn import functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import arguments, environment, publish  # noqa: E402
-from infopt.validators.latency import summarize  # noqa: E402
+from infopt.validators.timing import summarize  # noqa: E402
 
 MS = (1, 4, 16, 64, 256)
 SHAPES = ((4096, 4096), (4096, 11008), (11008, 4096))

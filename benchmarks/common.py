@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 import infopt
-from infopt.validators.latency import measure
+from infopt.validators.timing import measure
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -77,7 +77,7 @@ def cpu_seconds() -> tuple[float, float, float]:
 def timed(label: str, runners, feeds, warmup: int, iterations: int, threads: int):
     """``measure`` the runners side by side, and a note of how much CPU other processes took meanwhile."""
     before = cpu_seconds()
-    stats = measure(runners, feeds, warmup, iterations)
+    stats = measure(runners, feeds, warmup=warmup, iterations=iterations).stats
     wall, busy, own = (a - b for a, b in zip(cpu_seconds(), before))
     other = max(busy - own, 0.0)
     return stats, (f"{label} timing: {wall:.1f} s; other processes used {other:.1f} CPU-s "

@@ -98,7 +98,7 @@ class Verdict(_Open):
 
 
 class LatencyRow(_Open):
-    """One runner's latency at one batch size (``validators/latency.py`` measures it)."""
+    """One runner's latency at one batch size (``validators/timing.py`` measures it)."""
 
     runner: str
     batch: int

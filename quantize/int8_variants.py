@@ -5,10 +5,10 @@ depends on the model and the CPU: the data type of the activations (u8 or s8), p
 per-tensor weight scales, and which layers stay in float because quantizing them drags a cheap op
 into a slow integer kernel (a quantized Linear after a MaxPool makes ONNX Runtime pool in uint8,
 which its CPU kernels do about ten times slower than in float). A handful of such variants is built
-from the layers the accuracy fallback kept in INT8; each must hold the drift budget, and each is
-timed against the FP32 model side by side with the release gate's statistics (ABBA trials, the
-median ratio and its confidence bounds; ``validators/side_by_side.py``). The fastest that holds the
-budget ships; when none is faster than FP32, FP32 ships unless the user insists on INT8, and the
+from the layers the accuracy fallback kept in INT8; each must hold the drift budget, and those that do
+are timed together with the FP32 model by the one timing protocol (``validators/timing.py``: interleaved
+blocks, the median ratio to FP32 over ABBA trials and its confidence bounds), and chosen by it. The
+fastest that holds the budget ships; when none is faster than FP32, FP32 ships unless the user insists on INT8, and the
 report says so with the figures. Every variant tried is recorded.
 """
 
@@ -25,7 +25,8 @@ from infopt.quantize import onnx_int8
 from infopt.quantize.onnx_int8 import Layer
 from infopt.quantize.sensitivity import Budget, output_drift
 from infopt.runtime.backends.onnxruntime import OrtRunner
-from infopt.validators.side_by_side import RatioEstimate, compare, mix_text, weighted_geomean
+from infopt.validators import timing
+from infopt.validators.timing import RatioEstimate, mix_text, weighted_geomean
 
 SHAPE_OPS = ("Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Identity")
 POOL_OPS = ("MaxPool", "AveragePool", "GlobalMaxPool", "GlobalAveragePool")
@@ -160,31 +161,33 @@ def _at_opt(value: np.ndarray, spec, name: str) -> np.ndarray:
 
 def time_against_fp32(tried: list[Tried], fp32: Path, feeds: dict[int, dict], trials: int,
                       say: Callable[[str], None]) -> None:
-    """Time each variant that holds the budget against the FP32 model, side by side: ``trials`` ABBA
-    trials per batch size, each block as many runs as last ``side_by_side.MIN_BLOCK_S`` (one run of a
-    model that takes longer)."""
-    baseline = OrtRunner(fp32)
-    for entry in tried:
-        if not entry.holds or entry.path is None:
-            continue
-        say(f"timing INT8 variant {entry.name} against FP32")
-        runner = entry.runner or OrtRunner(entry.path)
-        entry.ratios = compare(runner.run, baseline.run, feeds, trials=trials, iterations=1, warmup=3)
+    """Time every variant that holds the budget together with the FP32 model (``timing.measure``, FP32 the
+    baseline): ``trials`` ABBA trials per batch size, each block lasting ``timing.MIN_BLOCK_S`` (one run of
+    a model that takes longer)."""
+    timed = [t for t in tried if t.holds and t.path is not None]
+    if not timed:
+        return
+    say(f"timing {len(timed)} INT8 variant{'s' if len(timed) > 1 else ''} against FP32")
+    runners = {FP32: OrtRunner(fp32).run, **{t.name: (t.runner or OrtRunner(t.path)).run for t in timed}}
+    found = timing.measure(runners, feeds, warmup=3, iterations=2 * trials, blocks=2 * trials, tolerance=0,
+                           baseline=FP32)
+    for entry in timed:
+        entry.ratios = found.ratios[entry.name]
 
 
 def choose(tried: list[Tried], keep_int8: bool, weights: dict[int, float] | None = None) -> tuple[Tried | None, str]:
-    """The variant to ship (None: FP32) and why, each batch size weighted by its share of requests when
-    ``weights`` are declared. ``tried`` is not empty; its first entry is the model the accuracy fallback
-    confirmed."""
+    """The variant to ship (None: FP32) and why, by ``timing.choose``, each batch size weighted by its share of
+    requests when ``weights`` are declared. ``tried`` is not empty; its first entry is the model the accuracy
+    fallback confirmed."""
     for entry in tried:
         entry.weights = weights
-    timed = [t for t in tried if t.speed is not None]
-    if not timed:
+    picked = timing.choose({t.name: t.ratios for t in tried if t.holds}, weights, must_beat_baseline=not keep_int8)
+    if picked.best is None:
         held = [t for t in tried if t.holds]
         if held:
             return held[0], "the first variant that held the budget (none could be timed)"
         return tried[0], "no INT8 variant held the drift budget; the first is kept, and the verdict says so"
-    best = min(timed, key=lambda t: t.speed)
+    best = next(t for t in tried if t.name == picked.best)
     figures = "; ".join(f"batch {r.batch}: {r.candidate_p50_ms:.3f} ms vs FP32 {r.baseline_p50_ms:.3f} ms "
                         f"(ratio {r.ratio:.2f}, {r.confidence:.0%} bounds {r.lower:.2f}-{r.upper:.2f})" for r in best.ratios)
     if weights:

@@ -137,8 +137,24 @@ def test_text_generation_refuses_what_it_does_not_build(decoders, tmp_path):
     assert_clean_failure(proc, 2, "needs a Hugging Face causal LM", out=tmp_path / "dist")
     proc = run_cli_here("build", str(decoder(decoders, "llama")), "--task", "text-generation", "--fp16", cwd=tmp_path)
     assert_clean_failure(proc, 2, "builds fp32, --int8 and --int4 for the cpu target", out=tmp_path / "dist")
-    proc = run_cli_here("build", "tiny-bert", "--task", "text-generation", "--dry-run", cwd=tmp_path)
-    assert_clean_failure(proc, 2, "takes no --dry-run, --recipe or --backend yet", out=tmp_path / "dist")
+    llama = str(decoder(decoders, "llama"))
+    proc = run_cli_here("build", llama, "--task", "text-generation", "--backend", "inductor", cwd=tmp_path)
+    assert_clean_failure(proc, 2, "--backend inductor has no recipe for it", out=tmp_path / "dist")
+    proc = run_cli_here("build", llama, "--task", "text-generation", "--recipe", "fp32-onnxruntime", cwd=tmp_path)
+    assert_clean_failure(proc, 2, "recipe fp32-onnxruntime builds the logits graph, not text-generation",
+                         out=tmp_path / "dist")
+    proc = run_cli_here("build", llama, "--task", "text-generation", "--recipe", "int4-onnxruntime-genai", "--int8",
+                        cwd=tmp_path)
+    assert_clean_failure(proc, 2, "recipe int4-onnxruntime-genai builds int4, and int8 was asked", out=tmp_path / "dist")
+    proc = run_cli_here("build", llama, "--recipe", "int4-onnxruntime-genai", "--dry-run", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]  # a causal LM with the task's recipe: text generation's plan
+    plan = json.loads(proc.stdout)
+    assert plan["task"] == "text-generation" and not (tmp_path / "dist").exists()
+    assert [c["recipe"] for c in plan["candidates"]] == ["int4-onnxruntime-genai"]
+    assert plan["candidates"][0]["passes"][:2] == ["quantize_int4", "capture_kv_decoder"]
+    proc = run_cli_here("build", llama, "--task", "logits", "--recipe", "fp32-onnxruntime-genai", cwd=tmp_path)
+    assert_clean_failure(proc, 2, "builds text-generation, not the logits graph", "--task text-generation",
+                         out=tmp_path / "dist")
     proc = run_cli_here("build", "tiny-bert", "--task", "translation", cwd=tmp_path)
     assert_clean_failure(proc, 2, "unknown --task 'translation'", out=tmp_path / "dist")
     FAMILIES["llama"]().save_pretrained(tmp_path / "no-tokenizer")
@@ -191,9 +207,15 @@ def test_the_python_api_builds_a_causal_lm_as_text_generation_by_default(decoder
     # a causal LM kept on logits says why; an argument only the logits graph takes keeps it there
     plan = infopt.build(folder, dims=["seq=1:8:16"], dry_run=True)
     assert plan["dry_run"] and "text-generation" not in json.dumps(plan)
-    assert "task='text-generation', does not take dims=, dry_run=" in capsys.readouterr().err
-    with pytest.raises(UsageError, match=r"does not take dims, dry_run"):
+    assert "task='text-generation', does not take dims=" in capsys.readouterr().err
+    with pytest.raises(UsageError, match=r"does not take dims") as refused:
         infopt.build(folder, task="text-generation", dims=["seq=1:8:16"], dry_run=True)
+    assert "dry_run" not in refused.value.what
+    with pytest.raises(UsageError, match=r"does not take backend"):
+        infopt.build(folder, task="text-generation", backend="inductor")
+    plan = infopt.build(folder, dry_run=True, precision="int4", output=tmp_path / "planned")
+    assert plan["task"] == "text-generation" and not (tmp_path / "planned").exists()
+    assert plan["candidates"][0]["recipe"] == "int4-onnxruntime-genai"
     with pytest.raises(UsageError, match="unknown task 'translation'"):
         infopt.build(folder, task="translation")
     with pytest.raises(UsageError, match="not a Linear"):

@@ -325,4 +325,4 @@ def test_quantized_generation_refuses_what_it_cannot_do(trained, tmp_path):
         assert_clean_failure(proc, 2, message, out=tmp_path / "dist")
     proc = run_cli_here("build", lm, "--int8", "--calib", str(trained / "calib.txt"), "--dry-run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]  # without --task, the logits graph takes them (static INT8)
-    assert "a causal LM's default, --task text-generation, does not take --dry-run" in proc.stderr
+    assert "a causal LM's default, --task text-generation, takes --calib as text, for --int4" in proc.stderr

@@ -40,7 +40,7 @@ from infopt.runtime.backends.onnxruntime import OrtRunner
 from infopt.runtime.loading import check_against_onnx, from_module, load_model
 from infopt.runtime.runner import TorchRunner
 from infopt.validators import drift as drift_mod
-from infopt.validators import latency as latency_mod
+from infopt.validators import timing
 from infopt.validators import machine
 from infopt.validators.data import spec_from_samples, split_batches
 from infopt.validators.range_ends import check_range_ends, range_ends
@@ -186,6 +186,9 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     target_obj = get_target(target)
     if recipe:
         recipes = [load_recipe(recipe)]
+        if recipes[0].task is not None:
+            raise UsageError(f"recipe {recipes[0].name} builds {recipes[0].task}, not the logits graph", where=str(recipe),
+                             fix=f"build it with --task {recipes[0].task} (task='{recipes[0].task}')")
         target_obj.require_precision(recipes[0].precision)
     else:
         recipes = recipes_for(target_obj, precision, backend)
@@ -389,22 +392,23 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
         lat_cfg = built[0].recipe.validation.latency
         with ctx.times.step("latency"):
             eager = gpu_eager_runner(loaded, spec, target) or reference
-            timings = latency_mod.measure({"eager": eager.run, **{c.label: c.runner.run for c in built}},
-                                          latency_feeds(spec, built[0].recipe, loaded.module), lat_cfg.warmup,
-                                          lat_cfg.iterations, seconds=lat_cfg.seconds, min_iterations=MIN_LATENCY_RUNS,
-                                          devices={"eager": eager.device, **{c.label: c.runner.device for c in built}})
+            timings = timing.measure({"eager": eager.run, **{c.label: c.runner.run for c in built}},
+                                     latency_feeds(spec, built[0].recipe, loaded.module), warmup=lat_cfg.warmup,
+                                     iterations=lat_cfg.iterations, seconds=lat_cfg.seconds,
+                                     min_iterations=MIN_LATENCY_RUNS, baseline="eager", drop_slower=timing.DROP_SLOWER,
+                                     devices={"eager": eager.device, **{c.label: c.runner.device for c in built}})
     finally:
         if status:
             status.stop()
     for c in built:
-        c.verdict = judge(c.recipe.validation, c.drift.worst, [t.p99_ms for t in timings if t.runner == c.label])
+        c.verdict = judge(c.recipe.validation, c.drift.worst, [t.p99_ms for t in timings.of(c.label)])
     chosen, why = cand.choose(built, timings, target, ctx.batch_mix)
     chosen.chosen = True
     with ctx.times.step("curve"):
         curve = _measure_curve(chosen, spec, loaded.module, console,
-                               {t.batch: t for t in timings if t.runner == chosen.label})
+                               {t.batch: t for t in timings.of(chosen.label)})
     final, recipe = chosen.artifact, chosen.recipe
-    notes = pass_notes(final.lineage)
+    notes = pass_notes(final.lineage) + [f"{name}: {why}" for name, why in timings.dropped.items()]
     if ends:
         notes.append("ran at the ends of its dim ranges (" + "; ".join(where for where, _, _ in ends)
                      + ") with the output shapes eager gives")
@@ -419,12 +423,12 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
                      f"{cand.runner_description(chosen.runner)}, not on the target")
     with ctx.times.step("work count"):
         work = _work(loaded.module, spec, final.path)
-    latency = [t.to_json() for t in timings if t.runner == "eager"]
-    latency += [{**t.to_json(), "runner": "infopt"} for t in timings if t.runner == chosen.label]
+    latency = [t.to_json() for t in timings.of("eager")]
+    latency += [{**t.to_json(), "runner": "infopt"} for t in timings.of(chosen.label)]
     validation = {"device": cand.runner_description(chosen.runner), "runs_on": chosen.runner.device, "notes": notes,
                   "drift": chosen.drift.to_json(),
                   "latency": latency, "curve": curve, "work": work,
-                  "timing_notes": noise_notes([t for t in timings if t.runner in ("eager", chosen.label)]),
+                  "timing_notes": noise_notes(timings.of("eager") + timings.of(chosen.label)),
                   "verdict": chosen.verdict.to_json()}
     names = tuple(o[0] for o in chosen.outputs)
     origin = source_info(loaded.source, loaded.format, loaded.module if loaded.source is None else None)
@@ -482,9 +486,10 @@ def _measure_curve(chosen, spec, module, console, timed: dict[int, Any]) -> list
             status.start()
         try:
             lat = chosen.recipe.validation.latency
-            stats += latency_mod.measure({"infopt": chosen.runner.run}, feeds, CURVE_WARMUP, lat.curve_iterations,
-                                         devices={"infopt": chosen.runner.device}, seconds=lat.curve_seconds,
-                                         min_iterations=MIN_CURVE_RUNS, min_warmup=1, warmup_s=CURVE_WARMUP_S)
+            stats += timing.measure({"infopt": chosen.runner.run}, feeds, warmup=CURVE_WARMUP,
+                                    iterations=lat.curve_iterations, devices={"infopt": chosen.runner.device},
+                                    seconds=lat.curve_seconds, min_iterations=MIN_CURVE_RUNS, min_warmup=1,
+                                    warmup_s=CURVE_WARMUP_S).stats
         finally:
             if status:
                 status.stop()
@@ -575,8 +580,8 @@ def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None
                               f"{SAMPLES_FILE} (stored at build)")
     feeds = latency_feeds(spec, recipe, None)
     lat = recipe.validation.latency
-    timings = latency_mod.measure({"infopt": runner.run}, feeds, lat.warmup, lat.iterations, devices={"infopt": runner.device},
-                                  seconds=lat.seconds, min_iterations=MIN_LATENCY_RUNS)
+    timings = timing.measure({"infopt": runner.run}, feeds, warmup=lat.warmup, iterations=lat.iterations,
+                             devices={"infopt": runner.device}, seconds=lat.seconds, min_iterations=MIN_LATENCY_RUNS).stats
     verdict = judge(recipe.validation, drift.worst, [t.p99_ms for t in timings])
     result.update({"drift": drift.to_json(), "latency": [t.to_json() for t in timings], "verdict": verdict.to_json()})
     return result

@@ -25,7 +25,8 @@ from infopt.exporters.torch_export import exported_outputs
 from infopt.runtime import backends
 from infopt.runtime.runner import Runner
 from infopt.validators.range_ends import RangeFailure
-from infopt.validators.side_by_side import mix_text, weighted_geomean
+from infopt.validators import timing
+from infopt.validators.timing import Timings, mix_text, weighted_geomean
 
 
 @dataclass
@@ -45,13 +46,11 @@ class Candidate:
     def label(self) -> str:
         return self.recipe.name
 
-    def speedups(self, timings) -> dict[int, float]:
-        """Eager p50 / this candidate's p50, per batch size."""
-        eager = {t.batch: t.p50_ms for t in timings if t.runner == "eager"}
-        return {t.batch: eager[t.batch] / t.p50_ms for t in timings
-                if t.runner == self.label and t.batch in eager and t.p50_ms > 0}
+    def speedups(self, timings: Timings) -> dict[int, float]:
+        """Eager's time over this candidate's at each batch size: the inverse of the median paired-trial ratio."""
+        return {r.batch: 1 / r.ratio for r in timings.ratios.get(self.label, []) if r.ratio > 0}
 
-    def speedup(self, timings, weights: dict[int, float] | None = None) -> float | None:
+    def speedup(self, timings: Timings, weights: dict[int, float] | None = None) -> float | None:
         """Geometric mean of the per-batch speedups, each batch size weighted by its share of requests when
         ``weights`` (``--batch-mix``) declares them."""
         return weighted_geomean(self.speedups(timings), weights)
@@ -116,8 +115,9 @@ def artifact_outputs(artifact: Artifact) -> list[tuple[str, str, tuple]]:
     return onnx_outputs(artifact.path)
 
 
-def choose(candidates: list[Candidate], timings, target, weights: dict[int, float] | None = None) -> tuple[Candidate, str]:
-    """The candidate to ship and why: the fastest that passed, or the target's preference."""
+def choose(candidates: list[Candidate], timings: Timings, target, weights: dict[int, float] | None = None
+           ) -> tuple[Candidate, str]:
+    """The candidate to ship and why: the fastest that passed (``timing.choose``), or the target's preference."""
     built = [c for c in candidates if c.status == "built"]
     passed = [c for c in built if c.verdict.passed]
     if len(built) == 1:
@@ -129,12 +129,14 @@ def choose(candidates: list[Candidate], timings, target, weights: dict[int, floa
         return passed[0], (f"latency here was measured on this machine's CPU, which says nothing of {target.name}: "
                            f"chosen by the target's backend preference ({', '.join(target.backends)}) among "
                            "those that passed")
-    best = max(passed, key=lambda c: c.speedup(timings, weights) or 0.0)
+    picked = timing.choose(timings.ratios, weights, among=[c.label for c in passed]).name
+    best = next((c for c in passed if c.label == picked), passed[0])
     how = f"weighted by the declared batch mix ({mix_text(weights)})" if weights else "across batch sizes"
-    return best, f"the fastest (geometric mean of p50 speedup over eager {how}) of those that passed validation"
+    return best, (f"the fastest (geometric mean of its speedup over eager in paired trials, {how}) of those that "
+                  "passed validation")
 
 
-def table(candidates: list[Candidate], timings, weights: dict[int, float] | None = None) -> list[dict[str, Any]]:
+def table(candidates: list[Candidate], timings: Timings, weights: dict[int, float] | None = None) -> list[dict[str, Any]]:
     """The candidate rows for the manifest and report."""
     rows = []
     for c in candidates:
@@ -142,11 +144,12 @@ def table(candidates: list[Candidate], timings, weights: dict[int, float] | None
                                "reason": c.reason, "chosen": c.chosen}
         if c.status == "built":
             worst = c.drift.worst
-            p50 = {t.batch: t.p50_ms for t in timings if t.runner == c.label}
+            p50 = {t.batch: t.p50_ms for t in timings.of(c.label)}
             row.update({"passed": c.verdict.passed, "failed_checks": c.verdict.reasons,
                         "cosine_min": worst.get("cosine_min"), "max_abs": worst.get("max_abs"),
                         "p50_ms": {str(b): v for b, v in p50.items()},
                         "speedup": c.speedup(timings, weights), "runs_on": runner_description(c.runner),
+                        "timing": timings.dropped.get(c.label, "timed in full"),
                         "size_bytes": c.artifact.size_bytes()})
         rows.append(row)
     return rows

@@ -11,12 +11,13 @@
 4. with labels in the validation data, the task metric of each, and the candidate's drop from the
    baseline's score (``task``), so a retrained model is judged on its task;
 5. the latency ratio at each batch size, timed side by side in interleaved trials
-   (``validators/side_by_side.py``): the gate fails only when the ratio's lower confidence bound
+   (``validators/timing.py``): the gate fails only when the ratio's lower confidence bound
    is above ``latency.max_ratio``;
 6. model size, and peak memory (each model loaded and run in a child process of its own).
 
-Text-generation builds are gated by ``gating_generation.py`` instead (teacher-forced agreement and
-perplexity against the baseline, TTFT and TPOT ratios, size), both folders run by ``onnxruntime_genai``.
+Every build takes these steps; what a step measures is the task's (``judge_for``): for text-generation builds
+``gating_generation.GenerationJudge`` measures accuracy by the task's evaluator and teacher forcing against the
+baseline, and latency as TTFT and TPOT ratios, both folders run by ``onnxruntime_genai``.
 
 Every figure is reported; a figure with no threshold is reported as "not gated".
 """
@@ -44,7 +45,7 @@ from infopt.validators.data import load_batches, split_batches
 from infopt.validators.gate_config import GateConfig
 from infopt.validators.gate_result import GateCheck, GateResult
 from infopt.validators.memory import measure
-from infopt.validators.side_by_side import compare
+from infopt.validators.timing import paired
 from infopt.validators.task_metrics import read_labels, resolve
 from infopt.validators.verdict import CHECKS, judge
 
@@ -132,7 +133,8 @@ def _run(runner, batches: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]
 def gate(candidate: str | Path, baseline: str | Path, *, config: GateConfig | None = None, val: str | Path | None = None,
          max_val_samples: int = 1024, memory: bool = True, key: str | Path | None = None,
          progress: Callable[[str], None] | None = None) -> GateResult:
-    """Gate ``candidate`` against ``baseline`` (output folders or their manifests); see the module doc."""
+    """Gate ``candidate`` against ``baseline`` (output folders or their manifests); see the module doc. Every build
+    takes the same steps; the task's judge (``judge_for``) measures accuracy and latency the task's way."""
 
     config = config or GateConfig()
     say = progress or (lambda _msg: None)
@@ -142,54 +144,80 @@ def gate(candidate: str | Path, baseline: str | Path, *, config: GateConfig | No
     own = result.candidate["build_passed"]
     why = "" if own else "; ".join(cand.manifest.validation.verdict.reasons)
     result.checks.append(GateCheck("build", "candidate's own verdict", None, None, "passed", bool(own), why))
-    if gating_generation.is_generation(cand.manifest) or gating_generation.is_generation(base.manifest):
-        gating_generation.check(result, config, cand.root, cand.manifest, base.root, base.manifest,
-                                same_source=same_source(cand, base), val=val, say=say)
-        _size_checks(result, config, cand, base)
-        return result
-    say("loading both models")
-    cand_runner, base_runner = _runner(cand), _runner(base)
-    names = cand.manifest.output_names
-
-    say("drift against the eager reference")
-    stored_inputs, reference = read_samples(cand.root, cand.manifest)
-    ref_report = drift_mod.compare([reference], [cand_runner.run(stored_inputs)], names, "candidate's validation/samples.npz")
-    recipe_limits = cand.manifest.recipe["validation"]["drift"]
-    overrides = config.reference.model_dump(exclude_none=True) if config.reference else {}
-    result.checks += _drift_checks("reference", ref_report, DriftThresholds(**{**recipe_limits, **overrides}))
-
-    spec = cand.spec
-    max_batch = min(_max_batch(cand.spec), _max_batch(base.spec))
-    if val is not None:
-        batches = load_batches(val, spec, max_val_samples)
-        load_batches(val, base.spec, max_val_samples)  # the baseline must accept them too
-        source = str(val)
-    else:
-        batches, source = [stored_inputs], "the candidate's validation/samples.npz"
-        result.notes.append("no --val data: candidate and baseline were compared on the candidate's stored samples, "
-                            "which carry no labels, so no task metric was measured")
-    counts = [int(next(iter(b.values())).shape[0]) if spec.batch_symbol else 1 for b in batches]
-    run_batches = list(split_batches(batches, spec, max_batch))
-    say("running both models on the validation inputs")
-    cand_out, base_out = _run(cand_runner, run_batches), _run(base_runner, run_batches)
-    base_report = drift_mod.compare(base_out, cand_out, names, source)
-    limits, why = _baseline_limits(config, cand, base, base_report)
-    result.checks += _drift_checks("baseline", base_report, limits)
-    if why:
-        result.notes.append(why)
-    result.measurements["drift"] = {"reference": ref_report.to_json(), "baseline": base_report.to_json()}
-
-    if val is not None:
-        _task_checks(result, config, val, counts, names, cand_out, base_out)
+    judge = judge_for(cand, base)
+    judge.accuracy(result, config, cand, base, val, max_val_samples, say)
     _flag_ungated_accuracy(result)
-    say("timing both models side by side")
-    _latency_checks(result, config, cand, base, cand_runner, base_runner, say)
-    del cand_runner, base_runner
+    judge.latency(result, config, cand, base, say)
+    judge.close()
     _size_checks(result, config, cand, base)
-    if memory:
+    if memory and judge.measures_memory:
         say("peak memory, each model in a process of its own")
         _memory_checks(result, config, cand, base)
+    elif memory:
+        result.notes.append(f"{judge.task} builds: peak memory is not measured")
     return result
+
+
+def judge_for(cand: Artifact, base: Artifact):
+    """The task's judge: text generation when either build generates (both must), else the logits judge."""
+    if gating_generation.is_generation(cand.manifest) or gating_generation.is_generation(base.manifest):
+        return gating_generation.GenerationJudge(same_source(cand, base))
+    return LogitsJudge()
+
+
+class LogitsJudge:
+    """Accuracy as output drift (against the stored eager reference, then the baseline's outputs, then the task
+    metric where the data has labels) and latency as paired ratios, both models loaded once."""
+
+    task = "logits"
+    measures_memory = True
+
+    def __init__(self) -> None:
+        self.runners: tuple = ()
+
+    def accuracy(self, result: GateResult, config: GateConfig, cand: Artifact, base: Artifact, val, max_val_samples: int,
+                 say) -> None:
+        say("loading both models")
+        cand_runner, base_runner = self.runners = _runner(cand), _runner(base)
+        names = cand.manifest.output_names
+
+        say("drift against the eager reference")
+        stored_inputs, reference = read_samples(cand.root, cand.manifest)
+        ref_report = drift_mod.compare([reference], [cand_runner.run(stored_inputs)], names,
+                                       "candidate's validation/samples.npz")
+        recipe_limits = cand.manifest.recipe["validation"]["drift"]
+        overrides = config.reference.model_dump(exclude_none=True) if config.reference else {}
+        result.checks += _drift_checks("reference", ref_report, DriftThresholds(**{**recipe_limits, **overrides}))
+
+        spec = cand.spec
+        max_batch = min(_max_batch(cand.spec), _max_batch(base.spec))
+        if val is not None:
+            batches = load_batches(val, spec, max_val_samples)
+            load_batches(val, base.spec, max_val_samples)  # the baseline must accept them too
+            source = str(val)
+        else:
+            batches, source = [stored_inputs], "the candidate's validation/samples.npz"
+            result.notes.append("no --val data: candidate and baseline were compared on the candidate's stored samples, "
+                                "which carry no labels, so no task metric was measured")
+        counts = [int(next(iter(b.values())).shape[0]) if spec.batch_symbol else 1 for b in batches]
+        run_batches = list(split_batches(batches, spec, max_batch))
+        say("running both models on the validation inputs")
+        cand_out, base_out = _run(cand_runner, run_batches), _run(base_runner, run_batches)
+        base_report = drift_mod.compare(base_out, cand_out, names, source)
+        limits, why = _baseline_limits(config, cand, base, base_report)
+        result.checks += _drift_checks("baseline", base_report, limits)
+        if why:
+            result.notes.append(why)
+        result.measurements["drift"] = {"reference": ref_report.to_json(), "baseline": base_report.to_json()}
+        if val is not None:
+            _task_checks(result, config, val, counts, names, cand_out, base_out)
+
+    def latency(self, result: GateResult, config: GateConfig, cand: Artifact, base: Artifact, say) -> None:
+        say("timing both models side by side")
+        _latency_checks(result, config, cand, base, *self.runners, say)
+
+    def close(self) -> None:
+        self.runners = ()
 
 
 DEFAULT_BASELINE_TOP1 = 0.99
@@ -280,8 +308,8 @@ def _latency_checks(result, config, cand, base, cand_runner, base_runner, say) -
     lat = config.latency
     feeds = _latency_feeds(cand.spec, lat.batch_sizes, min(_max_batch(cand.spec), _max_batch(base.spec)))
     cuda = cand_runner.device == "cuda" and base_runner.device == "cuda"
-    estimates = compare(cand_runner.run, base_runner.run, feeds, trials=lat.trials, iterations=lat.iterations,
-                        warmup=lat.warmup, confidence=lat.confidence, cuda=cuda, progress=say)
+    estimates = paired(cand_runner.run, base_runner.run, feeds, trials=lat.trials, runs=lat.iterations,
+                       warmup=lat.warmup, confidence=lat.confidence, cuda=cuda, progress=say)
     result.measurements["latency"] = {"timer": "CUDA events" if cuda else "host clock", "estimates": [e.to_json() for e in estimates]}
     for e in estimates:
         detail = (f"median ratio {e.ratio:.3f} over {e.trials} interleaved trials, bounds [{e.lower:.3f}, {e.upper:.3f}] "

@@ -1,7 +1,8 @@
-"""The release gate for text-generation builds: a candidate GenAI folder against a baseline's, in one process.
+"""The release gate's judge for text-generation builds: a candidate GenAI folder against a baseline's.
 
-Both folders are run by ``onnxruntime_genai``, the runtime that serves them. As for every build, the candidate
-is first held to its own reference, then to the baseline:
+The gate (``gating.py``) takes the same steps for every build; this judge measures what they ask the
+text-generation way. Both folders are run by ``onnxruntime_genai``, the runtime that serves them. As for every
+build, the candidate is first held to its own reference, then to the baseline:
 
 0. the candidate's folder against the FP32 source model's answers its build stored
    (``validation/generation.npz``), judged by the task's evaluator (``validators/generation_eval.py``) against
@@ -13,10 +14,10 @@ is first held to its own reference, then to the baseline:
    relative; by default the candidate's own ``ppl_delta`` budget, else 0.02). Perplexity is gated only on
    text, since on random ids it says nothing;
 2. TTFT (a prompt's pass, batch 1) and TPOT (each further token, at ``latency.batch_sizes``, default 1 and 8),
-   timed side by side in interleaved trials as every gate times latency (``validators/side_by_side.py``):
+   timed side by side in interleaved trials as every gate times latency (``validators/timing.py``):
    a ratio fails only when its lower confidence bound is above ``latency.max_ratio``.
 
-The model files' size ratio is reported by the caller as for every gate; peak memory is not measured here.
+The model files' size ratio is measured by the gate as for every build; peak memory is not measured for this task.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from infopt.core.recipe import Recipe
 from infopt.validators import generation, generation_eval
 from infopt.validators.gate_config import GateConfig
 from infopt.validators.gate_result import GateCheck, GateResult
-from infopt.validators.side_by_side import compare
+from infopt.validators.timing import paired
 
 SERVER = "onnxruntime-genai"
 DEFAULT_TOP1, DEFAULT_PPL = 0.99, 0.02
@@ -55,40 +56,60 @@ def _budget(manifest, name: str) -> float | None:
                  if isinstance(c, dict) and c.get("name") == name), None)
 
 
-def check(result: GateResult, config: GateConfig, cand_root: Path, cand, base_root: Path, base, *, same_source: bool,
-          val: str | Path | None, say: Callable[[str], Any]) -> None:
-    """Add the accuracy and latency checks of two text-generation builds to ``result``."""
-    import onnxruntime_genai as og
+class GenerationJudge:
+    """The gate's judge for text-generation builds (``gating.judge_for`` picks it): both folders run by
+    ``onnxruntime_genai``; accuracy from the task's evaluator and teacher forcing, latency as TTFT and TPOT."""
 
-    if not (is_generation(cand) and is_generation(base)):
-        raise UsageError("a text-generation build is gated against another text-generation build; one of the two is "
-                         "not", fix="pass two outputs of `infopt build ... --task text-generation`")
-    cand_dir, base_dir = folder_of(cand_root, cand), folder_of(base_root, base)
-    _reference_checks(result, cand_root, cand, cand_dir, say)
-    configs = [json.loads((d / "genai_config.json").read_text())["model"] for d in (cand_dir, base_dir)]
-    vocab = configs[0]["vocab_size"]
-    context = min(c["context_length"] for c in configs)
-    sequences, source = _sequences(val, cand_dir, vocab, min(TOKENS, context - 1))
-    say(f"teacher-forced logits of {len(sequences)} sequences from both folders")
-    found = generation.agreement(generation.teacher_forced(base_dir, sequences),
-                                 generation.teacher_forced(cand_dir, sequences), sequences)
-    result.measurements.setdefault("generation", {})["teacher_forced"] = {**found, "against": "baseline",
-                                                                          "source": source}
-    top1 = config.baseline.min_top1
-    if top1 is None:
-        top1 = (_budget(cand, "top1") if same_source else None) or DEFAULT_TOP1
-    result.checks.append(GateCheck("baseline", "top1 (teacher-forced)", found["top1"], None, f">= {top1:g}",
-                                   found["top1"] >= top1, f"over {found['tokens']} tokens of {source}"))
-    ppl = config.generation.max_ppl_increase
-    if ppl is None:
-        ppl = (_budget(cand, "ppl_delta") if same_source else None) or DEFAULT_PPL
-    text = val is not None
-    result.checks.append(GateCheck("baseline", "perplexity increase", found["ppl_delta"], None,
-                                   f"<= {ppl:g}" if text else "not gated", found["ppl_delta"] <= ppl if text else None,
-                                   f"perplexity {found['ppl']:.4g} vs {found['ppl_reference']:.4g}"
-                                   + ("" if text else "; on random token ids (pass --val text to gate it)")))
-    _latency(result, config, og, cand_dir, base_dir, vocab, context, say)
-    result.notes.append("text-generation builds: both folders run by onnxruntime_genai; peak memory is not measured")
+    task = "text-generation"
+    measures_memory = False
+
+    def __init__(self, same_source: bool) -> None:
+        self.same_source = same_source
+        self.folders: tuple[Path, Path] | None = None
+        self.configs: list[dict] = []
+
+    def accuracy(self, result: GateResult, config: GateConfig, cand, base, val: str | Path | None, max_val_samples: int,
+                 say: Callable[[str], Any]) -> None:
+        """The candidate against its stored reference, then teacher-forced agreement and perplexity against the
+        baseline (``max_val_samples`` does not apply: ``--val`` is text, cut into ``SEQUENCES`` sequences)."""
+        if not (is_generation(cand.manifest) and is_generation(base.manifest)):
+            raise UsageError("a text-generation build is gated against another text-generation build; one of the two "
+                             "is not", fix="pass two outputs of `infopt build ... --task text-generation`")
+        cand_dir, base_dir = self.folders = folder_of(cand.root, cand.manifest), folder_of(base.root, base.manifest)
+        _reference_checks(result, cand.root, cand.manifest, cand_dir, say)
+        self.configs = [json.loads((d / "genai_config.json").read_text())["model"] for d in (cand_dir, base_dir)]
+        vocab = self.configs[0]["vocab_size"]
+        context = min(c["context_length"] for c in self.configs)
+        sequences, source = _sequences(val, cand_dir, vocab, min(TOKENS, context - 1))
+        say(f"teacher-forced logits of {len(sequences)} sequences from both folders")
+        found = generation.agreement(generation.teacher_forced(base_dir, sequences),
+                                     generation.teacher_forced(cand_dir, sequences), sequences)
+        result.measurements.setdefault("generation", {})["teacher_forced"] = {**found, "against": "baseline",
+                                                                              "source": source}
+        top1 = config.baseline.min_top1
+        if top1 is None:
+            top1 = (_budget(cand.manifest, "top1") if self.same_source else None) or DEFAULT_TOP1
+        result.checks.append(GateCheck("baseline", "top1 (teacher-forced)", found["top1"], None, f">= {top1:g}",
+                                       found["top1"] >= top1, f"over {found['tokens']} tokens of {source}"))
+        ppl = config.generation.max_ppl_increase
+        if ppl is None:
+            ppl = (_budget(cand.manifest, "ppl_delta") if self.same_source else None) or DEFAULT_PPL
+        text = val is not None
+        result.checks.append(GateCheck("baseline", "perplexity increase", found["ppl_delta"], None,
+                                       f"<= {ppl:g}" if text else "not gated", found["ppl_delta"] <= ppl if text else None,
+                                       f"perplexity {found['ppl']:.4g} vs {found['ppl_reference']:.4g}"
+                                       + ("" if text else "; on random token ids (pass --val text to gate it)")))
+        result.notes.append("text-generation builds: both folders run by onnxruntime_genai")
+
+    def latency(self, result: GateResult, config: GateConfig, cand, base, say: Callable[[str], Any]) -> None:
+        import onnxruntime_genai as og
+
+        vocab = self.configs[0]["vocab_size"]
+        context = min(c["context_length"] for c in self.configs)
+        _latency(result, config, og, *self.folders, vocab, context, say)
+
+    def close(self) -> None:
+        self.folders = None
 
 
 def _reference_checks(result: GateResult, root: Path, manifest, folder: Path, say) -> None:
@@ -138,9 +159,9 @@ def _latency(result: GateResult, config: GateConfig, og, cand_dir: Path, base_di
     estimates = []
     for label, fn, feeds in runs:
         per = STEPS if label == "TPOT" else 1  # the times shown are per token
-        for e in compare(fn("candidate"), fn("baseline"), feeds, trials=lat.trials, iterations=min(lat.iterations, 3),
-                         warmup=min(lat.warmup, 2), confidence=lat.confidence, timer=lambda f, feed: f(feed),
-                         progress=lambda text, label=label: say(f"{label} {text}")):
+        for e in paired(fn("candidate"), fn("baseline"), feeds, trials=lat.trials, runs=min(lat.iterations, 3),
+                        warmup=min(lat.warmup, 2), confidence=lat.confidence, timer=lambda f, feed: f(feed),
+                        progress=lambda text, label=label: say(f"{label} {text}")):
             estimates.append({"figure": label, **e.to_json()})
             passed = None if lat.max_ratio is None else e.lower <= lat.max_ratio
             result.checks.append(GateCheck("latency", f"{label} ratio b{e.batch}", e.ratio, None,

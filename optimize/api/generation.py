@@ -36,14 +36,14 @@ from infopt.core.errors import BuildError, EnvironmentProblem, UsageError, Valid
 from infopt.core.inputspec import InputSpec
 from infopt.core.manifest import data_sha256
 from infopt.core.pipeline import Pipeline
-from infopt.core.recipe import Recipe, recipes_for
+from infopt.core.recipe import Recipe, load_recipe, recipes_for
 from infopt.core.registry import BuildSettings
 from infopt.core.step_times import StepTimes
 from infopt.core.target import get_target
 from infopt.core.work_folders import work_folder
 from infopt.exporters import genai_folder as genai
 from infopt.exporters.kv_decoder import KvDecoder, context_length, decoder_outputs
-from infopt.exporters.staging import claim_output, staged_output
+from infopt.exporters.staging import check_output, claim_output, staged_output
 from infopt.passes.fx.quantize_int4 import Int4Details
 from infopt.passes.lower.onnx_int4 import BLOCK_SIZES
 from infopt.passes.onnx.quantize_int8 import Int8Details
@@ -76,15 +76,25 @@ LM_INPUTS = ("input_ids:int64[batch,seq]", "attention_mask:int64[batch,seq]")
 
 
 def build_generation(model: str | Path, *, output: str | Path | None = None, name: str | None = None,
-                     force: bool = False, val: str | Path | None = None, precision: str = "fp32",
+                     force: bool = False, val: str | Path | None = None, precision: str | None = None,
                      target: str = "cpu", calib: str | Path | None = None, max_drift: str | None = None,
                      int4_method: str | None = None, group_size: int | None = None, act_order: bool = False,
                      price_per_hour: float | None = None, attention: str | None = None,
-                     pass_options: dict[str, dict[str, Any]] | None = None, command: list[str] | None = None,
-                     console: Any = None) -> BuildResult:
+                     pass_options: dict[str, dict[str, Any]] | None = None, recipe: str | Path | None = None,
+                     backend: str = "auto", dry_run: bool = False, command: list[str] | None = None,
+                     console: Any = None) -> BuildResult | dict[str, Any]:
     """Build the text-generation deployable of a causal LM (fp32, dynamic INT8 or INT4 weight-only). The INT4 flags
     and ``attention`` (``unfused``: attention as transformers writes it) are build settings the task's passes take;
-    ``pass_options`` (pass name -> options) go over the recipe's own."""
+    ``pass_options`` (pass name -> options) go over the recipe's own. ``recipe`` (a YAML file or a bundled name whose
+    ``task`` is text-generation) replaces the precision's recipe; ``backend`` is ``auto`` or ``onnxruntime``, the
+    task's one. ``dry_run``: load the model, resolve what the build would run, write nothing, and return the plan."""
+    chosen = task_recipe(recipe, backend)
+    if chosen is not None:
+        if precision not in (None, chosen.precision):
+            raise UsageError(f"recipe {chosen.name} builds {chosen.precision}, and {precision} was asked",
+                             where=str(recipe), fix="drop the precision flag, or pass that precision's recipe")
+        precision = chosen.precision
+    precision = precision or "fp32"
     if precision not in PRECISIONS or target != "cpu":
         raise UsageError(f"--task {TASK} builds fp32, --int8 and --int4 for the cpu target so far; asked {precision} "
                          f"for {target}", fix=f"drop the precision flag and --target, or build --task logits for {precision}")
@@ -97,7 +107,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
     machine = get_target(target)
     settings = BuildSettings.of(attention=attention, **flags.int4_settings(int4_method, group_size, act_order, None))
     _check_int4(settings, calib)
-    recipe = recipes_for(machine, precision, "onnxruntime", task=TASK)[0].with_pass_options(pass_options)
+    recipe = (chosen or recipes_for(machine, precision, "onnxruntime", task=TASK)[0]).with_pass_options(pass_options)
     recipe.preflight(machine, calib is not None, settings)
     budgets = evaluator.with_max_drift(recipe.validation.generation, max_drift)
     try:
@@ -127,6 +137,15 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
     name = name or loaded.name or folder.name
     out = Path(output).absolute() if output else (Path("dist") / name).absolute()
     call = call_text(model, {"task": TASK, **({"precision": precision} if precision != "fp32" else {})})
+    if dry_run:
+        check_output(out, force)
+        return {"dry_run": True, "task": TASK, "name": name, "output": str(out), "replaces_existing": out.exists(),
+                "source": str(loaded.hub.repo_id if loaded.hub else folder), "format": loaded.format,
+                "target": machine.name, "inputs": InputSpec.parse(list(LM_INPUTS)).to_json(),
+                "validation_data": str(val) if val is not None else "random token ids (no --val)",
+                "calibration": None if calib is None else str(calib), "budget": evaluator.describe(budgets),
+                "candidates": [{"recipe": recipe.name, "backend": recipe.backend, "precision": recipe.precision,
+                                "passes": [step.name for step in recipe.passes], "skipped": None}]}
     with claim_output(out, force), work_folder("generation") as work:
         source = Artifact("torch", InputSpec.parse(list(LM_INPUTS)), obj=lm, output_names=("logits",))
         final = Pipeline(recipe, machine, Path(work), calibration=calibration, console=console, times=times,
@@ -189,6 +208,31 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
             typed = write_output(stage, manifest, final.path, final.spec, "cpu", recipe.emit, products=final.products,
                                  times=times)
     return BuildResult(name, out, typed, out / typed.artifacts.get("onnxruntime-genai"))
+
+
+def task_recipe(recipe: str | Path | None, backend: str = "auto") -> Recipe | None:
+    """The recipe a text-generation build was given (None: the precision's own), once it is known to be the task's;
+    a ``backend`` other than the task's one is bad input."""
+    if backend not in ("auto", "onnxruntime"):
+        raise UsageError(f"--task {TASK} builds the ONNX Runtime GenAI folder (backend onnxruntime); --backend "
+                         f"{backend} has no recipe for it", fix="drop --backend, or pass --backend onnxruntime")
+    if recipe is None:
+        return None
+    found = load_recipe(recipe)
+    if found.task != TASK:
+        names = ", ".join(f"{p}-onnxruntime-genai" for p in PRECISIONS)
+        raise UsageError(f"recipe {found.name} builds {found.task or 'the logits graph'}, not {TASK}", where=str(recipe),
+                         fix=f"pass one of the task's recipes ({names}) or a YAML with `task: {TASK}`, "
+                             "or build --task logits with it")
+    return found
+
+
+def is_task_recipe(recipe: str | Path) -> bool:
+    """Whether ``recipe`` loads and builds this task (for choosing the task; a broken recipe is reported by the build)."""
+    try:
+        return load_recipe(recipe).task == TASK
+    except Exception:  # noqa: BLE001 - RecipeError and whatever a broken file raises
+        return False
 
 
 def time_folder(folder: Path, vocab: int, context: int) -> dict:

@@ -14,7 +14,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from infopt.api.generation import PRECISIONS, generation_passes
+from infopt.api.generation import PRECISIONS, generation_passes, is_task_recipe
 from infopt.core.errors import UsageError
 from infopt.exporters.genai_folder import has_tokenizer
 from infopt.runtime import hub
@@ -66,9 +66,9 @@ def default_task(model: str | Path, *, precision: str | None, target: str, val: 
 
 TASKS = ("logits", "text-generation")
 # infopt.build's arguments that only the logits graph takes (the text-generation build has no use for them)
-LOGITS_ONLY = ("example_inputs", "backend", "inputs", "dims", "batch_sizes", "batch_mix", "thresholds", "recipe", "model_class",
+LOGITS_ONLY = ("example_inputs", "inputs", "dims", "batch_sizes", "batch_mix", "thresholds", "model_class",
                "model_args", "allow_pickle", "max_val_samples", "calib_samples", "calib_seed", "tokenizer",
-               "allow_partial", "strict", "require_precision", "dry_run", "int4_checkpoint", "calib_method",
+               "allow_partial", "strict", "require_precision", "int4_checkpoint", "calib_method",
                "calib_percentile", "calib_bins", "smoothquant_alpha")
 
 
@@ -86,6 +86,7 @@ def generation_arguments(model, task: str | None, given: dict, defaults: dict, s
         return None
     options = dict(given.get("pass_options") or {})
     extra = [name for name in LOGITS_ONLY if given[name] != defaults.get(name)]  # example_inputs: None
+    extra += [name for name in logits_choices(given["backend"], given["recipe"])]
     if options:
         runs = generation_passes()
         extra += [f"pass_options[{name!r}]" for name in options if name not in runs]
@@ -104,7 +105,15 @@ def generation_arguments(model, task: str | None, given: dict, defaults: dict, s
         raise UsageError(f"task='text-generation' does not take {', '.join(extra)}",
                          fix="drop them: it builds the ONNX Runtime GenAI folder for the cpu target")
     return {"output": given["output"], "name": given["name"], "force": given["force"], "val": given["val"],
-            "precision": given["precision"] or "fp32", "target": given["target"], "calib": calib,
+            "precision": given["precision"], "target": given["target"], "calib": calib,
             "max_drift": given["max_drift"], "price_per_hour": given["price_per_hour"],
             "int4_method": given["int4_method"], "group_size": given["group_size"], "act_order": given["act_order"],
-            "pass_options": options or None}
+            "pass_options": options or None, "recipe": given["recipe"], "backend": given["backend"],
+            "dry_run": given["dry_run"]}
+
+
+def logits_choices(backend: str, recipe) -> list[str]:
+    """Which of ``backend`` and ``recipe`` only a logits build takes: a backend other than the task's one
+    (onnxruntime), a recipe whose task is not text generation."""
+    return ([] if backend in ("auto", "onnxruntime") else ["backend"]) + \
+        ([] if recipe is None or is_task_recipe(recipe) else ["recipe"])

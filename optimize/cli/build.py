@@ -90,9 +90,12 @@ def build(
     if task is None:
         from infopt.api.task_choice import default_task
 
-        given = {"--backend": backend != "auto", "--input": bool(inputs), "--dim": bool(dims), "--batch-sizes": bool(batch_sizes),
-                 "--batch-mix": bool(batch_mix),
-                 "--recipe": recipe is not None, "--dry-run": dry_run, "--model-class": model_class is not None,
+        from infopt.api.task_choice import logits_choices
+
+        logits_only = logits_choices(backend, recipe)
+        given = {"--backend": "backend" in logits_only, "--input": bool(inputs), "--dim": bool(dims),
+                 "--batch-sizes": bool(batch_sizes), "--batch-mix": bool(batch_mix),
+                 "--recipe": "recipe" in logits_only, "--model-class": model_class is not None,
                  "--model-args": model_args is not None, "--tokenizer": tokenizer is not None,
                  "--calib-method": calib_method is not None, "--calib-percentile": calib_percentile is not None,
                  "--calib-bins": calib_bins is not None, "--smoothquant-alpha": smoothquant_alpha is not None,
@@ -105,14 +108,13 @@ def build(
         if why and not quiet and not as_json:
             print(f"note: building --task logits; a causal LM's default, --task text-generation, {why}", file=sys.stderr)
     if task == "text-generation":
-        if dry_run or recipe or backend != "auto":
-            raise UsageError("--task text-generation takes no --dry-run, --recipe or --backend yet",
-                             fix="drop them: it builds the ONNX Runtime GenAI folder for the cpu target")
         api_flags.int4_settings(int4_method, group_size, act_order, None)  # an unknown --int4-method exits 2 here
-        _build_generation(model, precision=api_flags.precision(flags, precision) or "fp32", target=target, val=val,
+        asked = api_flags.precision(flags, precision) if precision or any(flags.values()) else None  # else the recipe's
+        _build_generation(model, precision=asked, target=target, val=val,
                           name=name, output=output, force=force, calib=calib, max_drift=max_drift,
                           int4_method=int4_method, group_size=group_size, act_order=act_order,
-                          price_per_hour=price_per_hour, as_json=as_json, quiet=quiet)
+                          price_per_hour=price_per_hour, recipe=recipe, backend=backend, dry_run=dry_run,
+                          as_json=as_json, quiet=quiet)
         return
     result = run_build(
         model, target=target, precision=api_flags.precision(flags, precision), backend=backend, inputs=inputs, dims=dims,
@@ -158,6 +160,9 @@ def _build_generation(model, *, as_json: bool, quiet: bool, **options) -> None:
     from infopt.report.markdown import generation_section, passes_section, print_sections, summary
 
     result = build_generation(model, command=["infopt", *sys.argv[1:]], console=None if quiet else stderr(), **options)
+    if isinstance(result, dict):
+        _print_plan(result, as_json)
+        return
     m = result.manifest
     if as_json:
         print_json({"passed": result.passed, "output": shown_path(result.output_dir), "output_dir": str(result.output_dir),

@@ -153,7 +153,8 @@ def candidates_section(manifest: Manifest) -> Section | None:
     if any(c["status"] == "built" for c in rows_in):
         runs_on = {c["runs_on"] for c in rows_in if c["status"] == "built"}
         notes.append(f"measured on {', '.join(sorted(runs_on))}; p50 in ms; speedup is the geometric mean over batch "
-                     "sizes of eager p50 / candidate p50")
+                     "sizes of eager's time / the candidate's, each the median of paired trials timed side by side")
+        notes += [f"{c['recipe']}: {c['timing']}" for c in rows_in if c.get("timing", "timed in full") != "timed in full"]
     headers = ["candidate", "verdict", "cosine (min)", "max_abs", *[f"p50 b{b}" for b in batches],
                "speedup", "size", "chosen"]
     return Section("Candidates", headers, rows, notes)

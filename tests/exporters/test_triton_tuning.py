@@ -213,7 +213,7 @@ def test_tuning_from_a_measured_curve(tmp_path):
     import numpy as np
     from torch.export import Dim
 
-    from infopt.validators.latency import measure
+    from infopt.validators.timing import measure
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(),
@@ -226,7 +226,7 @@ def test_tuning_from_a_measured_curve(tmp_path):
     batches = [1, 2, 4, 8, 16, 32]
     rng = np.random.default_rng(0)
     feeds = {b: {"x": rng.standard_normal((b, 64), dtype=np.float32)} for b in batches}
-    stats = measure({"ort": lambda feed: session.run(None, feed)}, feeds, warmup=3, iterations=20)
+    stats = measure({"ort": lambda feed: session.run(None, feed)}, feeds, warmup=3, iterations=20).stats
     measured = [{k: v for k, v in s.to_json().items() if k != "runner"} for s in stats]
 
     spec = InputSpec.parse(["x:float32[batch,64]"], ["batch=1:8:32"])

@@ -131,6 +131,7 @@ def test_a_declared_batch_mix_decides_between_candidates_fast_at_different_batch
 
     from infopt.api.candidates import Candidate, choose
     from infopt.core.recipe import load_recipe
+    from infopt.validators.timing import RatioEstimate, Timings
 
     def built(name):
         c = Candidate(load_recipe(name), status="built")
@@ -138,9 +139,10 @@ def test_a_declared_batch_mix_decides_between_candidates_fast_at_different_batch
         return c
 
     small, large = built("fp32-onnxruntime"), built("fp32-inductor")
-    timings = [SimpleNamespace(runner=r, batch=b, p50_ms=ms) for r, b, ms in (
-        ("eager", 1, 10.0), ("eager", 32, 100.0), (small.label, 1, 2.0), (small.label, 32, 80.0),
-        (large.label, 1, 5.0), (large.label, 32, 20.0))]
+    def ratio(batch, value):
+        return RatioEstimate(batch, value, 1.0, value, value, value, 0.97, 5, 3)
+
+    timings = Timings([], {small.label: [ratio(1, 0.2), ratio(32, 0.8)], large.label: [ratio(1, 0.5), ratio(32, 0.2)]})
     target = SimpleNamespace(device="cpu", name="cpu", backends=("onnxruntime", "inductor"))
     assert choose([small, large], timings, target, {1: 0.95, 32: 0.05})[0] is small
     chosen, why = choose([small, large], timings, target, {1: 0.05, 32: 0.95})

@@ -22,7 +22,7 @@ import infopt
 from infopt.core.manifest import read_manifest
 from infopt.core.manifest_schema import Manifest
 from infopt.report.html import to_html
-from infopt.validators import latency
+from infopt.validators import timing
 from infopt.validators.roofline import cost_notes, cost_per_million, count_work, roofline
 from tests.manifests import typed_manifest
 
@@ -89,8 +89,8 @@ def _curve_and_work(out: Path, model: nn.Module, x: np.ndarray) -> Manifest:
     v = manifest.validation
     if not v.curve:
         runner = infopt.load(out)
-        stats = latency.measure({"infopt": runner.run}, {b: {"x": x[:b]} for b in BATCHES}, warmup=3, iterations=20,
-                                devices={"infopt": runner.device})
+        stats = timing.measure({"infopt": runner.run}, {b: {"x": x[:b]} for b in BATCHES}, warmup=3, iterations=20,
+                               devices={"infopt": runner.device}).stats
         v.curve = [{k: val for k, val in s.to_json().items() if k != "runner"} for s in stats]
     if not v.work:
         v.work = count_work(model, {"x": x[:8]}, ["x"], manifest.files[manifest.artifacts.model].bytes)
