@@ -63,6 +63,12 @@ class InputSpecError(UsageError):
     title = "bad input spec"
 
 
+class TooLargeError(UsageError):
+    """The build would need more memory than this machine has: refused before any work."""
+
+    title = "too large for this machine"
+
+
 class RecipeError(UsageError):
     """A recipe, target or precision that does not exist or does not fit together."""
 

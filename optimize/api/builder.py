@@ -38,6 +38,7 @@ from infopt.quantize.sensitivity import Budget
 from infopt.runtime.backends import manifest_runner
 from infopt.runtime.backends.onnxruntime import OrtRunner
 from infopt.runtime.loading import check_against_onnx, from_module, load_model
+from infopt.runtime.memory_estimate import check_fits
 from infopt.runtime.runner import TorchRunner
 from infopt.validators import drift as drift_mod
 from infopt.validators import timing
@@ -209,6 +210,7 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
 
     with times.step("load"):
         if isinstance(model, (str, Path)):
+            check_fits(model, f"a {'/'.join(sorted({r.precision for r in recipes}))} build")
             loaded = load_model(model, model_class=model_class, model_args=model_args, allow_pickle=allow_pickle)
         else:
             loaded = from_module(model.eval(), "module", None)

@@ -50,6 +50,7 @@ from infopt.passes.onnx.quantize_int8 import Int8Details
 from infopt.quantize.calib_data import CalibrationSet
 from infopt.quantize.int4_config import Int4Config
 from infopt.runtime.loading import load_model
+from infopt.runtime.memory_estimate import check_fits
 from infopt.validators import generation
 from infopt.validators import generation_eval as evaluator
 
@@ -118,6 +119,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
     times = StepTimes()
     say = (lambda text: console.print(f"[dim]{text}[/dim]")) if console is not None else (lambda text: None)
     with times.step("load"):
+        check_fits(model, f"{'an' if precision.startswith('int') else 'a'} {precision} text-generation build")
         loaded = load_model(model)
     task = getattr(loaded.task, "name", None)
     if loaded.format != "hf-folder" or task != "causal-lm":

@@ -1,0 +1,172 @@
+"""Question: at the sizes users deploy, how long does a text-generation build take, how much memory does it
+need and how large is what it writes, beside ONNX Runtime GenAI's model builder on the same folder?
+
+Each model is a folder with a real model's config (``tests/checkpoints.py``: Qwen2.5-0.5B, Qwen2.5-1.5B,
+Qwen2.5-3B, Llama-3.1-8B) and random bf16 weights, written shard by shard without building the model in
+memory, beside a small byte-level BPE tokenizer. Each build runs as a user runs it, in its own process:
+
+- ``infopt build FOLDER --task text-generation [--int4]`` (INT4: RTN, no calibration, as the builder's int4
+  is; no drift budget, random weights agreeing little);
+- ``python -m onnxruntime_genai.models.builder -i FOLDER -o OUT -p fp32|int4 -e cpu``.
+
+For each: wall time, the peak resident memory of the whole process tree (sampled every 0.1 s), the bytes of
+the folder's model files (``*.onnx`` and their external data), and infopt's own steps from its manifest.
+Then both folders of a precision are timed with ``onnxruntime_genai`` in interleaved rounds, the builder's
+given infopt's intra-op thread count (``bench_generation.py``'s harness): TTFT of a 128-token prompt and
+TPOT at batch 1 and 8. A build that fails or is killed is a row with its exit status.
+
+    python benchmarks/bench_scale.py [--models qwen2.5-0.5b,qwen2.5-1.5b] [--precisions fp32,int4]
+                                     [--rounds 4] [--markdown benchmarks/results/scale.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_generation import pct, same_threads, time_round  # noqa: E402
+from benchmarks.common import RESULTS, environment  # noqa: E402
+from tests.checkpoints import CONFIGS, write_checkpoint  # noqa: E402
+
+INFOPT = Path(sys.executable).with_name("infopt")
+
+
+def tree_rss(root) -> int:
+    """Resident bytes of a process and every descendant."""
+    import psutil
+
+    total = 0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            total += proc.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def run_measured(command: list[str], limit_s: float) -> dict:
+    """Run ``command``: its exit status, wall seconds, the peak RSS of its process tree, the tail of stderr."""
+    import psutil
+
+    start = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        root, peak = psutil.Process(proc.pid), 0
+        while proc.poll() is None:
+            peak = max(peak, tree_rss(root))
+            if time.perf_counter() - start > limit_s:
+                proc.send_signal(signal.SIGKILL)
+            time.sleep(0.1)
+        err.seek(0)
+        tail = err.read()[-1500:]
+    code = proc.returncode
+    return {"code": code, "wall_s": time.perf_counter() - start, "peak_rss": peak,
+            "status": "ok" if code == 0 else (f"killed by signal {-code}" if code < 0 else f"exit {code}"), "stderr": tail}
+
+
+def model_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir() if p.suffix in (".onnx", ".data") or p.name.endswith(".onnx.data"))
+
+
+def infopt_steps(out: Path) -> str:
+    """The build's longest steps, from its manifest."""
+    try:
+        steps = json.loads((out / "manifest.json").read_text())["timings"]["steps"]
+    except (OSError, KeyError, ValueError):
+        return "-"
+    ranked = sorted(((k, v) for k, v in steps.items() if isinstance(v, (int, float))), key=lambda kv: -kv[1])
+    return ", ".join(f"{k} {v:.0f} s" for k, v in ranked[:5])
+
+
+def build(model: Path, work: Path, tool: str, precision: str, limit_s: float) -> dict:
+    out = work / f"{tool}-{precision}"
+    if tool == "infopt":
+        command = [str(INFOPT), "build", str(model), "--task", "text-generation", "-o", str(out), "-q", "--force"]
+        if precision == "int4":
+            command += ["--int4", "--max-drift", "top1=0,ppl_delta=100"]
+        folder = out / "servers" / "onnxruntime-genai"
+    else:
+        command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(model), "-o", str(out),
+                   "-p", precision, "-e", "cpu", "-c", str(work / "hf-cache")]
+        folder = out
+    print(f"building {tool} {precision} of {model.name}", flush=True)
+    row = run_measured(command, limit_s)
+    row.update({"tool": tool, "precision": precision, "folder": folder if row["code"] == 0 else None,
+                "bytes": model_bytes(folder) if row["code"] == 0 else None,
+                "steps": infopt_steps(out) if tool == "infopt" else "-"})
+    print(f"  {row['status']}, {row['wall_s']:.0f} s, peak {row['peak_rss'] / 1e9:.1f} GB", flush=True)
+    return row
+
+
+def timed(rows: list[dict], work: Path, rounds: int, vocab: int) -> None:
+    """TTFT and TPOT p50 of each built folder, the builder's with infopt's thread count."""
+    import numpy as np
+    import onnxruntime_genai as og
+
+    built = {f"{r['tool']} {r['precision']}": r for r in rows if r["folder"] is not None}
+    folders = same_threads({label: r["folder"] for label, r in built.items()}, work)
+    models = {label: og.Model(str(folders[f"{label}, same threads" if label.startswith("builder") else label]))
+              for label in built}
+    times = {label: {"ttft": [], "tpot1": [], "tpot8": []} for label in models}
+    rng = np.random.default_rng(0)
+    for model in models.values():
+        time_round(og, model, vocab, rng)
+    for _ in range(rounds):
+        for label, model in models.items():
+            for key, values in time_round(og, model, vocab, rng).items():
+                times[label][key] += values
+    for label, r in built.items():
+        r.update({key: pct(times[label][key])[0] for key in ("ttft", "tpot1", "tpot8")})
+    del models
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="qwen2.5-0.5b,qwen2.5-1.5b")
+    parser.add_argument("--precisions", default="fp32,int4")
+    parser.add_argument("--tools", default="infopt,builder")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--limit-s", type=float, default=3600.0, help="a build running longer is killed")
+    parser.add_argument("--markdown", type=Path, default=RESULTS / "scale.md")
+    args = parser.parse_args()
+    from tests.test_text_generation import tokenizer_for
+
+    lines = ["| model | checkpoint | build | status | wall s | peak RSS GB | RSS / checkpoint | output MB | "
+             "TTFT ms | TPOT b1 ms | TPOT b8 ms | infopt's longest steps |", "|" + " --- |" * 12]
+    for name in args.models.split(","):
+        with tempfile.TemporaryDirectory(prefix=f"bench-scale-{name}-") as tmp:
+            work = Path(tmp)
+            model = work / name
+            weights = write_checkpoint(CONFIGS[name], model)
+            tokenizer_for(model)
+            rows = [build(model, work, tool, precision, args.limit_s)
+                    for precision in args.precisions.split(",") for tool in args.tools.split(",")]
+            timed(rows, work, args.rounds, CONFIGS[name]["vocab_size"])
+            for r in rows:
+                lines.append(
+                    f"| {name} | {weights / 1e9:.2f} GB bf16 | {r['tool']} {r['precision']} | {r['status']} | "
+                    f"{r['wall_s']:.0f} | {r['peak_rss'] / 1e9:.1f} | {r['peak_rss'] / weights:.1f}x | "
+                    + (f"{r['bytes'] / 1e6:.0f}" if r["bytes"] else "-") + " | "
+                    + " | ".join(f"{r[k]:.1f}" if k in r else "-" for k in ("ttft", "tpot1", "tpot8"))
+                    + f" | {r['steps']} |")
+                if r["code"] != 0:
+                    print(f"{r['tool']} {r['precision']} {r['status']}:\n{r['stderr']}", flush=True)
+    text = "\n".join(["## Real sizes: text-generation builds against ONNX Runtime GenAI's builder (CPU)", "",
+                      "`python benchmarks/bench_scale.py`", "", *lines, "",
+                      *(f"- {line}" for line in environment())]) + "\n"
+    print(text)
+    args.markdown.parent.mkdir(parents=True, exist_ok=True)
+    args.markdown.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

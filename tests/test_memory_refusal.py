@@ -1,0 +1,35 @@
+"""A build that cannot fit this machine is refused before any work (exit 2, what it needs and what this machine
+has), rather than killed by the kernel's OOM killer halfway. The model: a folder with Llama-3.1-8B's real config
+whose bf16 shards declare its 8.03B parameters but hold holes (``tests/checkpoints.py``: no disk, no time)."""
+
+from __future__ import annotations
+
+import pytest
+
+from infopt.runtime import memory_estimate
+from tests.checkpoints import CONFIGS, write_checkpoint
+from tests.conftest import run_cli_here
+from tests.test_bad_input import assert_clean_failure
+
+
+@pytest.fixture(scope="module")
+def llama_8b(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("checkpoints") / "llama-8b"
+    write_checkpoint(CONFIGS["llama-3.1-8b"], folder, sparse=True)
+    return folder
+
+
+def test_the_estimate_reads_the_checkpoint_headers(llama_8b):
+    size = memory_estimate.checkpoint_size(llama_8b)
+    assert size.parameters == 8_030_261_248 and size.dtype == "BF16" and size.bytes == 2 * size.parameters
+    assert memory_estimate.estimate_bytes(size) == int(1e9 + 2.5 * 4 * size.parameters)
+    assert memory_estimate.checkpoint_size(llama_8b.parent) is None  # no safetensors: nothing to say
+
+
+@pytest.mark.skipif((memory_estimate.available_bytes() or 0) > 80e9, reason="this machine has room for an 8B build")
+@pytest.mark.parametrize("flags", [("--task", "text-generation", "--int4"), ("--task", "logits")])
+def test_an_8b_model_on_this_machine_is_refused_before_any_work(llama_8b, tmp_path, flags):
+    proc = run_cli_here("build", str(llama_8b), *flags, "--output", "out", cwd=tmp_path)
+    assert_clean_failure(proc, 2, "too large for this machine", "8.03B parameters, 16.1 GB of bf16 weights",
+                         "needs about 81 GB of memory", "GB available", "INFOPT_SKIP_MEMORY_CHECK=1",
+                         out=tmp_path / "out")
