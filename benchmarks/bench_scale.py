@@ -83,7 +83,10 @@ def infopt_steps(out: Path) -> str:
         steps = json.loads((out / "manifest.json").read_text())["timings"]["steps"]
     except (OSError, KeyError, ValueError):
         return "-"
-    ranked = sorted(((k, v) for k, v in steps.items() if isinstance(v, (int, float))), key=lambda kv: -kv[1])
+    seconds: dict[str, float] = {}
+    for step in steps:
+        seconds[step["step"]] = seconds.get(step["step"], 0.0) + step["seconds"]
+    ranked = sorted(seconds.items(), key=lambda kv: -kv[1])
     return ", ".join(f"{k} {v:.0f} s" for k, v in ranked[:5])
 
 

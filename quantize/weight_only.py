@@ -15,8 +15,11 @@ children of the model's largest ``nn.ModuleList`` of Linears), then all the othe
 group the calibration batches run through a working copy of the model whose earlier groups are
 already quantized (so later layers see, and GPTQ compensates, the earlier rounding), hooks on the
 group's Linears fold each batch into a per-layer statistic (GPTQ's Hessian, AWQ's activation
-sample), and the forward stops at the end of the block. Only the current group's statistics are
-held, never every layer's activations.
+sample). The first block's inputs are caught once, from a forward that stops there; each block then runs
+alone on its inputs (for the statistics, then again quantized, to give the next block its inputs), so
+calibration costs one pass over each block, growing linearly with the depth, not with its square as
+running the model up to each block did. Only the current group's statistics and one set of block inputs
+are held, never every layer's activations.
 """
 
 from __future__ import annotations
@@ -201,11 +204,18 @@ def calibrate_int4(model: nn.Module, config: Int4MethodConfig | Int4Config,
     work = (model if inplace else copy.deepcopy(model)).eval().to(device)
     batches = [tuple(t.to(device) for t in batch) for batch in batches]
     groups = layer_groups(work, names)
+    inputs = None  # each batch's (args, kwargs) at the current block's entry, once the first block caught them
     for number, (block, members) in enumerate(groups, 1):
         stats = {n: method.statistic(config, work.get_submodule(n).in_features) for n in members}
         if progress:
             progress(f"group {number}/{len(groups)}: collecting {method.name.upper()} statistics")
-        result.rows = max(result.rows, _collect(work, block, members, stats, batches))
+        if block is not None and inputs is None and number == 1:
+            blocks = [b for b, _ in groups if b is not None]
+            inputs = _block_inputs(work, block, batches) if _chained(work, blocks, batches[0]) else None
+        if block is not None and inputs is not None:
+            result.rows = max(result.rows, _collect_block(work, block, members, stats, inputs))
+        else:
+            result.rows = max(result.rows, _collect(work, block, members, stats, batches))
         for name in members:
             if progress:
                 progress(f"layer {len(result.layers) + 1}/{len(names)} {name}")
@@ -216,6 +226,8 @@ def calibrate_int4(model: nn.Module, config: Int4MethodConfig | Int4Config,
             weight = _record(result, name, layer, stats[name],
                              config.model_copy(update={"group_size": plan.group_sizes[name]}), method)
             replace_module(work, name, Int4Linear(weight, layer.bias).to(device))
+        if block is not None and inputs is not None:
+            inputs = _block_outputs(block, inputs)  # the next block's inputs: this one's, quantized, on them
     if inplace:
         work.to(home).train(training)
     return result
@@ -231,6 +243,104 @@ def _record(result: Int4Result, name: str, layer: nn.Linear, statistic, config: 
                                      alpha=done.alpha, act_order=getattr(config, "act_order", False),
                                      group_size=config.group_size))
     return done.weight
+
+
+def _block_inputs(work: nn.Module, block: nn.Module, batches) -> list[tuple[tuple, dict]] | None:
+    """Each batch's arguments at the entry of ``block`` (the first of the stack), from one forward that stops
+    there; None where the block does not take its hidden states as a tensor first (the forward each block
+    needs is then run from the model's input, as before). A KV cache among them is dropped."""
+    found: list[tuple[tuple, dict]] = []
+
+    def grab(_module, args, kwargs):
+        found.append((args, _arguments(kwargs)))
+        raise _Stop
+
+    handle = block.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                try:
+                    work(*batch)
+                except _Stop:
+                    pass
+    finally:
+        handle.remove()
+    if len(found) != len(batches) or not all(args and isinstance(args[0], torch.Tensor) for args, _ in found):
+        return None
+    return found
+
+
+def _chained(work: nn.Module, blocks: list[nn.Module], batch) -> bool:
+    """Whether the blocks form a chain (one batch run through the whole model to see): each block takes the
+    previous one's output as its hidden states, and every one the same other arguments. Where not (a residual
+    added between blocks, alternating attention masks), each block's inputs must come from the model's forward."""
+    seen: list[dict] = []
+    outputs: list = []
+
+    def entered(_module, args, kwargs):
+        seen.append({"hidden": args[0] if args else None, "args": args[1:], **_arguments(kwargs)})
+
+    def left(_module, _args, out):
+        outputs.append(out[0] if isinstance(out, (tuple, list)) else out)
+
+    handles = [h for b in blocks for h in (b.register_forward_pre_hook(entered, with_kwargs=True),
+                                           b.register_forward_hook(left))]
+    try:
+        with torch.no_grad():
+            work(*batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if len(seen) != len(blocks) or len(outputs) != len(blocks):
+        return False
+    rest = [{k: v for k, v in entry.items() if k != "hidden"} for entry in seen]
+    return (all(_equal(rest[0], other) for other in rest[1:])
+            and all(_equal(out, entry["hidden"]) for out, entry in zip(outputs, seen[1:])))
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b))
+    return a is b or a == b
+
+
+CACHE_KWARGS = ("past_key_values", "past_key_value", "layer_past", "cache", "use_cache")
+"""a decoder block's arguments for the KV cache, which calibration neither needs nor may grow (a block run twice
+on one cache would attend to its own first run's keys)"""
+
+
+def _arguments(kwargs: dict) -> dict:
+    """A block's keyword arguments without its KV cache (by name, or any ``*Cache`` object)."""
+    return {k: v for k, v in kwargs.items() if k not in CACHE_KWARGS and not type(v).__name__.endswith("Cache")}
+
+
+def _collect_block(work: nn.Module, block: nn.Module, members: list[str], stats: dict, inputs) -> int:
+    """The statistics of ``block``'s Linears from the block alone, run on its cached inputs: calibration then
+    costs one block per block, not the model's way up to each one."""
+    handles = [work.get_submodule(n).register_forward_pre_hook(lambda _m, args, n=n: stats[n].add(args[0]))
+               for n in members]
+    try:
+        with torch.no_grad():
+            for args, kwargs in inputs:
+                block(*args, **kwargs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return stats[members[0]].rows
+
+
+def _block_outputs(block: nn.Module, inputs) -> list[tuple[tuple, dict]]:
+    """The next block's inputs: ``block`` (now quantized) run on its own, its hidden states in place of theirs."""
+    found = []
+    with torch.no_grad():
+        for args, kwargs in inputs:
+            out = block(*args, **kwargs)
+            found.append(((out[0] if isinstance(out, (tuple, list)) else out, *args[1:]), kwargs))
+    return found
 
 
 def _collect(work: nn.Module, block: nn.Module | None, members: list[str], stats: dict, batches) -> int:

@@ -30,9 +30,9 @@ TRAIN_LINES = 440
 STEPS = 150
 
 
-def train_lm(folder: Path) -> None:
-    """A 2-layer Llama (hidden 128, 4 heads, 2 KV heads, untied head) trained on the first sentences,
-    saved with its tokenizer."""
+def train_lm(folder: Path, tied: bool = False) -> None:
+    """A 2-layer Llama (hidden 128, 4 heads, 2 KV heads, its head untied unless ``tied``) trained on the first
+    sentences, saved with its tokenizer."""
     import torch
 
     tokenizer_for(folder)
@@ -42,7 +42,7 @@ def train_lm(folder: Path) -> None:
     torch.manual_seed(0)
     config = transformers.LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                      bos_token_id=0, eos_token_id=0, tie_word_embeddings=False)
+                                      bos_token_id=0, eos_token_id=0, tie_word_embeddings=tied)
     lm = transformers.LlamaForCausalLM(config)
     optimizer = torch.optim.AdamW(lm.parameters(), lr=3e-3, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, 3e-3, total_steps=STEPS, pct_start=0.1)
@@ -141,6 +141,41 @@ def test_int4_gptq_with_calibration_text_holds_agreement_and_perplexity(trained,
         got = model(input_ids=torch.tensor([ids])).logits[0].float().numpy()
     cosine = (got * want).sum(-1) / np.linalg.norm(got, axis=-1) / np.linalg.norm(want, axis=-1)
     assert cosine.min() > 0.99 and (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9, cosine
+
+
+def test_a_tied_head_and_embedding_share_one_int4_table(trained, tmp_path):
+    """A tied LM's INT4 build stores its table once, in INT4: the lookup reads the head's MatMulNBits weight through
+    GatherBlockQuantized. Against the same build keeping the lookup's fp32 table (a recipe YAML given with --recipe),
+    it is smaller by about that table and holds the same budgets on the held-out text."""
+    import yaml
+
+    from infopt.core.recipe import bundled_recipes
+
+    train_lm(trained / "tied-lm", tied=True)
+    recipe = yaml.safe_load(bundled_recipes()["int4-onnxruntime-genai"].read_text())
+    head = next(step for step in recipe["passes"] if step["name"] == "quantize_int4_head")
+    head["options"] = {**head.get("options", {}), "tied_embedding": "float"}
+    (tmp_path / "float-table.yaml").write_text(yaml.safe_dump(recipe))
+    manifests = {}
+    for name, flags in (("shared", ["--int4"]), ("float", ["--recipe", str(tmp_path / "float-table.yaml")])):
+        proc = run_cli("build", "tied-lm", *flags, "--val", "held-out.txt", "-o", f"tied-{name}", "--json", "-q",
+                       cwd=trained, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        manifests[name] = json.loads((trained / f"tied-{name}" / "manifest.json").read_text())
+    details = {m: next(p["details"] for p in manifests[m]["passes"] if p["details"].get("head")) for m in manifests}
+    assert details["shared"]["embedding"] == "shared" and details["float"]["embedding"] == "float"
+    folder = trained / "tied-shared" / "servers" / "onnxruntime-genai"
+    graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
+    assert ops(folder / "model.onnx").get("GatherBlockQuantized") == 1
+    tables = {i.name for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT and list(i.dims) == [512, 128]}
+    assert not tables  # no fp32 copy of the vocabulary's table left
+    table_bytes = 512 * 128 * 4
+    sizes = {m: manifests[m]["validation"]["generation"]["weights_bytes"] for m in manifests}
+    assert sizes["float"] - sizes["shared"] > 0.8 * table_bytes
+    forced = {m: manifests[m]["validation"]["generation"]["teacher_forced"] for m in manifests}
+    assert forced["shared"]["top1"] >= 0.8 and forced["shared"]["ppl_delta"] <= 0.10  # the INT4 recipe's budgets
+    assert forced["shared"]["top1"] >= forced["float"]["top1"] - 0.02
+    assert len(generates(folder)) == 8
 
 
 def test_int4_without_calibration_is_rtn_on_searched_grids_and_keeps_perplexity(trained, builds):

@@ -135,10 +135,11 @@ def lower_node(graph, node, accuracy_level: int) -> list:
 
 
 def replace_with_nbits(graph, node, x, packed, scales, zeros, bias, group_size: int, accuracy_level: int,
-                       prefix: str, *, perm=None) -> None:
+                       prefix: str, *, perm=None):
     """Replace ``node`` (whose first output is ``x @ W.T (+ bias)``) by ``[Gather ->] MatMulNBits`` holding
     ``W`` in infopt's packed layout: ``packed`` uint8 ``[N, K // 2]``, ``scales`` ``[N, G]``, ``zeros``
-    uint8 ``[N, G]``, ``bias`` ``[N]`` or None; ``perm`` sorts the input features by group (act-order)."""
+    uint8 ``[N, G]``, ``bias`` ``[N]`` or None; ``perm`` sorts the input features by group (act-order).
+    Returns the ``MatMulNBits`` node."""
     import numpy as np
     import onnx_ir as ir
 
@@ -179,6 +180,7 @@ def replace_with_nbits(graph, node, x, packed, scales, zeros, bias, group_size: 
     result = new[-1].outputs[0]
     result.dtype, result.shape = node.outputs[0].dtype, node.outputs[0].shape
     ir.convenience.replace_nodes_and_values(graph, node, [node], new, node.outputs, [result])
+    return new[-1]
 
 
 def lower_int4_nodes(model, accuracy_level: int = 0) -> int:

@@ -142,8 +142,9 @@ def test_driver_quantizes_block_by_block_and_stops_each_forward_at_its_block():
     last_block_runs.clear()
     said = []
     result = calibrate_int4(model, Int4Config(method="gptq", group_size=32), batches, progress=said.append)
+    # a residual between blocks: no chain (one forward shows it), so each group runs the model from its input:
     # blocks 0 and 1 stop before block 2 runs; block 2's group and the head's group run it
-    assert len(last_block_runs) == 2 * len(batches)
+    assert len(last_block_runs) == 1 + 2 * len(batches)
     assert sum("collecting" in s for s in said) == 4
     assert set(result.weights) == {"blocks.0.0", "blocks.0.2", "blocks.1.0", "blocks.1.2", "blocks.2.0", "blocks.2.2", "head"}
     assert all(isinstance(m, nn.Linear) for n, m in model.named_modules() if n in result.weights)
@@ -152,6 +153,53 @@ def test_driver_quantizes_block_by_block_and_stops_each_forward_at_its_block():
     with torch.no_grad():
         cos = torch.nn.functional.cosine_similarity(model(batches[0][0]).flatten(), reference.flatten(), dim=0)
     assert float(cos) > 0.99
+
+
+class Chain(nn.Module):
+    """Blocks that hold their residual, as a transformer's layers do: each takes the previous one's output and the
+    same mask, so calibration runs each block alone on its cached inputs."""
+
+    class Block(nn.Module):
+        def __init__(self, dim: int):
+            super().__init__()
+            self.up, self.down = nn.Linear(dim, 2 * dim), nn.Linear(2 * dim, dim)
+
+        def forward(self, h, mask=None):
+            return h + self.down(torch.nn.functional.gelu(self.up(h))) * mask
+
+    def __init__(self, dim: int = 64, blocks: int = 6):
+        super().__init__()
+        self.embed = nn.Embedding(50, dim)
+        self.blocks = nn.ModuleList(self.Block(dim) for _ in range(blocks))
+
+    def forward(self, ids):
+        h, mask = self.embed(ids), (ids > 0).float().unsqueeze(-1)
+        for block in self.blocks:
+            h = block(h, mask=mask)
+        return h
+
+
+def test_calibration_runs_each_block_a_fixed_number_of_times_whatever_the_depth(monkeypatch):
+    """Linear in the depth: each of 6 blocks runs once to see the chain, then per batch once for its statistics
+    and once quantized for the next block's inputs; the weights are those of running the model up to each block."""
+    from infopt.quantize import weight_only
+
+    torch.manual_seed(0)
+    model = Chain().eval()
+    batches = [(torch.randint(0, 50, (4, 10)),) for _ in range(3)]
+    runs = [0] * len(model.blocks)
+    for index, block in enumerate(model.blocks):
+        block.register_forward_hook(lambda *_, i=index: runs.__setitem__(i, runs[i] + 1))
+    cached = calibrate_int4(model, Int4Config(method="gptq", group_size=32), batches)
+    assert runs == [1 + 2 * len(batches)] * len(model.blocks)
+    monkeypatch.setattr(weight_only, "_chained", lambda *_: False)  # the model run up to each block instead
+    runs[:] = [0] * len(model.blocks)
+    forward = calibrate_int4(model, Int4Config(method="gptq", group_size=32), batches)
+    assert runs[0] == len(model.blocks) * len(batches) and runs[-1] == len(batches)  # quadratic in the depth
+    assert set(cached.weights) == set(forward.weights)
+    for name, weight in cached.weights.items():
+        assert torch.allclose(weight.scales, forward.weights[name].scales, rtol=1e-5, atol=1e-7)
+        assert (weight.qweight != forward.weights[name].qweight).float().mean() < 0.01, name
 
 
 def test_int4_layer_exports_as_one_op_and_decomposes_to_the_same_numbers():
@@ -248,3 +296,22 @@ def test_a_method_registered_from_one_module_is_used_by_the_driver(monkeypatch):
     assert seen == {(64, 32): 24, (16, 64): 24}
     assert sorted(result.weights) == ["0", "2"] and all(w.symmetric for w in result.weights.values())
     assert isinstance(model[0], nn.Linear), "not in place: the caller's model is unchanged"
+
+
+def test_a_transformers_decoder_calibrates_block_by_block_to_the_same_weights(monkeypatch):
+    """A Llama's layers form a chain (their KV cache dropped: a layer run twice on one cache would attend to its
+    own first run), so GPTQ runs each alone, and rounds every weight exactly as running the model up to it does."""
+    transformers = pytest.importorskip("transformers")
+    from infopt.quantize import weight_only
+
+    torch.manual_seed(0)
+    lm = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2)).eval()
+    batches = [(torch.randint(1, 512, (2, 32)), torch.ones(2, 32, dtype=torch.long)) for _ in range(2)]
+    assert weight_only._chained(lm, list(lm.model.layers), batches[0])
+    cached = calibrate_int4(lm, Int4Config(method="gptq", group_size=32), batches)
+    monkeypatch.setattr(weight_only, "_chained", lambda *_: False)
+    forward = calibrate_int4(lm, Int4Config(method="gptq", group_size=32), batches)
+    assert len(cached.weights) == 21
+    assert all(torch.equal(w.qweight, forward.weights[n].qweight) for n, w in cached.weights.items())
