@@ -9,7 +9,8 @@ memory, beside a small byte-level BPE tokenizer. Each build runs as a user runs 
   is; no drift budget, random weights agreeing little);
 - ``python -m onnxruntime_genai.models.builder -i FOLDER -o OUT -p fp32|int4 -e cpu``.
 
-For each: wall time, the peak resident memory of the whole process tree (sampled every 0.1 s), the bytes of
+infopt runs with an empty cache folder, as a user's first build of a model does. For each: wall time, the peak
+resident memory of the whole process tree (sampled every 0.1 s), the bytes of
 the folder's model files (``*.onnx`` and their external data), and infopt's own steps from its manifest.
 Then both folders of a precision are timed with ``onnxruntime_genai`` in interleaved rounds, the builder's
 given infopt's intra-op thread count (``bench_generation.py``'s harness): TTFT of a 128-token prompt and
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -53,13 +55,13 @@ def tree_rss(root) -> int:
     return total
 
 
-def run_measured(command: list[str], limit_s: float) -> dict:
+def run_measured(command: list[str], limit_s: float, env: dict | None = None) -> dict:
     """Run ``command``: its exit status, wall seconds, the peak RSS of its process tree, the tail of stderr."""
     import psutil
 
     start = time.perf_counter()
     with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err, text=True, env=env)
         root, peak = psutil.Process(proc.pid), 0
         while proc.poll() is None:
             peak = max(peak, tree_rss(root))
@@ -102,7 +104,8 @@ def build(model: Path, work: Path, tool: str, precision: str, limit_s: float) ->
                    "-p", precision, "-e", "cpu", "-c", str(work / "hf-cache")]
         folder = out
     print(f"building {tool} {precision} of {model.name}", flush=True)
-    row = run_measured(command, limit_s)
+    # infopt's cache folder empty, as on a user's first build of the model (a rebuild reuses the ONNX export)
+    row = run_measured(command, limit_s, {**os.environ, "INFOPT_CACHE_DIR": str(work / f"cache-{precision}")})
     row.update({"tool": tool, "precision": precision, "folder": folder if row["code"] == 0 else None,
                 "bytes": model_bytes(folder) if row["code"] == 0 else None,
                 "steps": infopt_steps(out) if tool == "infopt" else "-"})

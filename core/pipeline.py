@@ -24,6 +24,7 @@ from infopt.core import progress as progress_display
 from infopt.core.artifact import STAGE, Artifact
 from infopt.core.errors import BuildError, InfoptError, RecipeError, first_line
 from infopt.core.lineage import PassRecord
+from infopt.core.memory import release as release_memory
 from infopt.core.recipe import Recipe
 from infopt.core.registry import BuildSettings, PassContext, PassDetails, get_pass
 from infopt.core.step_times import StepTimes
@@ -69,6 +70,7 @@ class Pipeline:
                     progress.update(task, description=head)
                     self._say = lambda text, h=head: progress.update(task, description=f"{h}: {escape(text)}")
                 artifact = self._run_one(definition, raw_options, artifact)
+                release_memory()  # what the pass let go of (the model it consumed, too), before the next one allocates
                 if shared is not None:
                     shared.offer(keys[:index + 1], artifact, self.recipe.name)
                 if progress:

@@ -48,17 +48,15 @@ def genai_config(config: Any, layout: CacheLayout, context_length: int, source: 
     (``past_present_share_buffer``), which needs every layer's attention to be ``GroupQueryAttention``;
     otherwise each step's present cache is a new, concatenated tensor."""
     heads = int(getattr(config, "num_attention_heads", layout.kv_heads))
-    eos = end_tokens(config, layout.vocab, source)
-    pad = _in_vocab(getattr(config, "pad_token_id", None), layout.vocab)
-    bos = _in_vocab(getattr(config, "bos_token_id", None), layout.vocab)
+    bos, eos, pad = special_tokens(config, layout.vocab, source)
     return {
         "model": {
             "type": config.model_type if config.model_type in GENAI_TYPES else "decoder",
             "vocab_size": layout.vocab,
             "context_length": context_length,
-            "bos_token_id": int(bos) if bos is not None else eos[0],
+            "bos_token_id": bos,
             "eos_token_id": eos if len(eos) > 1 else eos[0],
-            "pad_token_id": int(pad) if pad is not None else eos[0],
+            "pad_token_id": pad,
             "decoder": {
                 "session_options": {"log_id": "infopt", "intra_op_num_threads": threads, "provider_options": []},
                 "filename": model_file,
@@ -78,6 +76,15 @@ def genai_config(config: Any, layout: CacheLayout, context_length: int, source: 
                    "past_present_share_buffer": share_buffer, "num_return_sequences": 1, "repetition_penalty": 1.0,
                    "temperature": 1.0},
     }
+
+
+def special_tokens(config: Any, vocab: int, source: Path) -> tuple[int, list[int], int]:
+    """(bos, eos ids, pad) as ``genai_config.json`` declares them: the config's where the vocabulary holds them,
+    the first end token in their place."""
+    eos = end_tokens(config, vocab, source)
+    pad = _in_vocab(getattr(config, "pad_token_id", None), vocab)
+    bos = _in_vocab(getattr(config, "bos_token_id", None), vocab)
+    return (int(bos) if bos is not None else eos[0], eos, int(pad) if pad is not None else eos[0])
 
 
 def end_tokens(config: Any, vocab: int, source: Path) -> list[int]:

@@ -24,9 +24,19 @@ def group_grid(weight: torch.Tensor, group_size: int, symmetric: bool,
     return scale.reshape(rows, cols // group_size), zero.reshape(rows, cols // group_size)
 
 
+CODE_ROWS = 4096
+"""rows coded at a time: the expanded grid and the temporaries stay a few MB, not several copies of the weight (an
+LM's 151936-row head in fp32 is 545 MB)"""
+
+
 def group_codes(weight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, group_size: int) -> torch.Tensor:
-    """Codes ``[N, K]`` for ``weight`` on the group grid ``scales``/``zeros`` ``[N, K // g]``."""
-    return quantize_codes(weight, scales.repeat_interleave(group_size, 1), zeros.repeat_interleave(group_size, 1))
+    """Codes ``[N, K]`` (uint8) for ``weight`` on the group grid ``scales``/``zeros`` ``[N, K // g]``."""
+    codes = torch.empty(weight.shape, dtype=torch.uint8, device=weight.device)
+    for start in range(0, weight.shape[0], CODE_ROWS):
+        rows = slice(start, start + CODE_ROWS)
+        codes[rows] = quantize_codes(weight[rows], scales[rows].repeat_interleave(group_size, 1),
+                                     zeros[rows].repeat_interleave(group_size, 1)).to(torch.uint8)
+    return codes
 
 
 def rtn_quantize(weight: torch.Tensor, group_size: int, symmetric: bool,

@@ -188,8 +188,11 @@ def calibrate_int4(model: nn.Module, config: Int4MethodConfig | Int4Config,
     result = Int4Result(config, {}, kept=dict(plan.kept))
     if not names:
         return result
+    started = time.perf_counter()
     if method.statistic is None:
         for name in names:
+            if progress:
+                progress(f"layer {len(result.layers) + 1}/{len(names)} {name}{eta(started, len(result.layers), len(names))}")
             layer = model.get_submodule(name)
             _record(result, name, layer, None, config.model_copy(update={"group_size": plan.group_sizes[name]}), method)
         if inplace:
@@ -218,7 +221,7 @@ def calibrate_int4(model: nn.Module, config: Int4MethodConfig | Int4Config,
             result.rows = max(result.rows, _collect(work, block, members, stats, batches))
         for name in members:
             if progress:
-                progress(f"layer {len(result.layers) + 1}/{len(names)} {name}")
+                progress(f"layer {len(result.layers) + 1}/{len(names)} {name}{eta(started, len(result.layers), len(names))}")
             layer = work.get_submodule(name)
             if stats[name].rows == 0:
                 raise UsageError(f"layer {name} saw no calibration rows", where=f"layer {name}",
@@ -231,6 +234,14 @@ def calibrate_int4(model: nn.Module, config: Int4MethodConfig | Int4Config,
     if inplace:
         work.to(home).train(training)
     return result
+
+
+def eta(started: float, done: int, total: int) -> str:
+    """``, about 40 s left``: the time the remaining items take at the pace of those done (nothing before one is)."""
+    if not done:
+        return ""
+    left = (time.perf_counter() - started) / done * (total - done)
+    return f", about {left:.0f} s left" if left < 120 else f", about {left / 60:.0f} min left"
 
 
 def _record(result: Int4Result, name: str, layer: nn.Linear, statistic, config: Int4MethodConfig,

@@ -42,7 +42,7 @@ from infopt.core.step_times import StepTimes
 from infopt.core.target import get_target
 from infopt.core.work_folders import work_folder
 from infopt.exporters import genai_folder as genai
-from infopt.exporters.kv_decoder import KvDecoder, context_length, decoder_outputs
+from infopt.exporters.kv_decoder import KvDecoder, cache_layout, context_length, decoder_outputs
 from infopt.exporters.staging import check_output, claim_output, staged_output
 from infopt.passes.fx.quantize_int4 import Int4Details
 from infopt.passes.lower.onnx_int4 import BLOCK_SIZES
@@ -149,20 +149,28 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                 "candidates": [{"recipe": recipe.name, "backend": recipe.backend, "precision": recipe.precision,
                                 "passes": [step.name for step in recipe.passes], "skipped": None}]}
     with claim_output(out, force), work_folder("generation") as work:
-        source = Artifact("torch", InputSpec.parse(list(LM_INPUTS)), obj=lm, output_names=("logits",))
-        final = Pipeline(recipe, machine, Path(work), calibration=calibration, console=console, times=times,
-                         settings=settings).run(source)
-        decoder: KvDecoder = final.products[KvDecoder]
-        prepared = final.products[genai.GenaiFolder].path
-        config = json.loads((prepared / "genai_config.json").read_text())
-        with times.step("validation"):
-            special = _special(config)
-            prompts, prompt_source = _prompts(val, folder, decoder.layout.vocab, special)
-            held_out, held_source = _held_out(val, folder, decoder.layout.vocab, special, decoder.context)
-            say(f"generating {NEW_TOKENS} tokens from {len(prompts)} prompts with onnxruntime_genai and transformers; "
-                f"teacher-forced logits on {len(held_out)} held-out sequences")
+        with times.step("reference"):  # the FP32 model's answers, before any pass rounds its weights in place
+            vocab, context = cache_layout(lm).vocab, context_length(lm.config)
+            bos, eos, pad = genai.special_tokens(lm.config, vocab, folder)
+            special = {bos, pad, *eos}
+            prompts, prompt_source = _prompts(val, folder, vocab, special)
+            held_out, held_source = _held_out(val, folder, vocab, special, context)
+            say(f"the FP32 model's greedy tokens on {len(prompts)} prompts and its logits on {len(held_out)} held-out "
+                "sequences, the reference")
             samples = evaluator.GenerationSamples.from_model(lm, prompts, prompt_source, held_out, held_source,
                                                              NEW_TOKENS)
+        pipeline = Pipeline(recipe, machine, Path(work), calibration=calibration, console=console, times=times,
+                            settings=settings)
+        source = [Artifact("torch", InputSpec.parse(list(LM_INPUTS)), obj=lm, output_names=("logits",))]
+        # from here the pipeline holds the only reference to the module, so its weights are freed once the passes
+        # are past it (the export; for INT4, the checkpoint's writer at the end)
+        loaded.module = loaded.artifact = lm = None
+        final = pipeline.run(source.pop())
+        decoder: KvDecoder = final.products[KvDecoder]
+        prepared = final.products[genai.GenaiFolder].path
+        with times.step("validation"):
+            say(f"generating {NEW_TOKENS} tokens from {len(prompts)} prompts with onnxruntime_genai; teacher-forced "
+                f"logits on {len(held_out)} held-out sequences")
             try:
                 judged = evaluator.evaluate(prepared, samples, budgets)
             except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
@@ -285,15 +293,6 @@ def _quantization(lineage, calibration: CalibrationSet | None) -> dict | None:
                     "format": "MatMulInteger, int8 weights per output channel"}
     return None
 
-
-
-def _special(config: dict) -> set[int]:
-    """The bos, eos and pad ids of ``genai_config.json``: ONNX Runtime GenAI masks a prompt's pad tokens out."""
-    ids = set()
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        value = config["model"][key]
-        ids.update(value if isinstance(value, list) else [value])
-    return ids
 
 
 def _prompts(val: str | Path | None, folder: Path, vocab: int, special: set[int]) -> tuple[list[list[int]], str]:

@@ -20,6 +20,7 @@ from infopt.core.artifact import Artifact
 from infopt.core.errors import BuildError
 from infopt.core.logs import quiet_third_party
 from infopt.core.manifest import EXTERNAL_DATA_BYTES, model_bytes
+from infopt.core.memory import release as release_memory
 from infopt.core.onnx_graph import save_model
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.exporters import kv_decoder
@@ -60,6 +61,7 @@ def run(artifact: Artifact, options: PassOptions, context: PassContext) -> PassO
         return PassOutcome(artifact, False, ["no norm, projection or reshape pattern to fuse"], FuseDecoderDetails())
     fused = save_model(model, context.workdir / "decoder-fused" / "model.onnx", external=big)
     del model
+    release_memory()  # the graph's protobuf, before ONNX Runtime loads the fused model to check it
     refused = onnxruntime_refuses(fused, optimize=True)
     if refused:
         return PassOutcome(artifact, False, [f"fusions not applied: ONNX Runtime refuses the fused graph ({refused[:200]})"],

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field
 
 from infopt.core.artifact import Artifact
-from infopt.core.errors import UsageError
+from infopt.core.errors import BuildError, UsageError
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.exporters.int4_checkpoint import CheckpointSource, checkpoint_format
 from infopt.passes.fx.int4_sections import int4_sections
@@ -49,6 +49,9 @@ class QuantizeInt4Options(PassOptions, Int4Config):
     fallback_budget: str | None = Field(
         None, description="drift budget METRIC=VALUE (as --max-drift, which wins) measured on the validation inputs "
                           "after quantizing; the most sensitive layers go back to float until it holds")
+    in_place: bool = Field(False, description="round the module's own Linears rather than a copy's, so the build never "
+                                              "holds the weights twice; for a build that took its reference before "
+                                              "this pass (text generation), and never with a fallback budget")
     calibration_batch: int = Field(16, ge=1, description="calibration samples run together, sorted by length and each "
                                                         "batch cut to its longest; 1 runs each at its own length")
     checkpoint: CheckpointLayout = Field(
@@ -153,13 +156,16 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
         return PassOutcome(artifact, False, [note], asked)
     batches = (calibration_batches(context.calibration, artifact.spec, options.calibration_batch)
                if config.needs_data and context.calibration else None)
-    model = copy.deepcopy(module).eval()
+    if options.in_place and (context.budget or options.fallback_budget):
+        raise BuildError("quantize_int4 in place cannot fall back to float layers: their float weights are gone",
+                         fix="drop in_place from the recipe's quantize_int4 options, or the fallback budget")
+    model = module.eval() if options.in_place else copy.deepcopy(module).eval()
     conv1d = conv1d_as_linear(model)  # GPT-2's Conv1D projections are Linears with the weight transposed
     # a checkpoint's config holds one group size: decided before calibrating, for every layer
     checkpoint = options.checkpoint in ("gptq", "awq") or (options.checkpoint == "auto" and method != "awq" and not conv1d)
     uniform = checkpoint and hf_model(model) is not None
     result = quantize_int4(model, config, batches, progress=context.say, uniform_group_size=uniform)
-    fallback = _fall_back(module, model, result, options, context, artifact.spec)
+    fallback = None if options.in_place else _fall_back(module, model, result, options, context, artifact.spec)
     layers = [row.to_json() for row in result.layers]
     errors = [row["error"] for row in layers if row["error"] is not None]
     sizes = sorted({row["group_size"] for row in layers}, reverse=True)
@@ -212,7 +218,8 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
 
 def _method_config(options: QuantizeInt4Options, method: str) -> Int4MethodConfig:
     """The chosen method's config from the options given (a setting of another method is refused)."""
-    given = options.model_dump(exclude={"method", "checkpoint", "fallback_budget", "calibration_batch"}, exclude_unset=True)
+    given = options.model_dump(exclude={"method", "checkpoint", "fallback_budget", "calibration_batch", "in_place"},
+                               exclude_unset=True)
     try:
         return Int4Config(method=method, **given).method_config()
     except UsageError as exc:

@@ -40,8 +40,10 @@ def onnxruntime_refuses(model, optimize: bool = False) -> str | None:
     import onnxruntime as ort
 
     source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    options = ort_session_options(optimize=optimize)
+    options.add_session_config_entry("session.disable_prepacking", "1")  # opening is the question: no second copy
     try:
-        ort.InferenceSession(source, ort_session_options(optimize=optimize), providers=["CPUExecutionProvider"])
+        ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - ONNX Runtime's own word on the graph
         return str(exc).strip().splitlines()[0]
     return None

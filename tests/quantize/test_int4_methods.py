@@ -146,6 +146,8 @@ def test_driver_quantizes_block_by_block_and_stops_each_forward_at_its_block():
     # blocks 0 and 1 stop before block 2 runs; block 2's group and the head's group run it
     assert len(last_block_runs) == 1 + 2 * len(batches)
     assert sum("collecting" in s for s in said) == 4
+    layers = [s for s in said if s.startswith("layer ")]  # each layer's line, with the time left after the first
+    assert len(layers) == 7 and "left" not in layers[0] and all(" s left" in s for s in layers[1:])
     assert set(result.weights) == {"blocks.0.0", "blocks.0.2", "blocks.1.0", "blocks.1.2", "blocks.2.0", "blocks.2.2", "head"}
     assert all(isinstance(m, nn.Linear) for n, m in model.named_modules() if n in result.weights)
     quantize_int4(model, Int4Config(method="gptq", group_size=32), batches)
