@@ -6,12 +6,14 @@ checkpoint's size is read from its safetensors headers (a few kilobytes each: th
 dtype of every tensor, nothing loaded), the build's peak is estimated from it, and a build whose estimate
 exceeds the memory this machine has available is refused with exit 2 before any work, saying what it needs.
 
-The estimate is what builds measured on this machine (``benchmarks/bench_scale.py``): the interpreter with
-torch, transformers and ONNX Runtime imported (``FIXED_BYTES``), plus ``WEIGHT_FACTOR`` times the weights in
-fp32, the dtype every build computes its reference in. At Qwen2.5-1.5B shape (6.2 GB of fp32 weights) an
-int4 text-generation build peaked at 16.2 GB: 1 GB + 2.5x. Smaller models measured above the line (0.5B:
-3.4x), so the estimate is a floor, meant to refuse the hopeless cases (3B and 8B on 24 GB), never a build
-that fits. ``INFOPT_SKIP_MEMORY_CHECK=1`` builds anyway.
+The estimate is a line through what builds measured on this machine (``benchmarks/bench_scale.py``, random
+weights in Qwen2.5's configs, 2026-11-27): a fixed part (the interpreter with torch, transformers and ONNX
+Runtime imported, and the export's own working memory) plus a multiple of the weights in fp32, the dtype every
+build computes its reference in. A build that keeps its weights in float through the ONNX export (fp32, int8,
+every logits build) peaked at 8.2 GB at Qwen2.5-0.5B's shape (2.0 GB of fp32 weights) and was killed by the
+OOM killer past 22.2 GB at 1.5B's (6.2 GB); an INT4 text-generation build, which rounds the module in place
+before exporting it, peaked at 5.3, 9.4 and 19.0 GB at 0.5B, 1.5B and 3B (12.4 GB of fp32 weights). The lines
+lie at or above those. ``INFOPT_SKIP_MEMORY_CHECK=1`` builds anyway.
 """
 
 from __future__ import annotations
@@ -24,10 +26,8 @@ from pathlib import Path
 
 from infopt.core.errors import TooLargeError
 
-FIXED_BYTES = 1.0e9
-"""the interpreter with torch, transformers and ONNX Runtime imported, before any model"""
-WEIGHT_FACTOR = 2.5
-"""the build's peak beyond FIXED_BYTES, in multiples of the weights in fp32"""
+FOOTPRINTS = {"float": (1.6e9, 3.6), "int4 in place": (3.4e9, 1.3)}
+"""how a build holds its weights -> (fixed bytes, multiple of the fp32 weights' bytes) of its peak"""
 SKIP_ENV = "INFOPT_SKIP_MEMORY_CHECK"
 DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
                "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}
@@ -96,9 +96,11 @@ def available_bytes() -> int | None:
     return min(found) if found else None
 
 
-def estimate_bytes(size: CheckpointSize) -> int:
-    """The build's peak memory, estimated from its checkpoint (see the module doc)."""
-    return int(FIXED_BYTES + WEIGHT_FACTOR * 4 * size.parameters)
+def estimate_bytes(size: CheckpointSize, footprint: str = "float") -> int:
+    """The peak memory of a build that holds its weights as ``footprint`` says (:data:`FOOTPRINTS`), estimated from
+    its checkpoint (see the module doc)."""
+    fixed, factor = FOOTPRINTS[footprint]
+    return int(fixed + factor * 4 * size.parameters)
 
 
 def model_folder(model: str | Path) -> Path | None:
@@ -115,9 +117,10 @@ def model_folder(model: str | Path) -> Path | None:
     return None
 
 
-def check_fits(model: str | Path, what: str) -> CheckpointSize | None:
+def check_fits(model: str | Path, what: str, footprint: str = "float") -> CheckpointSize | None:
     """Refuse (``TooLargeError``, exit 2) a build of ``model`` (a folder or hub id; a file is not checked) whose
-    estimated peak exceeds the memory available here; ``what`` names the build (``an int4 text-generation build``)."""
+    estimated peak exceeds the memory available here; ``what`` names the build (``an int4 text-generation build``),
+    ``footprint`` how it holds its weights (:data:`FOOTPRINTS`)."""
     folder = model_folder(model)
     if folder is None:
         return None
@@ -125,7 +128,7 @@ def check_fits(model: str | Path, what: str) -> CheckpointSize | None:
     available = available_bytes()
     if size is None or available is None or os.environ.get(SKIP_ENV) == "1":
         return size
-    need = estimate_bytes(size)
+    need = estimate_bytes(size, footprint)
     if need > available:
         raise TooLargeError(
             f"{what} of {folder.name} ({size.describe()}) needs about {need / 1e9:.0f} GB of memory; this machine "

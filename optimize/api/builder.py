@@ -41,8 +41,7 @@ from infopt.runtime.loading import check_against_onnx, from_module, load_model
 from infopt.runtime.memory_estimate import check_fits
 from infopt.runtime.runner import TorchRunner
 from infopt.validators import drift as drift_mod
-from infopt.validators import timing
-from infopt.validators import machine
+from infopt.validators import machine, timing
 from infopt.validators.data import spec_from_samples, split_batches
 from infopt.validators.range_ends import check_range_ends, range_ends
 from infopt.validators.roofline import count_work

@@ -24,8 +24,8 @@ from infopt.core.registry import get_pass
 from infopt.exporters.torch_export import exported_outputs
 from infopt.runtime import backends
 from infopt.runtime.runner import Runner
-from infopt.validators.range_ends import RangeFailure
 from infopt.validators import timing
+from infopt.validators.range_ends import RangeFailure
 from infopt.validators.timing import Timings, mix_text, weighted_geomean
 
 

@@ -45,8 +45,8 @@ from infopt.validators.data import load_batches, split_batches
 from infopt.validators.gate_config import GateConfig
 from infopt.validators.gate_result import GateCheck, GateResult
 from infopt.validators.memory import measure
-from infopt.validators.timing import paired
 from infopt.validators.task_metrics import read_labels, resolve
+from infopt.validators.timing import paired
 from infopt.validators.verdict import CHECKS, judge
 
 REPORTED_DRIFT = ("max_abs", "min_cosine", "min_sqnr_db", "min_top1")

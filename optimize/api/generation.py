@@ -119,7 +119,8 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
     times = StepTimes()
     say = (lambda text: console.print(f"[dim]{text}[/dim]")) if console is not None else (lambda text: None)
     with times.step("load"):
-        check_fits(model, f"{'an' if precision.startswith('int') else 'a'} {precision} text-generation build")
+        check_fits(model, f"{'an' if precision.startswith('int') else 'a'} {precision} text-generation build",
+                   "int4 in place" if precision == "int4" else "float")
         loaded = load_model(model)
     task = getattr(loaded.task, "name", None)
     if loaded.format != "hf-folder" or task != "causal-lm":

@@ -88,9 +88,7 @@ def build(
     if task not in (None, "logits", "text-generation"):
         raise UsageError(f"unknown --task {task!r}", fix="pass --task text-generation or --task logits (the default)")
     if task is None:
-        from infopt.api.task_choice import default_task
-
-        from infopt.api.task_choice import logits_choices
+        from infopt.api.task_choice import default_task, logits_choices
 
         logits_only = logits_choices(backend, recipe)
         given = {"--backend": "backend" in logits_only, "--input": bool(inputs), "--dim": bool(dims),

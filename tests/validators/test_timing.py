@@ -9,8 +9,17 @@ import time
 
 import pytest
 
-from infopt.validators.timing import (MIN_BLOCK_S, MIN_BLOCKS, NOISY_SPREAD, RatioEstimate, choose, measure,
-                                     median_interval, median_pinned, paired)
+from infopt.validators.timing import (
+    MIN_BLOCK_S,
+    MIN_BLOCKS,
+    NOISY_SPREAD,
+    RatioEstimate,
+    choose,
+    measure,
+    median_interval,
+    median_pinned,
+    paired,
+)
 
 
 def test_time_budget_stops_after_the_minimum_runs_once_spent():
