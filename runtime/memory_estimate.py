@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infopt.core.errors import TooLargeError
+from infopt.runtime import hub
 
 FOOTPRINTS = {"float": (1.6e9, 3.6), "int4 in place": (3.4e9, 1.3)}
 """how a build holds its weights -> (fixed bytes, multiple of the fp32 weights' bytes) of its peak"""
@@ -105,8 +106,6 @@ def estimate_bytes(size: CheckpointSize, footprint: str = "float") -> int:
 
 def model_folder(model: str | Path) -> Path | None:
     """The folder of a model given as a folder or a hub id (its cached snapshot); None for a file."""
-    from infopt.runtime import hub
-
     if Path(model).is_dir():
         return Path(model)
     if hub.is_hub_id(model):
