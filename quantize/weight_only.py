@@ -266,16 +266,7 @@ def _block_inputs(work: nn.Module, block: nn.Module, batches) -> list[tuple[tupl
         found.append((args, _arguments(kwargs)))
         raise _Stop
 
-    handle = block.register_forward_pre_hook(grab, with_kwargs=True)
-    try:
-        with torch.no_grad():
-            for batch in batches:
-                try:
-                    work(*batch)
-                except _Stop:
-                    pass
-    finally:
-        handle.remove()
+    _run_batches(work, batches, [block.register_forward_pre_hook(grab, with_kwargs=True)])
     if len(found) != len(batches) or not all(args and isinstance(args[0], torch.Tensor) for args, _ in found):
         return None
     return found
@@ -362,6 +353,12 @@ def _collect(work: nn.Module, block: nn.Module | None, members: list[str], stats
             raise _Stop
 
         handles.append(block.register_forward_hook(stop))
+    _run_batches(work, batches, handles)
+    return stats[members[0]].rows
+
+
+def _run_batches(work: nn.Module, batches, handles: list) -> None:
+    """Every batch through ``work`` (a hook's ``_Stop`` ends one where the rest is not needed), then the hooks off."""
     try:
         with torch.no_grad():
             for batch in batches:
@@ -372,7 +369,6 @@ def _collect(work: nn.Module, block: nn.Module | None, members: list[str], stats
     finally:
         for handle in handles:
             handle.remove()
-    return stats[members[0]].rows
 
 
 def apply_int4(model: nn.Module, weights: dict[str, Int4Weight]) -> nn.Module:
