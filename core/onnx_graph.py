@@ -6,6 +6,7 @@ node came from, and saving a model (with its tensors beside it when one protobuf
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from infopt.core.manifest import EXTERNAL_DATA_BYTES
@@ -58,6 +59,34 @@ def has_external_data(path: Path) -> bool:
 
     model = onnx.load(str(path), load_external_data=False)
     return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+
+
+def external_files(path: Path) -> set[str]:
+    """The files beside the model at ``path`` that hold its tensors (none for a model that holds them all)."""
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return {entry.value for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
+            for entry in t.external_data if entry.key == "location"}
+
+
+def place_model(source: Path, dst: Path) -> Path:
+    """The ONNX model at ``source`` (and its tensors' file) at ``dst``, its tensors in ``<dst name>.data`` where
+    it keeps them beside it. Where the names already agree the files are copied as they are (by the kernel, without
+    reading the tensors into memory); otherwise the model is saved again under the new name. (Not hard-linked:
+    ``onnx.load`` refuses a tensors' file with several links.)"""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    beside = external_files(source)
+    if not beside:
+        shutil.copyfile(source, dst)
+    elif beside == {source.name + ".data"} and source.name == dst.name:
+        shutil.copyfile(source, dst)
+        shutil.copyfile(source.with_name(source.name + ".data"), dst.with_name(dst.name + ".data"))
+    else:
+        import onnx_ir as ir
+
+        save_ir(ir.load(str(source)), dst)
+    return dst
 
 
 def save_ir(model, dst: Path) -> Path:

@@ -112,12 +112,7 @@ def write_folder(folder: Path, onnx_file: Path, config: dict, source: Path) -> P
     """The GenAI folder: the model (with its external data), ``genai_config.json``, the source's tokenizer files."""
     folder.mkdir(parents=True, exist_ok=True)
     model_file = folder / config["model"]["decoder"]["filename"]
-    if onnx_graph.has_external_data(onnx_file):  # its tensors beside it, under the folder's model's name
-        import onnx_ir as ir
-
-        onnx_graph.save_ir(ir.load(str(onnx_file)), model_file)
-    else:
-        shutil.copyfile(onnx_file, model_file)
+    onnx_graph.place_model(onnx_file, model_file)  # its tensors beside it, under the folder's model's name
     (folder / "genai_config.json").write_text(json.dumps(config, indent=2) + "\n")
     for name in TOKENIZER_FILES:
         if (source / name).is_file():

@@ -68,8 +68,12 @@ def dequantize_int4(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Te
 
 def grid(weight: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale and zero point per row of ``weight`` (``[rows, group]`` -> ``[rows]``, ``[rows]``)."""
-    wmin = weight.amin(dim=1).clamp(max=0)
-    wmax = weight.amax(dim=1).clamp(min=0)
+    return range_grid(weight.amin(dim=1), weight.amax(dim=1), symmetric)
+
+
+def range_grid(wmin: torch.Tensor, wmax: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`grid` from each row's least and greatest value."""
+    wmin, wmax = wmin.clamp(max=0), wmax.clamp(min=0)
     if symmetric:
         wmax = torch.maximum(wmin.abs(), wmax)
         scale = 2 * wmax / MAXQ
@@ -96,11 +100,12 @@ def searched_grid(weight: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, 
     scales, zeros = [], []
     for rows in weight.split(SEARCH_ROWS):
         least = None
-        for shrink in SEARCH_SHRINKS:
-            scale, zero = grid(rows * shrink, symmetric)
+        low, high = rows.amin(dim=1), rows.amax(dim=1)
+        for shrink in SEARCH_SHRINKS:  # the range of rows * shrink, without scaling the rows
+            scale, zero = range_grid(low * shrink, high * shrink, symmetric)
             s, z = scale[:, None], zero[:, None]
-            miss = (torch.round(rows / s) + z).clamp_(0, MAXQ).sub_(z).mul_(s).sub_(rows)
-            error = miss.mul_(miss).sum(1)
+            miss = torch.div(rows, s).round_().add_(z).clamp_(0, MAXQ).sub_(z).mul_(s).sub_(rows)
+            error = miss.square_().sum(1)
             if least is None:
                 least, best_scale, best_zero = error, scale, zero
                 continue

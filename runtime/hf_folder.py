@@ -22,6 +22,7 @@ from typing import Any
 from infopt.core.errors import EnvironmentProblem, ModelLoadError, UsageError
 from infopt.core.inputspec import InputSpec
 from infopt.core.logs import quiet_third_party
+from infopt.runtime.memory_estimate import checkpoint_size
 from infopt.runtime.tasks import TASKS, Task, task_for
 
 
@@ -68,8 +69,17 @@ def _exportable_experts(transformers) -> dict:
     return {"experts_implementation": "batched_mm"} if hasattr(transformers.PreTrainedModel, "get_correct_experts_implementation") else {}
 
 
-def load_hf_folder(path: Path) -> HFSource:
-    """The wrapped module, its InputSpec, output name and default name for the folder at ``path``."""
+def load_dtype(path: Path) -> str:
+    """``bfloat16`` where most of the folder's safetensors bytes are bf16, else ``float32`` (fp16 weights are
+    widened: a CPU computes in float16 slowly, and its range is narrower)."""
+    size = checkpoint_size(path)
+    return "bfloat16" if size is not None and size.dtype == "BF16" else "float32"
+
+
+def load_hf_folder(path: Path, *, stored_dtype: bool = False) -> HFSource:
+    """The wrapped module, its InputSpec, output name and default name for the folder at ``path``: in float32, or
+    with ``stored_dtype`` in bfloat16 where the checkpoint stores its weights so (half the memory; a build that rounds
+    the weights to INT4 layer by layer needs no float32 copy of them)."""
     config_file = path / "config.json"
     try:
         config = json.loads(config_file.read_text())
@@ -91,7 +101,8 @@ def load_hf_folder(path: Path) -> HFSource:
     try:
         with quiet_third_party():  # transformers' "Loading weights" bar, from the Python API too
             model = cls.from_pretrained(str(path), use_safetensors=True, attn_implementation="eager",
-                                        dtype="float32", **_exportable_experts(transformers))
+                                        dtype=load_dtype(path) if stored_dtype else "float32",
+                                        **_exportable_experts(transformers))
     except Exception as exc:  # noqa: BLE001 - transformers raises many types for a bad folder
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"transformers cannot load {path} as {cls.__name__}: {first}",

@@ -120,11 +120,12 @@ def _class_not_importable(path: Path, exc: Exception) -> ModelLoadError:
 
 
 def load_model(path: str | Path, *, model_class: str | None = None, model_args: str | dict | None = None,
-               allow_pickle: bool = False) -> LoadedModel:
-    """The model at ``path``: a file or folder here, or a Hugging Face model id (``org/name[@revision]``)."""
+               allow_pickle: bool = False, stored_dtype: bool = False) -> LoadedModel:
+    """The model at ``path``: a file or folder here, or a Hugging Face model id (``org/name[@revision]``). With
+    ``stored_dtype`` a Hugging Face folder of bf16 weights loads in bf16 (see :func:`load_hf_folder`)."""
     if hub.is_hub_id(path):
         snapshot = hub.snapshot(str(path))
-        loaded = load_model(snapshot.folder)
+        loaded = load_model(snapshot.folder, stored_dtype=stored_dtype)
         loaded.hub, loaded.name = snapshot, snapshot.repo_id.split("/")[-1]
         return loaded
     path = Path(path)
@@ -132,7 +133,7 @@ def load_model(path: str | Path, *, model_class: str | None = None, model_args: 
     if fmt == "onnx":
         return _load_onnx(path)
     if fmt == "hf-folder":
-        found = load_hf_folder(path)
+        found = load_hf_folder(path, stored_dtype=stored_dtype)
         art = Artifact("torch", found.spec, obj=found.module, output_names=found.output_names)
         return LoadedModel(art, "hf-folder", path, found.module, found.spec.names, found.spec, name=found.default_name,
                            task=found.task)

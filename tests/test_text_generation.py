@@ -77,6 +77,9 @@ def test_a_causal_lm_builds_a_genai_folder_that_generates_what_transformers_gene
     assert generation["greedy"] == {"prompts": 4, "new_tokens": 16, "equal": 4, "differences": []}
     assert [r["prompt_tokens"] for r in generation["ttft"]] == [32]  # the tiny configs hold 64 positions
     assert [r["batch"] for r in generation["tpot"]] == [1, 4, 8] and all(r["p50_ms"] > 0 for r in generation["tpot"])
+    # every row ran at least once; a TPOT run gives a sample per token after the first
+    assert all(1 <= r["runs"] == r["samples"] for r in generation["ttft"])
+    assert all(r["samples"] == r["runs"] * 15 for r in generation["tpot"]) and generation["budget_s"] > 0
     assert manifest["source"]["task"] == {"name": "text-generation", "judged_by": "greedy tokens equal"}
     assert manifest["artifacts"]["onnxruntime-genai"] == "servers/onnxruntime-genai"
     # the task's recipe ran on the pipeline: the manifest lists the passes the recipe names, each with its details

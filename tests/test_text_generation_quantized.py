@@ -194,6 +194,38 @@ def test_int4_without_calibration_is_rtn_on_searched_grids_and_keeps_perplexity(
     assert decoder["intra_op_num_threads"] == physical_cores() and config["search"]["past_present_share_buffer"] is True
 
 
+def test_a_bf16_checkpoint_builds_int4_from_its_stored_weights_and_says_its_reference_is_bf16(trained, builds):
+    """A checkpoint stored in bf16 (as the LLMs users bring are) is loaded in bf16 for INT4: each Linear is rounded
+    from its stored weights, no float32 copy of the model is held, and the reference the folder is judged against
+    is computed in bf16, which the manifest says. The folder still computes in float32 (the weights left unrounded
+    are widened at the capture), and it holds the INT4 budgets as the float32 checkpoint's build does."""
+    import shutil
+
+    import torch
+
+    bf16 = trained / "lm-bf16"
+    if not bf16.exists():
+        transformers.AutoModelForCausalLM.from_pretrained(trained / "lm").to(torch.bfloat16).save_pretrained(bf16)
+        for path in (trained / "lm").glob("tokenizer*"):
+            shutil.copy(path, bf16)
+    proc = run_cli("build", "lm-bf16", "--int4", "--val", "held-out.txt", "-o", "int4-bf16", "--json", "-q",
+                   cwd=trained, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((trained / "int4-bf16" / "manifest.json").read_text())
+    generation = manifest["validation"]["generation"]
+    assert generation["reference_dtype"] == "bfloat16"
+    assert builds["int4-rtn"]["validation"]["generation"]["reference_dtype"] == "float32"
+    assert any("reference computed in bfloat16" in n for n in manifest["validation"]["notes"])
+    capture = next(p for p in manifest["passes"] if p["name"] == "capture_kv_decoder")
+    assert any("bfloat16" in n and "widened to float32" in n for n in capture["notes"])
+    graph = onnx.load(str(trained / "int4-bf16" / "servers" / "onnxruntime-genai" / "model.onnx")).graph
+    assert not [i.name for i in graph.initializer if i.data_type == onnx.TensorProto.BFLOAT16]
+    forced, rtn = generation["teacher_forced"], builds["int4-rtn"]["validation"]["generation"]["teacher_forced"]
+    assert forced["top1"] >= 0.9 and abs(forced["ppl_delta"]) <= 0.01, forced
+    assert abs(forced["top1"] - rtn["top1"]) <= 0.03 and forced["tokens"] == rtn["tokens"]
+    assert len(generates(trained / "int4-bf16" / "servers" / "onnxruntime-genai")) == 8
+
+
 def test_int8_is_dynamic_per_channel_and_holds_its_budget(trained, builds):
     manifest = builds["int8"]
     generation = manifest["validation"]["generation"]

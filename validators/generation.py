@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -22,9 +24,9 @@ from infopt.core.errors import UsageError
 from infopt.core.threads import thread_cap
 
 RUNS = 5
-"""timed generations per row (fewer once ``SECONDS`` is spent, at least 2)"""
-SECONDS = 1.5
-"""time per row"""
+"""timed runs per row at most (a TTFT row's runs are its samples; a TPOT row's each give a sample per token)"""
+BUDGET_S = 10.0
+"""seconds the timing takes past its first run of every row, unless the caller gives another budget"""
 TPOT_PROMPT_TOKENS = 32
 """the prompt TPOT is timed after"""
 
@@ -49,15 +51,36 @@ def text_ids(path: str | Path, folder: Path, flag: str, lines_kept: int, tokens:
     return found
 
 
+_OPENED: dict[Path, Any] = {}
+"""folders opened by :func:`opened`, whose model every function here reuses until its block ends"""
+
+
+@contextmanager
+def opened(folder: Path):
+    """A block in which the folder's ``onnxruntime_genai.Model``, once opened, is kept: the greedy check, the
+    teacher-forced figures and the timing in it share it (opening a large decoder takes seconds, and memory)."""
+    key = Path(folder).resolve()
+    _OPENED[key] = None
+    try:
+        yield
+    finally:
+        _OPENED.pop(key, None)
+
+
 def open_folder(og, folder: Path):
     """``onnxruntime_genai.Model`` of the folder as its ``genai_config.json`` says, but for the decoder's threads
     when ``$INFOPT_THREADS`` caps infopt's own runs (then the figures are for that many threads)."""
+    key = Path(folder).resolve()
+    if _OPENED.get(key) is not None:
+        return _OPENED[key]
     cap = thread_cap()
-    if not cap:
-        return og.Model(str(folder))
-    config = og.Config(str(folder))
-    config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": cap}}}}))
-    return og.Model(config)
+    if cap:
+        config = og.Config(str(folder))
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": cap}}}}))
+    model = og.Model(config if cap else str(folder))
+    if key in _OPENED:
+        _OPENED[key] = model
+    return model
 
 
 def new_generator(og, model, prompts: np.ndarray, new_tokens: int):
@@ -187,15 +210,12 @@ class Timed:
     p50_ms: float
     p99_ms: float
     runs: int
+    samples: int
 
 
-def _timed(run, runs: int = RUNS, seconds: float = SECONDS) -> Timed:
-    run()  # warm-up: sessions allocate on their first call
-    times, start = [], time.perf_counter()
-    while len(times) < runs and (len(times) < 2 or time.perf_counter() - start < seconds):
-        times.append(run())
-    ms = np.asarray(times) * 1e3
-    return Timed(float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), len(times))
+def _summary(seconds: list[float], runs: int) -> Timed:
+    ms = np.asarray(seconds) * 1e3
+    return Timed(float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), runs, len(ms))
 
 
 def first_token_seconds(og, model, ids: np.ndarray) -> float:
@@ -206,21 +226,32 @@ def first_token_seconds(og, model, ids: np.ndarray) -> float:
     return time.perf_counter() - start
 
 
-def per_token_seconds(og, model, ids: np.ndarray, new_tokens: int) -> float:
-    """TPOT: the mean time of each token after the first, generating ``new_tokens`` after ``ids``."""
+def token_seconds(og, model, ids: np.ndarray, new_tokens: int) -> list[float]:
+    """TPOT samples: the time of each token after the first, generating ``new_tokens`` after ``ids``."""
     generator = _generator(og, model, ids, new_tokens)
     generator.generate_next_token()  # the first token comes from the prompt's pass
-    start, steps = time.perf_counter(), 0
+    steps = []
     while not generator.is_done():
+        start = time.perf_counter()
         generator.generate_next_token()
-        steps += 1
-    return (time.perf_counter() - start) / max(steps, 1)
+        steps.append(time.perf_counter() - start)
+    return steps
+
+
+def per_token_seconds(og, model, ids: np.ndarray, new_tokens: int) -> float:
+    """TPOT of one generation: the mean of :func:`token_seconds`."""
+    steps = token_seconds(og, model, ids, new_tokens)
+    return sum(steps) / max(len(steps), 1)
 
 
 def time_generation(folder: Path, vocab: int, prompt_lengths: list[int], batch_sizes: list[int],
-                    new_tokens: int = 16, seed: int = 0) -> dict:
+                    new_tokens: int = 16, seed: int = 0, budget_s: float = BUDGET_S) -> dict:
     """TTFT per prompt length (batch 1) and TPOT per batch size (after a prompt of ``TPOT_PROMPT_TOKENS``, or
-    the shortest TTFT prompt where that is shorter), from the folder."""
+    the shortest TTFT prompt where that is shorter), from the folder.
+
+    The cost is bounded, whatever the model's size: one warm-up run, then every row once (a TTFT row gives one
+    sample a run, a TPOT row one per token), then further runs, the rows with the fewest first, while
+    ``budget_s`` lasts (at most :data:`RUNS` a row). Each row says its runs and samples, the figures' footing."""
     import onnxruntime_genai as og
 
     model = open_folder(og, folder)
@@ -230,10 +261,19 @@ def time_generation(folder: Path, vocab: int, prompt_lengths: list[int], batch_s
         return rng.integers(1, vocab, size=(batch, length)).astype(np.int32)
 
     tpot_prompt = min(TPOT_PROMPT_TOKENS, prompt_lengths[0])
-    ttft = [{"prompt_tokens": n, **vars(_timed(lambda n=n: first_token_seconds(og, model, prompt(1, n))))}
-            for n in prompt_lengths]
-    tpot = []
-    for batch in batch_sizes:
-        row = _timed(lambda b=batch: per_token_seconds(og, model, prompt(b, tpot_prompt), new_tokens))
-        tpot.append({"batch": batch, **vars(row), "tokens_per_s": batch * 1e3 / row.p50_ms})
-    return {"ttft": ttft, "tpot": tpot, "new_tokens": new_tokens, "tpot_prompt_tokens": tpot_prompt}
+    first_token_seconds(og, model, prompt(1, prompt_lengths[0]))  # warm-up: the session allocates on its first call
+    rows = [("ttft", n, lambda n=n: [first_token_seconds(og, model, prompt(1, n))]) for n in prompt_lengths]
+    rows += [("tpot", b, lambda b=b: token_seconds(og, model, prompt(b, tpot_prompt), new_tokens)) for b in batch_sizes]
+    samples: list[list[float]] = [run() for _, _, run in rows]
+    runs = [1] * len(rows)
+    deadline = time.perf_counter() + budget_s
+    while time.perf_counter() < deadline and min(runs) < RUNS:
+        i = min(range(len(rows)), key=lambda k: (runs[k], k))
+        samples[i] += rows[i][2]()
+        runs[i] += 1
+    timed = [_summary(s, r) for s, r in zip(samples, runs)]
+    ttft = [{"prompt_tokens": n, **vars(t)} for (kind, n, _), t in zip(rows, timed) if kind == "ttft"]
+    tpot = [{"batch": b, **vars(t), "tokens_per_s": b * 1e3 / t.p50_ms}
+            for (kind, b, _), t in zip(rows, timed) if kind == "tpot"]
+    return {"ttft": ttft, "tpot": tpot, "new_tokens": new_tokens, "tpot_prompt_tokens": tpot_prompt,
+            "budget_s": budget_s}

@@ -80,11 +80,9 @@ def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, 
     start = time.perf_counter()
     (stage / "model").mkdir(parents=True, exist_ok=True)
     rel_model = f"model/model{model_file.suffix}"
-    if model_file.suffix == ".onnx" and onnx_graph.has_external_data(model_file):
-        import onnx_ir as ir
-
+    if model_file.suffix == ".onnx":
         # its tensors go to model/model.onnx.data, the name the model now gives them and the servers look for
-        onnx_graph.save_ir(ir.load(str(model_file)), stage / rel_model)
+        onnx_graph.place_model(model_file, stage / rel_model)
     else:
         shutil.copyfile(model_file, stage / rel_model)
     artifacts = {"model": rel_model}

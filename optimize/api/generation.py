@@ -8,8 +8,9 @@ the head's INT4 (``quantize_int4_head``), and the ONNX Runtime GenAI folder (``w
 folder is what is judged, by the task's evaluator (``validators/generation_eval.py``): ``onnxruntime_genai``
 generates from it, its greedy tokens against transformers' ``generate`` on the same prompts (prompts from
 ``--val`` text through the folder's tokenizer, else seeded random token ids, flagged), and its logits under
-teacher forcing on held-out ``--val`` text against the FP32 model's: per-token top-1 agreement and the
-perplexity increase, each against the recipe's budget (``--max-drift`` in its place). The FP32 model's answers
+teacher forcing on held-out ``--val`` text against the model's own (in float32; an INT4 build of a bf16 checkpoint
+keeps it in bf16, the weights never held in float32, and says so): per-token top-1 agreement and the perplexity
+increase, each against the recipe's budget (``--max-drift`` in its place). The reference's answers
 are stored in ``validation/generation.npz``, so ``infopt validate`` judges the folder again the same way. Then
 time to first token and time per output token are measured from the same folder.
 
@@ -21,6 +22,7 @@ generation figures under ``validation.generation``), the reports, ``model/model.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +68,9 @@ PROMPT_TOKENS = 32
 TTFT_PROMPTS = (32, 128, 512)
 """prompt lengths TTFT is timed at (those the model's context holds)"""
 TPOT_BATCHES = (1, 4, 8)
+TIMING_SHARE = 0.1
+"""the TTFT/TPOT timing's budget past one run of each row: this share of the build's time until then (a larger
+model's runs are longer, and each row still runs once)"""
 HELD_OUT = 32
 """held-out sequences (--val lines) the teacher-forced figures are measured on"""
 HELD_OUT_TOKENS = 128
@@ -121,7 +126,9 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
     with times.step("load"):
         check_fits(model, f"{'an' if precision.startswith('int') else 'a'} {precision} text-generation build",
                    "int4 in place" if precision == "int4" else "float")
-        loaded = load_model(model)
+        # INT4 rounds each Linear from the weights as stored: a bf16 checkpoint stays bf16 (half the memory of
+        # float32), its reference computed in bf16; float builds write float32 weights and judge against float32
+        loaded = load_model(model, stored_dtype=precision == "int4")
     task = getattr(loaded.task, "name", None)
     if loaded.format != "hf-folder" or task != "causal-lm":
         raise UsageError(f"--task {TASK} needs a Hugging Face causal LM (a *ForCausalLM folder or hub id); "
@@ -132,7 +139,8 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
         raise UsageError(f"{folder} has no tokenizer (tokenizer.json or tokenizer.model); the ONNX Runtime GenAI "
                          "folder needs the model's own", where=str(folder),
                          fix="save the tokenizer beside the model (tokenizer.save_pretrained(FOLDER))")
-    lm = loaded.module.model.float().eval()
+    lm = loaded.module.model.eval()
+    reference_dtype = str(next(lm.parameters()).dtype).removeprefix("torch.")
     lm.source_dir = str(folder)  # where the INT4 checkpoint for vLLM takes the tokenizer and config from
     calibration = _calibration(calib, folder, lm.config) if calib else None
     if price_per_hour is not None:
@@ -150,14 +158,14 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                 "candidates": [{"recipe": recipe.name, "backend": recipe.backend, "precision": recipe.precision,
                                 "passes": [step.name for step in recipe.passes], "skipped": None}]}
     with claim_output(out, force), work_folder("generation") as work:
-        with times.step("reference"):  # the FP32 model's answers, before any pass rounds its weights in place
+        with times.step("reference"):  # the model's answers, before any pass rounds its weights in place
             vocab, context = cache_layout(lm).vocab, context_length(lm.config)
             bos, eos, pad = genai.special_tokens(lm.config, vocab, folder)
             special = {bos, pad, *eos}
             prompts, prompt_source = _prompts(val, folder, vocab, special)
             held_out, held_source = _held_out(val, folder, vocab, special, context)
-            say(f"the FP32 model's greedy tokens on {len(prompts)} prompts and its logits on {len(held_out)} held-out "
-                "sequences, the reference")
+            say(f"the model's greedy tokens on {len(prompts)} prompts and its logits on {len(held_out)} held-out "
+                f"sequences in {reference_dtype}, the reference")
             samples = evaluator.GenerationSamples.from_model(lm, prompts, prompt_source, held_out, held_source,
                                                              NEW_TOKENS)
         pipeline = Pipeline(recipe, machine, Path(work), calibration=calibration, console=console, times=times,
@@ -169,24 +177,26 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
         final = pipeline.run(source.pop())
         decoder: KvDecoder = final.products[KvDecoder]
         prepared = final.products[genai.GenaiFolder].path
-        with times.step("validation"):
-            say(f"generating {NEW_TOKENS} tokens from {len(prompts)} prompts with onnxruntime_genai; teacher-forced "
-                f"logits on {len(held_out)} held-out sequences")
-            try:
-                judged = evaluator.evaluate(prepared, samples, budgets)
-            except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
-                raise BuildError(f"onnxruntime_genai could not generate from the folder: {first_line(exc)}",
-                                 where=str(folder), fix="report the model's family; build --task logits meanwhile") from exc
-        greedy = judged["greedy"]
-        if budgets.greedy_equal and greedy["equal"] != greedy["prompts"]:
-            first = greedy["differences"][0]
-            raise ValidationFailed(f"the ONNX Runtime GenAI folder's greedy tokens differ from transformers' generate "
-                                   f"on {greedy['prompts'] - greedy['equal']} of {greedy['prompts']} prompts (prompt "
-                                   f"{first['prompt']} first differs at token {first['at_token']})",
-                                   fix="report the model's family; build --task logits meanwhile")
-        with times.step("latency"):
-            say("timing TTFT and TPOT")
-            timing = time_folder(prepared, decoder.layout.vocab, decoder.context)
+        with generation.opened(prepared):  # the folder opened once, for the judging and the timing
+            with times.step("validation"):
+                say(f"generating {NEW_TOKENS} tokens from {len(prompts)} prompts with onnxruntime_genai; teacher-forced "
+                    f"logits on {len(held_out)} held-out sequences")
+                try:
+                    judged = evaluator.evaluate(prepared, samples, budgets)
+                except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
+                    raise BuildError(f"onnxruntime_genai could not generate from the folder: {first_line(exc)}",
+                                     where=str(folder), fix="report the model's family; build --task logits meanwhile") from exc
+            greedy = judged["greedy"]
+            if budgets.greedy_equal and greedy["equal"] != greedy["prompts"]:
+                first = greedy["differences"][0]
+                raise ValidationFailed(f"the ONNX Runtime GenAI folder's greedy tokens differ from transformers' generate "
+                                       f"on {greedy['prompts'] - greedy['equal']} of {greedy['prompts']} prompts (prompt "
+                                       f"{first['prompt']} first differs at token {first['at_token']})",
+                                       fix="report the model's family; build --task logits meanwhile")
+            with times.step("latency"):
+                budget = TIMING_SHARE * (time.perf_counter() - times.started)
+                say(f"timing TTFT and TPOT (about {budget:.0f} s past one run of each)")
+                timing = time_folder(prepared, decoder.layout.vocab, decoder.context, budget)
         for row in timing["tpot"]:
             row["usd_per_million_tokens"] = generation.usd_per_million(machine.price_per_hour, row["tokens_per_s"])
         forced_budgets = evaluator.describe(budgets, forced_only=True)
@@ -196,14 +206,18 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
         if loaded.hub is not None:
             origin["hub"] = loaded.hub.to_json()
         notes = [f"greedy tokens of {len(prompts)} prompts from {prompt_source}, {NEW_TOKENS} each, compared with "
-                 "transformers' generate" + ("" if budgets.greedy_equal else " of the FP32 model (reported; a quantized "
+                 "transformers' generate" + ("" if budgets.greedy_equal else " of the unquantized model (reported; a quantized "
                                              "build is judged by the teacher-forced figures)"),
                  f"teacher-forced logits of {len(held_out)} sequences ({judged['teacher_forced']['tokens']} tokens) from "
-                 f"{held_source}, against the FP32 model's (its top-1 tokens and next-token log-likelihoods are stored "
-                 f"in {evaluator.SAMPLES_FILE} for `infopt validate`)"]
+                 f"{held_source}, against the {reference_dtype} model's (its top-1 tokens and next-token "
+                 f"log-likelihoods are stored in {evaluator.SAMPLES_FILE} for `infopt validate`)"]
+        if reference_dtype != "float32":
+            notes.append(f"the reference computed in {reference_dtype}, the checkpoint's dtype: the INT4 build keeps "
+                         "the weights as stored until each layer is rounded, so no float32 copy of them is held")
         quantization = _quantization(final.lineage, calibration)
         validation = {"device": "cpu (onnxruntime_genai, CPU)", "runs_on": "cpu", "notes": notes,
                       "generation": {"greedy": greedy, "teacher_forced": judged["teacher_forced"], **timing,
+                                     "reference_dtype": reference_dtype,
                                      "weights_bytes": genai.weights_bytes(prepared),
                                      "kv_cache_bytes_per_token": decoder.layout.kv_bytes_per_token(),
                                      **({"quantization": quantization} if quantization else {})},
@@ -246,10 +260,11 @@ def is_task_recipe(recipe: str | Path) -> bool:
         return False
 
 
-def time_folder(folder: Path, vocab: int, context: int) -> dict:
-    """TTFT at the prompt lengths the context holds and TPOT at :data:`TPOT_BATCHES`, from the folder."""
+def time_folder(folder: Path, vocab: int, context: int, budget_s: float = generation.BUDGET_S) -> dict:
+    """TTFT at the prompt lengths the context holds and TPOT at :data:`TPOT_BATCHES`, from the folder, in about
+    ``budget_s`` past one run of each."""
     lengths = [n for n in TTFT_PROMPTS if n + NEW_TOKENS <= context] or [max(1, context - NEW_TOKENS)]
-    return generation.time_generation(folder, vocab, lengths, list(TPOT_BATCHES), NEW_TOKENS)
+    return generation.time_generation(folder, vocab, lengths, list(TPOT_BATCHES), NEW_TOKENS, budget_s=budget_s)
 
 
 def generation_passes() -> set[str]:
@@ -333,12 +348,13 @@ def validate_generation(root: Path, manifest, result: dict[str, Any]) -> dict[st
     folder = root / manifest.artifacts.get("onnxruntime-genai")
     config = json.loads((folder / "genai_config.json").read_text())["model"]
     samples = evaluator.GenerationSamples.load(samples_file)
-    try:
-        judged = evaluator.evaluate(folder, samples, budgets)
-    except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
-        raise UsageError(f"onnxruntime_genai cannot generate from {folder}: {first_line(exc)}", where=str(folder),
-                         fix="rebuild the output") from exc
-    timing = time_folder(folder, config["vocab_size"], config["context_length"])
+    with generation.opened(folder):
+        try:
+            judged = evaluator.evaluate(folder, samples, budgets)
+        except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
+            raise UsageError(f"onnxruntime_genai cannot generate from {folder}: {first_line(exc)}", where=str(folder),
+                             fix="rebuild the output") from exc
+        timing = time_folder(folder, config["vocab_size"], config["context_length"])
     result.update({"generation": {"greedy": judged["greedy"], "teacher_forced": judged["teacher_forced"], **timing,
                                   "budgets": evaluator.describe(budgets)},
                    "verdict": judged["verdict"]})

@@ -51,6 +51,7 @@ class CaptureKvDecoderDetails(PassDetails):
 
 def run(artifact: Artifact, options: CaptureKvDecoderOptions, context: PassContext) -> PassOutcome:
     lm = artifact.obj
+    widened = _widen(lm)
     if options.conv1d_as_linear:
         lm = copy.deepcopy(lm).eval()
         converted = conv1d_as_linear(lm)
@@ -65,7 +66,7 @@ def run(artifact: Artifact, options: CaptureKvDecoderOptions, context: PassConte
                                       vocab=layout.vocab, context=length, fused=fused, rotary_inside=rotary,
                                       attention=note)
     notes = [f"{layout.layers} layers, {layout.kv_heads} KV heads of {layout.head_size}; past length dynamic from 0",
-             note]
+             note, *([widened] if widened else [])]
     if converted:
         notes.append(f"{len(converted)} transformers Conv1D layers as the Linears they are (weight transposed)")
     source = getattr(artifact.obj, "source_dir", None)
@@ -74,6 +75,19 @@ def run(artifact: Artifact, options: CaptureKvDecoderOptions, context: PassConte
     result.products[kv_decoder.KvDecoder] = kv_decoder.KvDecoder(layout, length, fused, lm.config,
                                                                  Path(source) if source else None)
     return PassOutcome(result, True, notes, details)
+
+
+def _widen(lm) -> str | None:
+    """The module's float weights that are not float32 (a bf16 checkpoint's embedding and norms, left as stored
+    by an INT4 build) widened in place: the decoder computes in float32. A note saying so, or None."""
+    import torch
+
+    narrow = {t.dtype for t in (*lm.parameters(), *lm.buffers()) if t.is_floating_point() and t.dtype != torch.float32}
+    if not narrow:
+        return None
+    lm.float()
+    names = ", ".join(sorted(str(d).removeprefix("torch.") for d in narrow))
+    return f"the weights still in {names} (those not rounded to INT4) widened to float32: the decoder computes in float32"
 
 
 def _capture(lm, layout: kv_decoder.CacheLayout, unfused: str | None, length: int):
