@@ -54,6 +54,7 @@ before it (``input_scale``) is refused.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -344,10 +345,19 @@ def _write(model: nn.Module, out: Path, tensors: dict[str, torch.Tensor], layers
     sources = _source_files(source_dir)
     with staged_output(out, force, is_ours=_is_checkpoint) as stage:
         save_file(tensors, str(stage / WEIGHTS_FILE), metadata={"format": "pt"})
+        _readable(stage / WEIGHTS_FILE)
         (stage / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         for path in sources:
             shutil.copy2(path, stage / path.name)
     return out
+
+
+def _readable(path: Path) -> None:
+    """Give ``path`` the mode a file written here gets (safetensors writes its file readable by its owner alone,
+    which a server running as another user cannot load)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    path.chmod(0o666 & ~mask)
 
 
 def _source_files(source_dir: Path | str | None) -> list[Path]:

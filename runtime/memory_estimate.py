@@ -7,13 +7,15 @@ dtype of every tensor, nothing loaded), the build's peak is estimated from it, a
 exceeds the memory this machine has available is refused with exit 2 before any work, saying what it needs.
 
 The estimate is a line through what builds measured on this machine (``benchmarks/bench_scale.py``, random
-weights in Qwen2.5's configs, 2026-11-27): a fixed part (the interpreter with torch, transformers and ONNX
-Runtime imported, and the export's own working memory) plus a multiple of the weights in fp32, the dtype every
-build computes its reference in. A build that keeps its weights in float through the ONNX export (fp32, int8,
-every logits build) peaked at 8.2 GB at Qwen2.5-0.5B's shape (2.0 GB of fp32 weights) and was killed by the
-OOM killer past 22.2 GB at 1.5B's (6.2 GB); an INT4 text-generation build, which rounds the module in place
-before exporting it, peaked at 5.3, 9.4 and 19.0 GB at 0.5B, 1.5B and 3B (12.4 GB of fp32 weights). The lines
-lie at or above those. ``INFOPT_SKIP_MEMORY_CHECK=1`` builds anyway.
+weights in Qwen2.5's and Llama-3.1's configs, 2026-11-27): a fixed part (the interpreter with torch,
+transformers and ONNX Runtime imported, and the export's own working memory) plus a multiple of the weights, in
+fp32 or as stored. A build that keeps its weights in float through the ONNX export (fp32, int8, every logits
+build) peaked at 8.2 GB at Qwen2.5-0.5B's shape (2.0 GB of fp32 weights) and was killed by the OOM killer past
+22.2 GB at 1.5B's (6.2 GB); an INT4 text-generation build, which rounds the module in place before exporting it,
+peaked at 5.3, 9.4 and 19.0 GB at 0.5B, 1.5B and 3B (12.4 GB of fp32 weights) while it widened bf16 checkpoints
+to fp32, and at 11.3 and 21.9 GB at Qwen2.5-3B and Llama-3.1-8B (6.2 and 16.1 GB of bf16) once it kept them in
+bf16 (peak RSS, the checkpoint's memory-mapped pages included). The lines lie at or above those.
+``INFOPT_SKIP_MEMORY_CHECK=1`` builds anyway.
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ from pathlib import Path
 from infopt.core.errors import TooLargeError
 from infopt.runtime import hub
 
-FOOTPRINTS = {"float": (1.6e9, 3.6), "int4 in place": (3.4e9, 1.3)}
-"""how a build holds its weights -> (fixed bytes, multiple of the fp32 weights' bytes) of its peak"""
+FOOTPRINTS = {"float": (1.6e9, 3.6, "fp32"), "int4 in place": (3.4e9, 1.3, "fp32"),
+              "int4 in place, bf16": (4.7e9, 1.07, "stored")}
+"""how a build holds its weights -> (fixed bytes, multiple, of which bytes: the weights in fp32 or as stored) of
+its peak. An INT4 build of a bf16 checkpoint keeps it in bf16 (``int4 in place, bf16``), one of another dtype
+widens it to fp32 (``int4 in place``)."""
 SKIP_ENV = "INFOPT_SKIP_MEMORY_CHECK"
 DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
                "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}
@@ -100,8 +105,10 @@ def available_bytes() -> int | None:
 def estimate_bytes(size: CheckpointSize, footprint: str = "float") -> int:
     """The peak memory of a build that holds its weights as ``footprint`` says (:data:`FOOTPRINTS`), estimated from
     its checkpoint (see the module doc)."""
-    fixed, factor = FOOTPRINTS[footprint]
-    return int(fixed + factor * 4 * size.parameters)
+    if footprint == "int4 in place" and size.dtype == "BF16":
+        footprint = "int4 in place, bf16"
+    fixed, factor, basis = FOOTPRINTS[footprint]
+    return int(fixed + factor * (size.bytes if basis == "stored" else 4 * size.parameters))
 
 
 def model_folder(model: str | Path) -> Path | None:

@@ -33,6 +33,13 @@ CONFIGS = {
                      "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001,
                      "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                       "original_max_position_embeddings": 8192, "rope_type": "llama3"}},
+    "llama-3.1-70b": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+                      "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+                      "num_attention_heads": 64, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+                      "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "vocab_size": 128256, "tie_word_embeddings": False,
+                      "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001,
+                      "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                       "original_max_position_embeddings": 8192, "rope_type": "llama3"}},
 }
 """the real models' configs (as their config.json files declare them), for random weights of their shapes"""
 

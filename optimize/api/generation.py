@@ -68,7 +68,7 @@ PROMPT_TOKENS = 32
 TTFT_PROMPTS = (32, 128, 512)
 """prompt lengths TTFT is timed at (those the model's context holds)"""
 TPOT_BATCHES = (1, 4, 8)
-TIMING_SHARE = 0.1
+TIMING_SHARE = 0.05
 """the TTFT/TPOT timing's budget past one run of each row: this share of the build's time until then (a larger
 model's runs are longer, and each row still runs once)"""
 HELD_OUT = 32
