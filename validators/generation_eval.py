@@ -1,11 +1,12 @@
 """The text-generation task's evaluator: what judges a generator folder, at build time and again later.
 
-At build time :meth:`GenerationSamples.from_model` runs the FP32 source model (transformers) once: its greedy
-tokens on the prompts, and its logits on the held-out sequences, reduced to what the figures are computed from
-(each position's top-1 token and each next token's negative log-likelihood; whole logits would be tokens x
-vocabulary floats, gigabytes at a real vocabulary). They are stored in ``validation/generation.npz``, hashed in
-the manifest like every file. :func:`evaluate` then generates from the folder with ``onnxruntime_genai`` and
-compares: the same call judges the build and ``infopt validate``, which needs no source model.
+At build time :meth:`GenerationSamples.from_model` runs the source model (transformers; in FP32, or in BF16 for
+an INT4 build of a BF16 checkpoint) once: its greedy tokens on the prompts, and its logits on the held-out
+sequences, reduced to what the figures are computed from (each position's top-1 token and each next token's
+negative log-likelihood; whole logits would be tokens x vocabulary floats, gigabytes at a real vocabulary).
+They are stored in ``validation/generation.npz``, hashed in the manifest like every file. :func:`evaluate` then
+generates from the folder with ``onnxruntime_genai`` and compares: the same call judges the build and
+``infopt validate``, which needs no source model.
 
 The budgets are the recipe's ``validation.generation`` (``core.recipe.GenerationBudgets``), with
 ``--max-drift top1=...,ppl_delta=...`` in their place where given.
@@ -24,8 +25,8 @@ from infopt.core.safe_load import arrays_file
 from infopt.validators import generation
 
 SAMPLES_FILE = "validation/generation.npz"
-METRICS = {"top1": ("min", "min_top1", "top-1 agreement with the FP32 model under teacher forcing"),
-           "ppl_delta": ("max", "max_ppl_delta", "relative perplexity increase over the FP32 model")}
+METRICS = {"top1": ("min", "min_top1", "top-1 agreement with the unquantized model under teacher forcing"),
+           "ppl_delta": ("max", "max_ppl_delta", "relative perplexity increase over the unquantized model")}
 """each figure a budget holds: its direction, its field of GenerationBudgets, what it means"""
 FIX = ("calibrate with --calib TEXT.txt (GPTQ), or set the budget with --max-drift top1=...,ppl_delta=...; "
        "a model with random weights agrees little, its logits being nearly flat")
@@ -33,7 +34,7 @@ FIX = ("calibrate with --calib TEXT.txt (GPTQ), or set the budget with --max-dri
 
 @dataclass
 class GenerationSamples:
-    """The prompts and held-out text a generation build is judged on, with the FP32 model's answers."""
+    """The prompts and held-out text a generation build is judged on, with the unquantized model's answers."""
 
     prompts: list[list[int]]
     reference_tokens: list[list[int]]

@@ -86,12 +86,14 @@ def generation_section(manifest: Manifest) -> Section | None:
     if not gen:
         return None
     greedy, forced, quantized = gen["greedy"], gen.get("teacher_forced"), gen.get("quantization")
-    rows = [["greedy tokens equal to transformers' generate" + (" (FP32)" if quantized else ""),
+    reference = {"float32": "FP32", "bfloat16": "BF16"}.get(gen.get("reference_dtype", "float32"), "FP32")
+    rows = [["greedy tokens equal to transformers' generate" + (f" ({reference})" if quantized else ""),
              f"{greedy['equal']} of {greedy['prompts']} prompts, {greedy['new_tokens']} tokens each"]]
     if forced:
-        rows += [["top-1 agreement with FP32, teacher-forced", f"{forced['top1']:.4f} over {forced['tokens']} tokens"],
-                 ["perplexity (FP32)", f"{forced['ppl']:.4g} ({forced['ppl_reference']:.4g}): "
-                                       f"{forced['ppl_delta']:+.2%}"]]
+        rows += [[f"top-1 agreement with {reference}, teacher-forced",
+                  f"{forced['top1']:.4f} over {forced['tokens']} tokens"],
+                 [f"perplexity ({reference})", f"{forced['ppl']:.4g} ({forced['ppl_reference']:.4g}): "
+                                               f"{forced['ppl_delta']:+.2%}"]]
     if quantized:
         rows.append(["quantization", f"{quantized['precision'].upper()} {quantized['method']}, {quantized['layers']} "
                                      f"layers: {quantized['format']}"])
@@ -105,7 +107,9 @@ def generation_section(manifest: Manifest) -> Section | None:
     notes = [f"timed with onnxruntime_genai from servers/onnxruntime-genai/: TTFT is the prompt's pass and the first "
              f"token picked; TPOT each of the next {gen['new_tokens'] - 1} tokens after a {gen['tpot_prompt_tokens']}-token "
              "prompt; "
-             f"{_span(r['runs'] for r in gen['ttft'] + gen['tpot'])} timed runs per row after one warm-up"]
+             f"{_span(r['runs'] for r in gen['ttft'] + gen['tpot'])} timed runs per row after one warm-up"
+             + (f" (each row once, then more while a budget of {gen['budget_s']:.1f} s lasted, the rows with the fewest "
+                "first)" if "budget_s" in gen else "")]
     price = manifest.target.price_per_hour
     notes.append(f"cost per million output tokens at ${price:g}/hour, the machine kept busy at that batch" if price else
                  "no cost per million tokens: the target has no price (pass --price-per-hour)")
