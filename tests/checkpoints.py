@@ -19,6 +19,11 @@ import numpy as np
 QWEN_COMMON = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
                "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "vocab_size": 151936,
                "torch_dtype": "bfloat16", "use_sliding_window": False, "bos_token_id": 151643, "eos_token_id": 151643}
+LLAMA31_COMMON = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+                  "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "vocab_size": 128256,
+                  "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001,
+                  "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                   "original_max_position_embeddings": 8192, "rope_type": "llama3"}}
 CONFIGS = {
     "qwen2.5-0.5b": {**QWEN_COMMON, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
                      "num_attention_heads": 14, "num_key_value_heads": 2, "tie_word_embeddings": True},
@@ -26,20 +31,10 @@ CONFIGS = {
                      "num_attention_heads": 12, "num_key_value_heads": 2, "tie_word_embeddings": True},
     "qwen2.5-3b": {**QWEN_COMMON, "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36,
                    "num_attention_heads": 16, "num_key_value_heads": 2, "tie_word_embeddings": True},
-    "llama-3.1-8b": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-                     "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-                     "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
-                     "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "vocab_size": 128256, "tie_word_embeddings": False,
-                     "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001,
-                     "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                      "original_max_position_embeddings": 8192, "rope_type": "llama3"}},
-    "llama-3.1-70b": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-                      "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
-                      "num_attention_heads": 64, "num_key_value_heads": 8, "max_position_embeddings": 131072,
-                      "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "vocab_size": 128256, "tie_word_embeddings": False,
-                      "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001,
-                      "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                       "original_max_position_embeddings": 8192, "rope_type": "llama3"}},
+    "llama-3.1-8b": {**LLAMA31_COMMON, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                     "num_attention_heads": 32, "num_key_value_heads": 8},
+    "llama-3.1-70b": {**LLAMA31_COMMON, "hidden_size": 8192, "intermediate_size": 28672, "num_hidden_layers": 80,
+                      "num_attention_heads": 64, "num_key_value_heads": 8},
 }
 """the real models' configs (as their config.json files declare them), for random weights of their shapes"""
 
