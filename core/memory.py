@@ -13,7 +13,7 @@ import ctypes
 import gc
 import os
 
-LARGE_BYTES = 1 << 28
+LARGE_BYTES = 1 << 30
 """below this resident size, releasing is not worth a garbage collection"""
 
 
