@@ -55,10 +55,7 @@ def save_model(model, dst: Path, external: bool | None = None) -> Path:
 
 def has_external_data(path: Path) -> bool:
     """Whether the model at ``path`` keeps any tensor in a file beside it (as models over 2 GB must)."""
-    import onnx
-
-    model = onnx.load(str(path), load_external_data=False)
-    return any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer)
+    return bool(external_files(path))
 
 
 def external_files(path: Path) -> set[str]:
