@@ -45,8 +45,11 @@ class DriftThresholds(_Strict):
 
 MIN_CURVE_RUNS = 3
 """Timed runs the curve takes at each batch size however long they last (a p50 needs a few)."""
-MIN_LATENCY_RUNS = 15
-"""Timed runs the latency step takes of each runner at each batch size however long they last."""
+MIN_LATENCY_RUNS = 4
+"""Timed runs the latency step takes of each runner at each batch size however long they last: one a
+block for four blocks, two ABBA trials, the fewest that give a ratio to eager with a confidence interval.
+A fast model's rows take many more within ``seconds``; a slow one's are bound by the build's timing
+budget (``validators/timing_budget.py``)."""
 
 
 class LatencyConfig(_Strict):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -45,6 +46,7 @@ from infopt.validators import machine, timing
 from infopt.validators.data import spec_from_samples, split_batches
 from infopt.validators.range_ends import check_range_ends, range_ends
 from infopt.validators.roofline import count_work
+from infopt.validators.timing_budget import TimingBudget, predicted_seconds
 from infopt.validators.verdict import judge
 
 DEFAULT_MAX_VAL_SAMPLES = 256
@@ -374,7 +376,7 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
     with ctx.times.step("validation"):  # the eager outputs every candidate is judged against, and INT8 chooses by
         ref_out = drift_mod.run_all(reference, batches)
     candidates = _build_candidates(work, artifact, recipes, target, console, ctx.calib, ctx.budget, batches, checked_on,
-                                   ctx.allow_partial, ctx.times, ref_out, ctx.settings)
+                                   ctx.allow_partial, ctx.times, ref_out, ctx.settings, loaded.module)
     built = [c for c in candidates if c.status == "built"]
     status = progress_display.status(console, "validating: drift against the eager reference")
     if status:
@@ -391,12 +393,16 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
         if status:
             status.update("validating: latency" + (f" of {len(built)} candidates" if len(built) > 1 else ""))
         lat_cfg = built[0].recipe.validation.latency
+        clock = TimingBudget.after(time.perf_counter() - ctx.times.started)
+        latency_start = time.perf_counter()
         with ctx.times.step("latency"):
             eager = gpu_eager_runner(loaded, spec, target) or reference
-            timings = timing.measure({"eager": eager.run, **{c.label: c.runner.run for c in built}},
-                                     latency_feeds(spec, built[0].recipe, loaded.module), warmup=lat_cfg.warmup,
-                                     iterations=lat_cfg.iterations, seconds=lat_cfg.seconds,
-                                     min_iterations=MIN_LATENCY_RUNS, baseline="eager", drop_slower=timing.DROP_SLOWER,
+            runners = {"eager": eager.run, **{c.label: c.runner.run for c in built}}
+            feeds = latency_feeds(spec, built[0].recipe, loaded.module)
+            row_s = clock.latency_row_s(lat_cfg.seconds, len(runners), len(feeds))
+            timings = timing.measure(runners, feeds, warmup=lat_cfg.warmup, iterations=lat_cfg.iterations, seconds=row_s,
+                                     min_iterations=MIN_LATENCY_RUNS, min_warmup=1, baseline="eager",
+                                     drop_slower=timing.DROP_SLOWER,
                                      devices={"eager": eager.device, **{c.label: c.runner.device for c in built}})
     finally:
         if status:
@@ -406,10 +412,16 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
     chosen, why = cand.choose(built, timings, target, ctx.batch_mix)
     chosen.chosen = True
     with ctx.times.step("curve"):
-        curve = _measure_curve(chosen, spec, loaded.module, console,
-                               {t.batch: t for t in timings.of(chosen.label)})
+        curve, untimed = _measure_curve(chosen, spec, loaded.module, console,
+                                        {t.batch: t for t in timings.of(chosen.label)},
+                                        clock.left_after(time.perf_counter() - latency_start))
     final, recipe = chosen.artifact, chosen.recipe
     notes = pass_notes(final.lineage) + [f"{name}: {why}" for name, why in timings.dropped.items()]
+    if row_s < lat_cfg.seconds or untimed:
+        notes.append(f"timed within a budget of {clock.describe()}: {row_s:.1f} s per latency row, each at least "
+                     f"{MIN_LATENCY_RUNS} runs however long they lasted" + (
+                         f"; the curve left out batch {', '.join(map(str, untimed))}: its predicted time did not fit "
+                         "what the latency step left" if untimed else ""))
     if ends:
         notes.append("ran at the ends of its dim ranges (" + "; ".join(where for where, _, _ in ends)
                      + ") with the output shapes eager gives")
@@ -472,30 +484,43 @@ def _curve_batches(spec) -> list[int]:
     return sorted(sizes)
 
 
-def _measure_curve(chosen, spec, module, console, timed: dict[int, Any]) -> list[dict[str, Any]]:
+def _measure_curve(chosen, spec, module, console, timed: dict[int, Any], budget_s: float
+                   ) -> tuple[list[dict[str, Any]], list[int]]:
     """Latency of the shipped model at each batch size of the curve (Triton tuning and the report's
-    plot); the sizes the latency step ``timed`` already (same inputs, more runs) are taken from there."""
+    plot), and the batch sizes left out; the sizes the latency step ``timed`` already (same inputs, more
+    runs) are taken from there. The others are timed smallest first while each one's predicted time (a
+    warm-up and the least runs, scaled from the nearest smaller batch's p50) fits in ``budget_s``."""
     sizes = _curve_batches(spec)
     if not sizes:
-        return []
+        return [], []
     high = id_high(module)
-    feeds = {b: random_feed(spec, int_high=high, **{spec.batch_symbol: b}) for b in sizes if b not in timed}
     stats = list(timed.values())
-    if feeds:
-        status = progress_display.status(console, f"measuring the latency-versus-batch curve ({', '.join(map(str, feeds))})")
+    todo = [b for b in sizes if b not in timed]
+    untimed: list[int] = []
+    if todo:
+        status = progress_display.status(console, f"measuring the latency-versus-batch curve ({', '.join(map(str, todo))})")
         if status:
             status.start()
         try:
             lat = chosen.recipe.validation.latency
-            stats += timing.measure({"infopt": chosen.runner.run}, feeds, warmup=CURVE_WARMUP,
-                                    iterations=lat.curve_iterations, devices={"infopt": chosen.runner.device},
-                                    seconds=lat.curve_seconds, min_iterations=MIN_CURVE_RUNS, min_warmup=1,
-                                    warmup_s=CURVE_WARMUP_S).stats
+            start = time.perf_counter()
+            for k, b in enumerate(todo):
+                known = {s.batch: s.p50_ms / 1e3 for s in stats}
+                left = budget_s - (time.perf_counter() - start)
+                if predicted_seconds(b, known, 1 + MIN_CURVE_RUNS) > left:
+                    untimed = todo[k:]
+                    break
+                feed = random_feed(spec, int_high=high, **{spec.batch_symbol: b})
+                stats += timing.measure({"infopt": chosen.runner.run}, {b: feed}, warmup=CURVE_WARMUP,
+                                        iterations=lat.curve_iterations, devices={"infopt": chosen.runner.device},
+                                        seconds=min(lat.curve_seconds, left), min_iterations=MIN_CURVE_RUNS,
+                                        min_warmup=1, warmup_s=CURVE_WARMUP_S).stats
         finally:
             if status:
                 status.stop()
-    return [{k: v for k, v in s.to_json().items() if k != "runner"} for s in sorted(stats, key=lambda s: s.batch)
-            if s.batch in sizes]
+    curve = [{k: v for k, v in s.to_json().items() if k != "runner"} for s in sorted(stats, key=lambda s: s.batch)
+             if s.batch in sizes]
+    return curve, untimed
 
 
 def _work(module, spec, model_file: Path) -> dict[str, Any]:
@@ -507,9 +532,11 @@ def _work(module, spec, model_file: Path) -> dict[str, Any]:
 
 
 def _build_candidates(work, artifact, recipes, target, console, calib, budget, check_batches, check_source,
-                      allow_partial=False, times=None, check_reference=None, settings=None):
+                      allow_partial=False, times=None, check_reference=None, settings=None, module=None):
     """Run each recipe's pipeline. One this machine cannot build is recorded as skipped; one that
-    fails stops the build with every failure named, unless ``allow_partial`` keeps the survivors."""
+    fails stops the build with every failure named, unless ``allow_partial`` keeps the survivors. Once one
+    is built, the rest are skipped where it already computes at this machine's matmul peak
+    (:func:`candidates.roof_probe`)."""
 
     candidates = [cand.Candidate(r) for r in recipes]
     for c in candidates:
@@ -527,7 +554,14 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
                                  fix="build on a machine that has what is missing, or choose another --backend or precision")
     errors = []
     shared = SharedPrefixes([c.recipe for c in runnable])
+    probed = False
     for c in runnable:
+        if not probed and any(o.status == "built" for o in runnable):
+            probed = True
+            if reason := _probe(next(o for o in runnable if o.status == "built"), check_batches, module, artifact, target):
+                for o in runnable[runnable.index(c):]:
+                    o.status, o.reason = "skipped", reason.format(recipe=o.label)
+                break
         (work / c.label).mkdir(parents=True, exist_ok=True)
         try:
             c.artifact = Pipeline(c.recipe, target, work / c.label, calibration=calib, budget=budget,
@@ -548,6 +582,17 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
     cand.survivors(candidates, allow_partial, target.device)
     cand.drop_duplicates(candidates)
     return candidates
+
+
+def _probe(first, check_batches, module, artifact, target) -> str | None:
+    """:func:`candidates.roof_probe` on the first check batch, or None where there is none."""
+    if not check_batches:
+        return None
+    feed, spec = check_batches[0], artifact.spec
+    batched = {t.name for t in spec.inputs if t.shape and t.shape[0] == spec.batch_symbol} if spec.batch_symbol else set()
+    batch = int(feed[next(iter(batched))].shape[0]) if batched else 1
+    one = {name: value[:1] if name in batched else value for name, value in feed.items()}
+    return cand.roof_probe(first, feed, one, batch, module, spec.names, target)
 
 
 def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None,

@@ -159,6 +159,10 @@ def candidates_section(manifest: Manifest) -> Section | None:
         notes.append(f"measured on {', '.join(sorted(runs_on))}; p50 in ms; speedup is the geometric mean over batch "
                      "sizes of eager's time / the candidate's, each the median of paired trials timed side by side")
         notes += [f"{c['recipe']}: {c['timing']}" for c in rows_in if c.get("timing", "timed in full") != "timed in full"]
+        notes += [f"{c['recipe']}'s speedup lies within " + ", ".join(
+                      f"{lo:.2f}-{hi:.2f}x at batch {b}" for b, (lo, hi, _) in c["speedup_range"].items())
+                  + f" ({_span(round(100 * conf) for _, _, conf in c['speedup_range'].values())} % confidence)"
+                  for c in rows_in if c["status"] == "built" and c.get("speedup_range")]
     headers = ["candidate", "verdict", "cosine (min)", "max_abs", *[f"p50 b{b}" for b in batches],
                "speedup", "size", "chosen"]
     return Section("Candidates", headers, rows, notes)

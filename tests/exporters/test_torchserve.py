@@ -85,6 +85,8 @@ def test_onnx_archive_holds_handler_model_sidecar_and_io(tmp_path):
     files = read_mar(mar)
     assert set(files) == {"infopt_handler.py", "model.onnx", "model.onnx.data", "infopt_io.json",
                           "model-config.yaml", "MAR-INF/MANIFEST.json"}
+    with zipfile.ZipFile(mar) as archive:  # stored, not deflated: weights barely compress, and deflate is slow
+        assert {info.compress_type for info in archive.infolist()} == {zipfile.ZIP_STORED}
     assert files["model.onnx"] == b"onnx graph bytes" and files["model.onnx.data"] == b"external weights"
     assert files["infopt_handler.py"].decode() == HANDLER
     compile(HANDLER, "infopt_handler.py", "exec")

@@ -43,8 +43,9 @@ def test_a_runner_slower_than_its_blocks_share_stops_at_the_least_runs_not_one_r
 
 
 def test_the_latency_steps_budget_times_a_slow_runner_in_fewer_runs_and_leaves_a_fast_one_alone():
-    """The recipe's ``latency.seconds``: each block of a runner ends once its share of the budget is
-    spent (at least MIN_LATENCY_RUNS runs in all), so a 20 ms runner takes 3 runs a block, not 10."""
+    """The latency step's seconds per row: each block of a runner ends once its share is spent, and the runner
+    stops once all of it is spent and MIN_LATENCY_RUNS runs are in: a 20 ms runner given 50 ms takes one run
+    a block for MIN_LATENCY_RUNS blocks (two ABBA trials), not 50 runs; a fast one its 50 runs."""
     from infopt.core.recipe import MIN_LATENCY_RUNS
 
     calls = {"slow": 0, "fast": 0}
@@ -56,9 +57,9 @@ def test_the_latency_steps_budget_times_a_slow_runner_in_fewer_runs_and_leaves_a
     def fast(feed):
         calls["fast"] += 1
 
-    stats = {s.runner: s for s in measure({"slow": slow, "fast": fast}, {1: {}}, warmup=0, iterations=50, seconds=0.25,
+    stats = {s.runner: s for s in measure({"slow": slow, "fast": fast}, {1: {}}, warmup=0, iterations=50, seconds=0.05,
                                           min_iterations=MIN_LATENCY_RUNS, tolerance=0).stats}
-    assert stats["slow"].iterations == MIN_LATENCY_RUNS == calls["slow"] and stats["slow"].blocks == 5
+    assert stats["slow"].iterations == MIN_LATENCY_RUNS == calls["slow"] == stats["slow"].blocks == 4
     assert stats["slow"].p50_ms >= 20.0
     assert stats["fast"].iterations == 50 == calls["fast"]  # its blocks end at their count long before the budget
 

@@ -1,0 +1,78 @@
+"""The roof probe: once one candidate is built, the others are skipped where it already computes at this
+machine's measured fp32 matmul peak (``candidates.roof_probe``), and the manifest and report say why."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import infopt
+from infopt.api import candidates as cand
+from infopt.core.recipe import load_recipe
+from infopt.core.target import get_target
+from infopt.runtime.backends.onnxruntime import OrtRunner
+
+WIDTH, DEPTH, BATCH = 256, 3, 16
+
+
+def mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(DEPTH):
+        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers).eval()
+
+
+@pytest.fixture(scope="module")
+def first(tmp_path_factory):
+    """An ONNX Runtime candidate of the MLP, built by hand: the real runner the probe times."""
+    path = tmp_path_factory.mktemp("probe") / "mlp.onnx"
+    torch.onnx.export(mlp(), (torch.randn(BATCH, WIDTH),), str(path), input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "batch"}}, dynamo=False)
+    c = cand.Candidate(load_recipe("fp32-onnxruntime"))
+    c.runner, c.status = OrtRunner(path), "built"
+    return c
+
+
+def probe(first, peak_tflops: float, device: str = "cpu"):
+    feed = {"x": np.random.default_rng(0).standard_normal((BATCH, WIDTH)).astype(np.float32)}
+    target = get_target("cpu").model_copy(update={"peak_tflops": {"fp32": peak_tflops}, "device": device})
+    return cand.roof_probe(first, feed, {"x": feed["x"][:1]}, BATCH, mlp(), ["x"], target)
+
+
+def test_a_candidate_at_the_machines_peak_leaves_the_others_unbuilt_and_says_what_it_measured(first):
+    reason = probe(first, peak_tflops=1e-6)  # a machine that multiplies at 1 MFLOP/s: any model is at its roof
+    assert reason.startswith("not built: fp32-onnxruntime already computes at")
+    gflop = 2 * BATCH * DEPTH * WIDTH * WIDTH / 1e9  # FlopCounterMode's count of the three matmuls
+    assert f"({gflop:.0f} GFLOP in " in reason and f"at batch {BATCH})" in reason
+    assert reason.endswith("--recipe {recipe} builds it")  # each skipped candidate names its own recipe
+
+
+def test_far_from_the_peak_or_not_this_cpu_or_not_fp32_builds_every_candidate(first):
+    assert probe(first, peak_tflops=1e6) is None  # a machine a million times faster: plenty to gain
+    assert probe(first, peak_tflops=1e-6, device="cuda") is None  # the CPU's timing says nothing of a GPU
+    int8 = cand.Candidate(load_recipe("int8-onnxruntime"))
+    int8.runner = first.runner
+    target = get_target("cpu").model_copy(update={"peak_tflops": {"fp32": 1e-6}})
+    feed = {"x": np.ones((BATCH, WIDTH), np.float32)}
+    assert cand.roof_probe(int8, feed, {"x": feed["x"][:1]}, BATCH, mlp(), ["x"], target) is None  # peak is fp32's
+
+
+def test_a_build_skips_the_rest_once_the_first_is_at_the_roof_and_the_report_says_so(tmp_path, monkeypatch):
+    monkeypatch.setattr(cand, "ROOF_SHARE", 0.0)  # every first candidate is at the roof: the wiring, not the timing
+    result = infopt.build(mlp(), inputs=[f"x:float32[batch,{WIDTH}]"], dims=["batch=1:16:32"], batch_sizes=[1],
+                          output=tmp_path / "mlp", progress=False)
+    rows = {c["recipe"]: c for c in result.manifest.candidates}
+    assert list(rows) == ["fp32-onnxruntime", "fp32-onnxruntime-fused", "fp32-inductor"]
+    assert rows["fp32-onnxruntime"]["status"] == "built" and rows["fp32-onnxruntime"]["chosen"]
+    for name in ("fp32-onnxruntime-fused", "fp32-inductor"):
+        assert rows[name]["status"] == "skipped"
+        assert rows[name]["reason"].startswith("not built: fp32-onnxruntime already computes at")
+        assert rows[name]["reason"].endswith(f"--recipe {name} builds it")
+    assert not (tmp_path / "mlp" / "model" / "model.pt2").exists()
+    report = (tmp_path / "mlp" / "report.md").read_text()
+    assert "fp32-inductor skipped: not built: fp32-onnxruntime already computes at" in report
+    assert json.loads((tmp_path / "mlp" / "manifest.json").read_text())["recipe"]["name"] == "fp32-onnxruntime"
