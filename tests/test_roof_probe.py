@@ -37,13 +37,15 @@ def first(tmp_path_factory):
     return c
 
 
-def probe(first, peak_tflops: float, device: str = "cpu"):
+def probe(first, peak_tflops: float, device: str = "cpu", built_in_s: float = 600.0):
     feed = {"x": np.random.default_rng(0).standard_normal((BATCH, WIDTH)).astype(np.float32)}
     target = get_target("cpu").model_copy(update={"peak_tflops": {"fp32": peak_tflops}, "device": device})
-    return cand.roof_probe(first, feed, {"x": feed["x"][:1]}, BATCH, mlp(), ["x"], target)
+    return cand.roof_probe(first, feed, {"x": feed["x"][:1]}, BATCH, mlp(), ["x"], target, built_in_s)
 
 
-def test_a_candidate_at_the_machines_peak_leaves_the_others_unbuilt_and_says_what_it_measured(first):
+def test_a_candidate_at_the_machines_peak_leaves_the_others_unbuilt_and_says_what_it_measured(first, monkeypatch):
+    assert probe(first, peak_tflops=1e-6) is None  # the MLP runs in microseconds: overhead, not arithmetic
+    monkeypatch.setattr(cand, "PROBE_MIN_RUN_S", 0.0)
     reason = probe(first, peak_tflops=1e-6)  # a machine that multiplies at 1 MFLOP/s: any model is at its roof
     assert reason.startswith("not built: fp32-onnxruntime already computes at")
     gflop = 2 * BATCH * DEPTH * WIDTH * WIDTH / 1e9  # FlopCounterMode's count of the three matmuls
@@ -51,18 +53,21 @@ def test_a_candidate_at_the_machines_peak_leaves_the_others_unbuilt_and_says_wha
     assert reason.endswith("--recipe {recipe} builds it")  # each skipped candidate names its own recipe
 
 
-def test_far_from_the_peak_or_not_this_cpu_or_not_fp32_builds_every_candidate(first):
+def test_far_from_the_peak_or_not_this_cpu_or_not_fp32_or_a_quick_build_builds_every_candidate(first, monkeypatch):
+    monkeypatch.setattr(cand, "PROBE_MIN_RUN_S", 0.0)
     assert probe(first, peak_tflops=1e6) is None  # a machine a million times faster: plenty to gain
+    assert probe(first, peak_tflops=1e-6, built_in_s=cand.PROBE_AFTER_S / 2) is None  # the others build in seconds
     assert probe(first, peak_tflops=1e-6, device="cuda") is None  # the CPU's timing says nothing of a GPU
     int8 = cand.Candidate(load_recipe("int8-onnxruntime"))
     int8.runner = first.runner
     target = get_target("cpu").model_copy(update={"peak_tflops": {"fp32": 1e-6}})
     feed = {"x": np.ones((BATCH, WIDTH), np.float32)}
-    assert cand.roof_probe(int8, feed, {"x": feed["x"][:1]}, BATCH, mlp(), ["x"], target) is None  # peak is fp32's
+    assert cand.roof_probe(int8, feed, {"x": feed["x"][:1]}, BATCH, mlp(), ["x"], target, 600.0) is None  # fp32's peak
 
 
 def test_a_build_skips_the_rest_once_the_first_is_at_the_roof_and_the_report_says_so(tmp_path, monkeypatch):
-    monkeypatch.setattr(cand, "ROOF_SHARE", 0.0)  # every first candidate is at the roof: the wiring, not the timing
+    for name in ("ROOF_SHARE", "PROBE_AFTER_S", "PROBE_MIN_RUN_S"):  # every first candidate is at the roof: the
+        monkeypatch.setattr(cand, name, 0.0)                         # wiring is tested, not the timing
     result = infopt.build(mlp(), inputs=[f"x:float32[batch,{WIDTH}]"], dims=["batch=1:16:32"], batch_sizes=[1],
                           output=tmp_path / "mlp", progress=False)
     rows = {c["recipe"]: c for c in result.manifest.candidates}

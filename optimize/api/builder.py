@@ -554,11 +554,12 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
                                  fix="build on a machine that has what is missing, or choose another --backend or precision")
     errors = []
     shared = SharedPrefixes([c.recipe for c in runnable])
-    probed = False
+    probed, started = False, time.perf_counter()
     for c in runnable:
         if not probed and any(o.status == "built" for o in runnable):
             probed = True
-            if reason := _probe(next(o for o in runnable if o.status == "built"), check_batches, module, artifact, target):
+            first = next(o for o in runnable if o.status == "built")
+            if reason := _probe(first, check_batches, module, artifact, target, time.perf_counter() - started):
                 for o in runnable[runnable.index(c):]:
                     o.status, o.reason = "skipped", reason.format(recipe=o.label)
                 break
@@ -584,7 +585,7 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
     return candidates
 
 
-def _probe(first, check_batches, module, artifact, target) -> str | None:
+def _probe(first, check_batches, module, artifact, target, built_in_s: float) -> str | None:
     """:func:`candidates.roof_probe` on the first check batch, or None where there is none."""
     if not check_batches:
         return None
@@ -592,7 +593,7 @@ def _probe(first, check_batches, module, artifact, target) -> str | None:
     batched = {t.name for t in spec.inputs if t.shape and t.shape[0] == spec.batch_symbol} if spec.batch_symbol else set()
     batch = int(feed[next(iter(batched))].shape[0]) if batched else 1
     one = {name: value[:1] if name in batched else value for name, value in feed.items()}
-    return cand.roof_probe(first, feed, one, batch, module, spec.names, target)
+    return cand.roof_probe(first, feed, one, batch, module, spec.names, target, built_in_s)
 
 
 def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None,

@@ -11,6 +11,7 @@ report says so.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,16 +90,24 @@ all-MiniLM-L6-v2 ran at 52-62 % and keeps its candidates."""
 
 PROBE_RUNS = 3
 """timed runs of the probe after its warm-up; the fastest counts (a slow spell of the machine only slows)"""
+PROBE_AFTER_S = 30.0
+"""the probe runs only where the first candidate took at least this long to build: where builds take seconds,
+building the others costs less than being wrong about them"""
+PROBE_MIN_RUN_S = 0.01
+"""a run shorter than this is the runtime's overhead as much as arithmetic: its FLOP rate says nothing"""
 
 
-def roof_probe(first: Candidate, feed: dict, one: dict, batch: int, module, names, target) -> str | None:
+def roof_probe(first: Candidate, feed: dict, one: dict, batch: int, module, names, target,
+               built_in_s: float = math.inf) -> str | None:
     """Why the candidates after ``first`` are not worth building, or None: ``first``'s FLOP rate on ``feed`` (the
     fastest of ``PROBE_RUNS`` runs after a warm-up) against the target's fp32 peak, where the target is this CPU
-    and the build is FP32. FLOPs are counted on the eager module on ``one`` (``feed`` at batch 1), times ``batch``."""
+    and the build is FP32, and ``first`` took ``PROBE_AFTER_S`` or more to build (``built_in_s``). FLOPs are counted
+    on the eager module on ``one`` (``feed`` at batch 1), times ``batch``."""
     from infopt.validators.roofline import count_work
 
     peak = (target.peak_tflops or {}).get("fp32")
-    if target.device != "cpu" or not peak or module is None or first.recipe.precision != "fp32":
+    if (target.device != "cpu" or not peak or module is None or first.recipe.precision != "fp32"
+            or built_in_s < PROBE_AFTER_S):
         return None
     flops = count_work(module, one, names, 0, batch=1).get("flops_per_sample")
     if not flops:
@@ -106,7 +115,7 @@ def roof_probe(first: Candidate, feed: dict, one: dict, batch: int, module, name
     first.runner.run(feed)
     seconds = min(timing.host_timer(first.runner.run, feed) for _ in range(PROBE_RUNS))
     share = flops * batch / seconds / (peak * 1e12)
-    if share < ROOF_SHARE:
+    if seconds < PROBE_MIN_RUN_S or share < ROOF_SHARE:
         return None
     return (f"not built: {first.label} already computes at {share:.0%} of this machine's measured fp32 matmul peak "
             f"({flops * batch / 1e9:.0f} GFLOP in {seconds:.2f} s at batch {batch}), so another backend has little "
