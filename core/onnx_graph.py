@@ -67,22 +67,47 @@ def external_files(path: Path) -> set[str]:
             for entry in t.external_data if entry.key == "location"}
 
 
+def load_graph(path: Path):
+    """The model at ``path`` without the tensors it keeps beside it: kilobytes for a pass that changes only the
+    graph. Save it with :func:`save_graph`, which puts those tensors beside the new file."""
+    import onnx
+
+    return onnx.load(str(path), load_external_data=False)
+
+
+def save_graph(model, source: Path, dst: Path) -> Path:
+    """Save ``model``, loaded from ``source`` by :func:`load_graph` (its tensors' file still beside ``source``), at
+    ``dst``, the tensors' file copied beside it as ``<dst name>.data`` (by the kernel, without reading the
+    tensors into memory) and the graph's references renamed to match. A model with every tensor inside it is
+    saved as it is. (Not hard-linked: ``onnx.load`` refuses a tensors' file with several links.)"""
+    import onnx
+
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    locations = {entry.value for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
+                 for entry in t.external_data if entry.key == "location"}
+    renamed = dst.name + ".data"
+    for location in locations:
+        if len(locations) > 1:
+            renamed = location
+        if Path(source).parent / location != dst.parent / renamed:
+            shutil.copyfile(Path(source).parent / location, dst.parent / renamed)
+    if len(locations) == 1:
+        for tensor in model.graph.initializer:
+            for entry in tensor.external_data:
+                if entry.key == "location":
+                    entry.value = renamed
+    onnx.save(model, str(dst))
+    return dst
+
+
 def place_model(source: Path, dst: Path) -> Path:
     """The ONNX model at ``source`` (and its tensors' file) at ``dst``, its tensors in ``<dst name>.data`` where
-    it keeps them beside it. Where the names already agree the files are copied as they are (by the kernel, without
-    reading the tensors into memory); otherwise the model is saved again under the new name. (Not hard-linked:
-    ``onnx.load`` refuses a tensors' file with several links.)"""
+    it keeps them beside it: the files are copied, and the graph's references renamed where the name changes."""
     dst.parent.mkdir(parents=True, exist_ok=True)
-    beside = external_files(source)
-    if not beside:
+    if not external_files(source):
         shutil.copyfile(source, dst)
-    elif beside == {source.name + ".data"} and source.name == dst.name:
-        shutil.copyfile(source, dst)
-        shutil.copyfile(source.with_name(source.name + ".data"), dst.with_name(dst.name + ".data"))
     else:
-        import onnx_ir as ir
-
-        save_ir(ir.load(str(source)), dst)
+        save_graph(load_graph(source), source, dst)
     return dst
 
 

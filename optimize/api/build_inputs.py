@@ -38,10 +38,23 @@ def raw_reader(loaded, tokenizer: str | None):
     return read
 
 
-def validation_batches(spec, val, max_samples, module, calib=None, reader=None):
+RANDOM_BATCHES = 4
+"""random batches (at the dims' opt) drift is measured on without --val data, where each is quick to run"""
+RANDOM_EAGER_S = 5.0
+"""...and as many as the eager model runs in about this long, at least one, where each is not: BERT-large's
+batch of 8 at sequence 128 took 3 s here, and every candidate runs each batch again"""
+
+
+def random_batch_count(forward_s: float) -> int:
+    """How many random validation batches: ``RANDOM_BATCHES``, fewer where one eager run (``forward_s``, at the
+    dims' opt) is slow."""
+    return max(1, min(RANDOM_BATCHES, int(RANDOM_EAGER_S / forward_s) if forward_s > 0 else RANDOM_BATCHES))
+
+
+def validation_batches(spec, val, max_samples, module, calib=None, reader=None, random_batches: int = RANDOM_BATCHES):
     """The inputs drift is measured on: ``val`` (sample files, or raw files the model's task reads);
     else calibration samples held out of the draw (a model calibrated on real data is judged on real
-    data, not noise); else random inputs."""
+    data, not noise); else ``random_batches`` random inputs."""
 
     if val is not None and reader is not None and reader(val, spec) is not None:
         return load_calibration(val, spec, samples=max_samples, reader=reader).batches, str(val)
@@ -50,7 +63,7 @@ def validation_batches(spec, val, max_samples, module, calib=None, reader=None):
     if calib is not None and calib.held_out:
         return calib.held_out, f"{calib.source} (held out of calibration)"
     high = id_high(module)
-    return [random_feed(spec, seed=seed, int_high=high) for seed in range(4)], "random"
+    return [random_feed(spec, seed=seed, int_high=high) for seed in range(random_batches)], "random"
 
 
 def latency_feeds(spec, recipe, module):

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from infopt.api import candidates as cand
 from infopt.api import flags, provenance, task_choice
-from infopt.api.build_inputs import latency_feeds, raw_reader, validation_batches
+from infopt.api.build_inputs import latency_feeds, random_batch_count, raw_reader, validation_batches
 from infopt.api.build_notes import noise_notes, pass_notes, server_engine, shipped_precision
 from infopt.api.build_result import BuildResult, load  # noqa: F401 - load: infopt.load
 from infopt.api.emit import SAMPLES_FILE, base_manifest, read_samples, source_info, store_samples, write_output
@@ -275,7 +275,9 @@ def _build_claimed(loaded, ctx: BuildRequest) -> BuildResult:
     artifact = loaded.with_spec(spec)
     reference = reference_runner(loaded, spec)
     with ctx.times.step("forward check"):
+        started = time.perf_counter()
         probe = check_forward(reference, spec, loaded.module)
+        ctx.forward_s = time.perf_counter() - started
     if not artifact.output_names:
         artifact.output_names = ("output",) if len(probe) == 1 else tuple(f"output_{i}" for i in range(len(probe)))
 
@@ -360,6 +362,8 @@ class BuildRequest:
     """turns raw --val and --calib files into samples (see :func:`raw_reader`)"""
     times: StepTimes = field(default_factory=StepTimes)
     """seconds per step, for the manifest's ``timings``"""
+    forward_s: float = 0.0
+    """one eager run at the dims' opt (the forward check), which sizes the random validation data"""
     settings: BuildSettings = field(default_factory=BuildSettings)
     """what the build was asked for that passes take (the flags), given to every pass's pipeline"""
 
@@ -369,7 +373,8 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
     val, max_samples, console = ctx.val, ctx.max_samples, ctx.console
 
     with ctx.times.step("validation data"):
-        batches, source = validation_batches(spec, val, max_samples, loaded.module, ctx.calib, ctx.reader)
+        batches, source = validation_batches(spec, val, max_samples, loaded.module, ctx.calib, ctx.reader,
+                                             random_batch_count(ctx.forward_s))
     checked_on = f"{len(batches)} random batches (no --val data)" if source == "random" else source
     max_batch = spec.dims[spec.batch_symbol].max if spec.batch_symbol else 1
     batches = list(split_batches(batches, spec, max_batch))

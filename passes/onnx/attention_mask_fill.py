@@ -49,6 +49,8 @@ def _scalar_constants(graph) -> dict[str, np.ndarray]:
     tensors = [(i.name, i) for i in graph.initializer]
     tensors += [(n.output[0], a.t) for n in graph.node if n.op_type == "Constant" for a in n.attribute if a.name == "value"]
     for name, tensor in tensors:
+        if tensor.data_location == tensor.EXTERNAL:  # not loaded (a graph read without its tensors): no scalar
+            continue
         if tensor.data_type in (1, 10, 11) and int(np.prod(tensor.dims)) == 1:  # float, float16, double
             found[name] = numpy_helper.to_array(tensor).reshape(())
     return found
@@ -131,18 +133,16 @@ def fill(model) -> tuple[list[float], int]:
 
 
 def run(artifact: Artifact, options: PassOptions, context: PassContext) -> PassOutcome:
-    import onnx
-
     if context.target.device != "cpu":
         return PassOutcome(artifact, False, [f"skipped: target {context.target.name} is not a CPU "
                                              f"(the masked-Softmax slow path is ONNX Runtime's CPU kernel)"])
-    model = onnx.load(str(artifact.path))
+    model = onnx_graph.load_graph(artifact.path)  # the graph only: the mask's constant is a scalar inside it
     onnx_graph.ensure_node_names(model)
     replaced, softmax = fill(model)
     if not replaced:
         return PassOutcome(artifact, False, ["no additive attention mask with a large negative fill feeds a Softmax"])
-    check_for_onnxruntime(model)
-    path = onnx_graph.save_model(model, context.workdir / "attention-mask-fill.onnx")
+    path = onnx_graph.save_graph(model, artifact.path, context.workdir / "attention-mask-fill.onnx")
+    check_for_onnxruntime(path)
     values = sorted({f"{v:.3g}" for v in replaced})
     return PassOutcome(artifact.derive("onnx", path=path), True,
                        [f"{len(replaced)} attention mask(s), added before {softmax} Softmax node(s), filled with "
