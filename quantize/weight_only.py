@@ -33,7 +33,6 @@ import torch
 from torch import nn
 
 from infopt.core.errors import UsageError
-from infopt.core.memory import drop_file_pages
 from infopt.quantize import awq, gptq, rtn  # noqa: F401 - each registers its method's handler
 from infopt.quantize.int4_config import Int4Config, Int4MethodConfig, as_method_config
 from infopt.quantize.int4_format import (
@@ -196,8 +195,6 @@ def calibrate_int4(model: nn.Module, config: Int4MethodConfig | Int4Config,
                 progress(f"layer {len(result.layers) + 1}/{len(names)} {name}{eta(started, len(result.layers), len(names))}")
             layer = model.get_submodule(name)
             _record(result, name, layer, None, config.model_copy(update={"group_size": plan.group_sizes[name]}), method)
-            if inplace:  # its stored weights are not read again: a checkpoint's mapped pages go back
-                drop_file_pages(layer.weight)
         if inplace:
             apply_int4(model, result.weights)
         return result
@@ -232,8 +229,6 @@ def calibrate_int4(model: nn.Module, config: Int4MethodConfig | Int4Config,
             weight = _record(result, name, layer, stats[name],
                              config.model_copy(update={"group_size": plan.group_sizes[name]}), method)
             replace_module(work, name, Int4Linear(weight, layer.bias).to(device))
-            if inplace:
-                drop_file_pages(layer.weight)
         if block is not None and inputs is not None:
             inputs = _block_outputs(block, inputs)  # the next block's inputs: this one's, quantized, on them
     if inplace:
