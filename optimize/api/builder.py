@@ -422,8 +422,9 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
                                         clock.left_after(time.perf_counter() - latency_start))
     final, recipe = chosen.artifact, chosen.recipe
     notes = pass_notes(final.lineage) + [f"{name}: {why}" for name, why in timings.dropped.items()]
+    budget_notes = []
     if row_s < lat_cfg.seconds or untimed:
-        notes.append(f"timed within a budget of {clock.describe()}: {row_s:.1f} s per latency row, each at least "
+        budget_notes.append(f"timed within a budget of {clock.describe()}: {row_s:.1f} s per latency row, each at least "
                      f"{MIN_LATENCY_RUNS} runs however long they lasted" + (
                          f"; the curve left out batch {', '.join(map(str, untimed))}: its predicted time did not fit "
                          "what the latency step left" if untimed else ""))
@@ -446,7 +447,7 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
     validation = {"device": cand.runner_description(chosen.runner), "runs_on": chosen.runner.device, "notes": notes,
                   "drift": chosen.drift.to_json(),
                   "latency": latency, "curve": curve, "work": work,
-                  "timing_notes": noise_notes(timings.of("eager") + timings.of(chosen.label)),
+                  "timing_notes": noise_notes(timings.of("eager") + timings.of(chosen.label)) + budget_notes,
                   "verdict": chosen.verdict.to_json()}
     names = tuple(o[0] for o in chosen.outputs)
     origin = source_info(loaded.source, loaded.format, loaded.module if loaded.source is None else None)

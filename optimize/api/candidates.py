@@ -27,6 +27,7 @@ from infopt.runtime import backends
 from infopt.runtime.runner import Runner
 from infopt.validators import timing
 from infopt.validators.range_ends import RangeFailure
+from infopt.validators.roofline import count_work
 from infopt.validators.timing import Timings, mix_text, weighted_geomean
 
 
@@ -103,8 +104,6 @@ def roof_probe(first: Candidate, feed: dict, one: dict, batch: int, module, name
     fastest of ``PROBE_RUNS`` runs after a warm-up) against the target's fp32 peak, where the target is this CPU
     and the build is FP32, and ``first`` took ``PROBE_AFTER_S`` or more to build (``built_in_s``). FLOPs are counted
     on the eager module on ``one`` (``feed`` at batch 1), times ``batch``."""
-    from infopt.validators.roofline import count_work
-
     peak = (target.peak_tflops or {}).get("fp32")
     if (target.device != "cpu" or not peak or module is None or first.recipe.precision != "fp32"
             or built_in_s < PROBE_AFTER_S):

@@ -125,6 +125,7 @@ def write_reports(stage: Path, manifest: Manifest) -> None:
 
 
 VOLATILE_KEYS = frozenset({"created", "seconds", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "throughput", "speedup",
+                           "speedup_range",
                            "latency", "curve", "triton_tuning", "selection", "variants", "shipped_variant",
                            "memory_bandwidth_gbs", "peak_tflops", "measured", "timing_notes", "timings",
                            "cached"})
