@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_scale import infopt_steps, run_measured  # noqa: E402
-from benchmarks.common import RESULTS, environment  # noqa: E402
+from benchmarks.common import RESULTS, environment, publish  # noqa: E402
 
 INFOPT = Path(sys.executable).with_name("infopt")
 BERT_LARGE = {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096,
@@ -134,10 +134,8 @@ def main() -> None:
                       *side_by_side(shipped, work / "bare" / "optimized.onnx")]
     text = "\n".join(["## An encoder at its deployed size: BERT-large, default build against the bare script (CPU)", "",
                       "`python benchmarks/bench_encoder_scale.py`", "", *lines, "",
-                      *(f"- {line}" for line in environment())]) + "\n"
-    print(text)
-    args.markdown.parent.mkdir(parents=True, exist_ok=True)
-    args.markdown.write_text(text)
+                      *(f"- {line}" for line in environment())])
+    publish(text, args.markdown)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_generation import pct, same_threads, time_round  # noqa: E402
-from benchmarks.common import RESULTS, environment  # noqa: E402
+from benchmarks.common import RESULTS, environment, publish  # noqa: E402
 from tests.checkpoints import CONFIGS, write_checkpoint  # noqa: E402
 
 INFOPT = Path(sys.executable).with_name("infopt")
@@ -168,10 +168,8 @@ def main() -> None:
                     print(f"{r['tool']} {r['precision']} {r['status']}:\n{r['stderr']}", flush=True)
     text = "\n".join(["## Real sizes: text-generation builds against ONNX Runtime GenAI's builder (CPU)", "",
                       "`python benchmarks/bench_scale.py`", "", *lines, "",
-                      *(f"- {line}" for line in environment())]) + "\n"
-    print(text)
-    args.markdown.parent.mkdir(parents=True, exist_ok=True)
-    args.markdown.write_text(text)
+                      *(f"- {line}" for line in environment())])
+    publish(text, args.markdown)
 
 
 if __name__ == "__main__":

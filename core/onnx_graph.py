@@ -83,19 +83,15 @@ def save_graph(model, source: Path, dst: Path) -> Path:
     import onnx
 
     dst.parent.mkdir(parents=True, exist_ok=True)
-    locations = {entry.value for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
-                 for entry in t.external_data if entry.key == "location"}
-    renamed = dst.name + ".data"
-    for location in locations:
-        if len(locations) > 1:
-            renamed = location
-        if Path(source).parent / location != dst.parent / renamed:
-            shutil.copyfile(Path(source).parent / location, dst.parent / renamed)
-    if len(locations) == 1:
-        for tensor in model.graph.initializer:
-            for entry in tensor.external_data:
-                if entry.key == "location":
-                    entry.value = renamed
+    entries = [entry for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
+               for entry in t.external_data if entry.key == "location"]
+    locations = {entry.value for entry in entries}
+    names = {location: dst.name + ".data" if len(locations) == 1 else location for location in locations}
+    for location, name in names.items():
+        if Path(source).parent / location != dst.parent / name:
+            shutil.copyfile(Path(source).parent / location, dst.parent / name)
+    for entry in entries:
+        entry.value = names[entry.value]
     onnx.save(model, str(dst))
     return dst
 

@@ -30,6 +30,14 @@ class StepTimes:
         finally:
             self.add(name, time.perf_counter() - start)
 
+    def seconds(self, name: str) -> float:
+        """Seconds the steps named ``name`` took so far, together."""
+        return sum(s["seconds"] for s in self.steps if s["step"] == name)
+
+    def elapsed(self) -> float:
+        """Seconds since the build started."""
+        return time.perf_counter() - self.started
+
     def to_json(self) -> dict[str, Any]:
         return {"total_s": round(time.perf_counter() - self.started, 3), "steps": list(self.steps)}
 

@@ -11,11 +11,13 @@ import torch
 
 import infopt
 from infopt.api import candidates as cand
+from infopt.core.inputspec import InputSpec
 from infopt.core.recipe import load_recipe
 from infopt.core.target import get_target
 from infopt.runtime.backends.onnxruntime import OrtRunner
 
 WIDTH, DEPTH, BATCH = 256, 3, 16
+SPEC = InputSpec.parse([f"x:float32[batch,{WIDTH}]"], ["batch=1:16:32"])
 
 
 def mlp() -> torch.nn.Module:
@@ -40,7 +42,7 @@ def first(tmp_path_factory):
 def probe(first, peak_tflops: float, device: str = "cpu", built_in_s: float = 600.0):
     feed = {"x": np.random.default_rng(0).standard_normal((BATCH, WIDTH)).astype(np.float32)}
     target = get_target("cpu").model_copy(update={"peak_tflops": {"fp32": peak_tflops}, "device": device})
-    return cand.roof_probe(first, feed, {"x": feed["x"][:1]}, BATCH, mlp(), ["x"], target, built_in_s)
+    return cand.roof_probe(first, feed, SPEC, mlp(), target, built_in_s)
 
 
 def test_a_candidate_at_the_machines_peak_leaves_the_others_unbuilt_and_says_what_it_measured(first, monkeypatch):
@@ -62,7 +64,7 @@ def test_far_from_the_peak_or_not_this_cpu_or_not_fp32_or_a_quick_build_builds_e
     int8.runner = first.runner
     target = get_target("cpu").model_copy(update={"peak_tflops": {"fp32": 1e-6}})
     feed = {"x": np.ones((BATCH, WIDTH), np.float32)}
-    assert cand.roof_probe(int8, feed, {"x": feed["x"][:1]}, BATCH, mlp(), ["x"], target, 600.0) is None  # fp32's peak
+    assert cand.roof_probe(int8, feed, SPEC, mlp(), target, 600.0) is None  # the peak is fp32's
 
 
 def test_a_build_skips_the_rest_once_the_first_is_at_the_roof_and_the_report_says_so(tmp_path, monkeypatch):

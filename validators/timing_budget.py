@@ -8,7 +8,7 @@ the latency step gets ``LATENCY_PART`` of it, split evenly over its runners and 
 more than the recipe's ``seconds``), and the curve what the latency step left. Each latency row still
 takes its least runs (``MIN_LATENCY_RUNS``, two ABBA trials) however long they last, so a budget
 can be overrun by those; the curve then times only the batch sizes whose predicted cost fits what is
-left, and the manifest's notes say which were left out, and the budget.
+left, and the manifest's ``timing_notes`` say which were left out, and the budget.
 """
 
 from __future__ import annotations

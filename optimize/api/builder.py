@@ -15,6 +15,7 @@ from infopt.api import flags, provenance, task_choice
 from infopt.api.build_inputs import latency_feeds, random_batch_count, raw_reader, validation_batches
 from infopt.api.build_notes import noise_notes, pass_notes, server_engine, shipped_precision
 from infopt.api.build_result import BuildResult, load  # noqa: F401 - load: infopt.load
+from infopt.api.curve import measure_curve
 from infopt.api.emit import SAMPLES_FILE, base_manifest, read_samples, source_info, store_samples, write_output
 from infopt.api.generation import build_generation, validate_generation
 from infopt.api.provenance import call_text, check_files
@@ -24,7 +25,7 @@ from infopt.core.errors import BuildError, EnvironmentProblem, InputSpecError, U
 from infopt.core.inputspec import InputSpec, parse_dim
 from infopt.core.manifest import data_sha256, model_bytes, read_manifest
 from infopt.core.pipeline import Pipeline, SharedPrefixes
-from infopt.core.recipe import MIN_CURVE_RUNS, MIN_LATENCY_RUNS, Recipe, load_recipe, recipes_for
+from infopt.core.recipe import MIN_LATENCY_RUNS, Recipe, load_recipe, recipes_for
 from infopt.core.registry import BuildSettings
 from infopt.core.sample_inputs import capture_feed, id_high, random_feed
 from infopt.core.step_times import StepTimes
@@ -46,7 +47,7 @@ from infopt.validators import machine, timing
 from infopt.validators.data import spec_from_samples, split_batches
 from infopt.validators.range_ends import check_range_ends, range_ends
 from infopt.validators.roofline import count_work
-from infopt.validators.timing_budget import TimingBudget, predicted_seconds
+from infopt.validators.timing_budget import TimingBudget
 from infopt.validators.verdict import judge
 
 DEFAULT_MAX_VAL_SAMPLES = 256
@@ -275,9 +276,7 @@ def _build_claimed(loaded, ctx: BuildRequest) -> BuildResult:
     artifact = loaded.with_spec(spec)
     reference = reference_runner(loaded, spec)
     with ctx.times.step("forward check"):
-        started = time.perf_counter()
         probe = check_forward(reference, spec, loaded.module)
-        ctx.forward_s = time.perf_counter() - started
     if not artifact.output_names:
         artifact.output_names = ("output",) if len(probe) == 1 else tuple(f"output_{i}" for i in range(len(probe)))
 
@@ -362,8 +361,6 @@ class BuildRequest:
     """turns raw --val and --calib files into samples (see :func:`raw_reader`)"""
     times: StepTimes = field(default_factory=StepTimes)
     """seconds per step, for the manifest's ``timings``"""
-    forward_s: float = 0.0
-    """one eager run at the dims' opt (the forward check), which sizes the random validation data"""
     settings: BuildSettings = field(default_factory=BuildSettings)
     """what the build was asked for that passes take (the flags), given to every pass's pipeline"""
 
@@ -374,7 +371,7 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
 
     with ctx.times.step("validation data"):
         batches, source = validation_batches(spec, val, max_samples, loaded.module, ctx.calib, ctx.reader,
-                                             random_batch_count(ctx.forward_s))
+                                             random_batch_count(ctx.times.seconds("forward check")))
     checked_on = f"{len(batches)} random batches (no --val data)" if source == "random" else source
     max_batch = spec.dims[spec.batch_symbol].max if spec.batch_symbol else 1
     batches = list(split_batches(batches, spec, max_batch))
@@ -398,8 +395,7 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
         if status:
             status.update("validating: latency" + (f" of {len(built)} candidates" if len(built) > 1 else ""))
         lat_cfg = built[0].recipe.validation.latency
-        clock = TimingBudget.after(time.perf_counter() - ctx.times.started)
-        latency_start = time.perf_counter()
+        clock = TimingBudget.after(ctx.times.elapsed())
         with ctx.times.step("latency"):
             eager = gpu_eager_runner(loaded, spec, target) or reference
             runners = {"eager": eager.run, **{c.label: c.runner.run for c in built}}
@@ -417,9 +413,9 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
     chosen, why = cand.choose(built, timings, target, ctx.batch_mix)
     chosen.chosen = True
     with ctx.times.step("curve"):
-        curve, untimed = _measure_curve(chosen, spec, loaded.module, console,
-                                        {t.batch: t for t in timings.of(chosen.label)},
-                                        clock.left_after(time.perf_counter() - latency_start))
+        curve, untimed = measure_curve(chosen, spec, loaded.module, console,
+                                       {t.batch: t for t in timings.of(chosen.label)},
+                                       clock.left_after(ctx.times.seconds("latency")))
     final, recipe = chosen.artifact, chosen.recipe
     notes = pass_notes(final.lineage) + [f"{name}: {why}" for name, why in timings.dropped.items()]
     budget_notes = []
@@ -470,65 +466,6 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
     return BuildResult(name, out, manifest, final, candidates)
 
 
-CURVE_WARMUP = 3
-CURVE_WARMUP_S = 0.2
-"""The curve's warm-up: the shipped model is warm from the latency step, and one run at a new batch
-size does its allocations, so it stops after 0.2 s (at least one run)."""
-
-
-def _curve_batches(spec) -> list[int]:
-    """Powers of two from the batch dim's min to its max, and the max: the latency-versus-batch curve."""
-    if spec.batch_symbol is None:
-        return []
-    r = spec.dims[spec.batch_symbol]
-    sizes = {r.max}
-    b = 1
-    while b <= r.max:
-        if b >= r.min:
-            sizes.add(b)
-        b *= 2
-    return sorted(sizes)
-
-
-def _measure_curve(chosen, spec, module, console, timed: dict[int, Any], budget_s: float
-                   ) -> tuple[list[dict[str, Any]], list[int]]:
-    """Latency of the shipped model at each batch size of the curve (Triton tuning and the report's
-    plot), and the batch sizes left out; the sizes the latency step ``timed`` already (same inputs, more
-    runs) are taken from there. The others are timed smallest first while each one's predicted time (a
-    warm-up and the least runs, scaled from the nearest smaller batch's p50) fits in ``budget_s``."""
-    sizes = _curve_batches(spec)
-    if not sizes:
-        return [], []
-    high = id_high(module)
-    stats = list(timed.values())
-    todo = [b for b in sizes if b not in timed]
-    untimed: list[int] = []
-    if todo:
-        status = progress_display.status(console, f"measuring the latency-versus-batch curve ({', '.join(map(str, todo))})")
-        if status:
-            status.start()
-        try:
-            lat = chosen.recipe.validation.latency
-            start = time.perf_counter()
-            for k, b in enumerate(todo):
-                known = {s.batch: s.p50_ms / 1e3 for s in stats}
-                left = budget_s - (time.perf_counter() - start)
-                if predicted_seconds(b, known, 1 + MIN_CURVE_RUNS) > left:
-                    untimed = todo[k:]
-                    break
-                feed = random_feed(spec, int_high=high, **{spec.batch_symbol: b})
-                stats += timing.measure({"infopt": chosen.runner.run}, {b: feed}, warmup=CURVE_WARMUP,
-                                        iterations=lat.curve_iterations, devices={"infopt": chosen.runner.device},
-                                        seconds=min(lat.curve_seconds, left), min_iterations=MIN_CURVE_RUNS,
-                                        min_warmup=1, warmup_s=CURVE_WARMUP_S).stats
-        finally:
-            if status:
-                status.stop()
-    curve = [{k: v for k, v in s.to_json().items() if k != "runner"} for s in sorted(stats, key=lambda s: s.batch)
-             if s.batch in sizes]
-    return curve, untimed
-
-
 def _work(module, spec, model_file: Path) -> dict[str, Any]:
     """FLOPs and bytes per sample, for the report's roofline line."""
     weight_bytes = model_bytes(model_file)
@@ -565,7 +502,9 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
         if not probed and any(o.status == "built" for o in runnable):
             probed = True
             first = next(o for o in runnable if o.status == "built")
-            if reason := _probe(first, check_batches, module, artifact, target, time.perf_counter() - started):
+            reason = cand.roof_probe(first, check_batches[0], artifact.spec, module, target,
+                                     time.perf_counter() - started) if check_batches else None
+            if reason:
                 for o in runnable[runnable.index(c):]:
                     o.status, o.reason = "skipped", reason.format(recipe=o.label)
                 break
@@ -589,17 +528,6 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
     cand.survivors(candidates, allow_partial, target.device)
     cand.drop_duplicates(candidates)
     return candidates
-
-
-def _probe(first, check_batches, module, artifact, target, built_in_s: float) -> str | None:
-    """:func:`candidates.roof_probe` on the first check batch, or None where there is none."""
-    if not check_batches:
-        return None
-    feed, spec = check_batches[0], artifact.spec
-    batched = {t.name for t in spec.inputs if t.shape and t.shape[0] == spec.batch_symbol} if spec.batch_symbol else set()
-    batch = int(feed[next(iter(batched))].shape[0]) if batched else 1
-    one = {name: value[:1] if name in batched else value for name, value in feed.items()}
-    return cand.roof_probe(first, feed, one, batch, module, spec.names, target, built_in_s)
 
 
 def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None,

@@ -86,7 +86,8 @@ others little worth their build: the model is already about as fast as this mach
 backend's gain lies in the few ops that are not matmuls, while its build costs minutes. Measured here (2 cores,
 peak 0.24-0.29 TFLOP/s, 2026-11-27): BERT-large through ONNX Runtime at batch 8 ran at 75-95 % of the peak, and
 AOTInductor, which took 97 s to compile it, within 10 % of it (within the noise of the timing);
-all-MiniLM-L6-v2 ran at 52-62 % and keeps its candidates. 0.65 lies between the two."""
+all-MiniLM-L6-v2 at 52-62 % (its batch-8 p50 of 152 ms against that range of peaks) keeps its candidates. 0.65
+lies between the two."""
 
 
 PROBE_RUNS = 3
@@ -98,17 +99,19 @@ PROBE_MIN_RUN_S = 0.01
 """a run shorter than this is the runtime's overhead as much as arithmetic: its FLOP rate says nothing"""
 
 
-def roof_probe(first: Candidate, feed: dict, one: dict, batch: int, module, names, target,
-               built_in_s: float = math.inf) -> str | None:
+def roof_probe(first: Candidate, feed: dict, spec, module, target, built_in_s: float = math.inf) -> str | None:
     """Why the candidates after ``first`` are not worth building, or None: ``first``'s FLOP rate on ``feed`` (the
     fastest of ``PROBE_RUNS`` runs after a warm-up) against the target's fp32 peak, where the target is this CPU
     and the build is FP32, and ``first`` took ``PROBE_AFTER_S`` or more to build (``built_in_s``). FLOPs are counted
-    on the eager module on ``one`` (``feed`` at batch 1), times ``batch``."""
+    on the eager module on ``feed`` at batch 1 (the inputs whose first dim is the batch, sliced), times the batch."""
     peak = (target.peak_tflops or {}).get("fp32")
     if (target.device != "cpu" or not peak or module is None or first.recipe.precision != "fp32"
             or built_in_s < PROBE_AFTER_S):
         return None
-    flops = count_work(module, one, names, 0, batch=1).get("flops_per_sample")
+    batched = {t.name for t in spec.inputs if t.shape and t.shape[0] == spec.batch_symbol} if spec.batch_symbol else set()
+    batch = int(feed[next(iter(batched))].shape[0]) if batched else 1
+    one = {name: value[:1] if name in batched else value for name, value in feed.items()}
+    flops = count_work(module, one, spec.names, 0, batch=1).get("flops_per_sample")
     if not flops:
         return None
     first.runner.run(feed)

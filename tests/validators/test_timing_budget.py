@@ -43,7 +43,7 @@ class BatchTimed(torch.nn.Module):
 
 
 def test_the_curve_times_what_fits_smallest_first_and_names_what_it_left_out():
-    from infopt.api.builder import _measure_curve
+    from infopt.api.curve import measure_curve
     from infopt.validators.timing import summarize
 
     spec = InputSpec.parse(["x:float32[batch,4]"], ["batch=1:8:32"])
@@ -52,10 +52,10 @@ def test_the_curve_times_what_fits_smallest_first_and_names_what_it_left_out():
     chosen = SimpleNamespace(runner=runner, recipe=SimpleNamespace(validation=SimpleNamespace(latency=latency)))
     timed = {1: summarize("infopt", 1, [0.01] * 4), 8: summarize("infopt", 8, [0.08] * 4)}
     # batch 2 and 4 fit (predicted 0.08 s and 0.16 s, warm-up included); batch 16 would take 1.28 s
-    curve, untimed = _measure_curve(chosen, spec, BatchTimed(), None, timed, budget_s=1.0)
+    curve, untimed = measure_curve(chosen, spec, BatchTimed(), None, timed, budget_s=1.0)
     assert [p["batch"] for p in curve] == [1, 2, 4, 8] and untimed == [16, 32]
     measured = {p["batch"]: p for p in curve}
     assert measured[4]["p50_ms"] >= 40.0 and measured[4]["iterations"] >= MIN_CURVE_RUNS
 
-    curve, untimed = _measure_curve(chosen, spec, BatchTimed(), None, timed, budget_s=100.0)
+    curve, untimed = measure_curve(chosen, spec, BatchTimed(), None, timed, budget_s=100.0)
     assert [p["batch"] for p in curve] == [1, 2, 4, 8, 16, 32] and untimed == []
