@@ -90,8 +90,11 @@ all-MiniLM-L6-v2 at 52-62 % (its batch-8 p50 of 152 ms against that range of pea
 lies between the two."""
 
 
-PROBE_RUNS = 3
-"""timed runs of the probe after its warm-up; the fastest counts (a slow spell of the machine only slows)"""
+PROBE_RUNS = 2
+"""timed runs of the probe, the first (the session's warm-up) included; the fastest counts (a slow spell of the
+machine, or a first run's allocations, only slow a run down, so the figure errs toward building the others).
+BERT-large at batch 8 ran 2.6-3.4 s a run here, at 75-95 % of the peak: two runs decide it as three did, 5 s
+sooner."""
 PROBE_AFTER_S = 30.0
 """the probe runs only where the first candidate took at least this long to build: where builds take seconds,
 building the others costs less than being wrong about them"""
@@ -101,7 +104,7 @@ PROBE_MIN_RUN_S = 0.01
 
 def roof_probe(first: Candidate, feed: dict, spec, module, target, built_in_s: float = math.inf) -> str | None:
     """Why the candidates after ``first`` are not worth building, or None: ``first``'s FLOP rate on ``feed`` (the
-    fastest of ``PROBE_RUNS`` runs after a warm-up) against the target's fp32 peak, where the target is this CPU
+    fastest of ``PROBE_RUNS`` runs) against the target's fp32 peak, where the target is this CPU
     and the build is FP32, and ``first`` took ``PROBE_AFTER_S`` or more to build (``built_in_s``). FLOPs are counted
     on the eager module on ``feed`` at batch 1 (the inputs whose first dim is the batch, sliced), times the batch."""
     peak = (target.peak_tflops or {}).get("fp32")
@@ -114,7 +117,6 @@ def roof_probe(first: Candidate, feed: dict, spec, module, target, built_in_s: f
     flops = count_work(module, one, spec.names, 0, batch=1).get("flops_per_sample")
     if not flops:
         return None
-    first.runner.run(feed)
     seconds = min(timing.host_timer(first.runner.run, feed) for _ in range(PROBE_RUNS))
     share = flops * batch / seconds / (peak * 1e12)
     if seconds < PROBE_MIN_RUN_S or share < ROOF_SHARE:
