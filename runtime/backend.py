@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 from infopt.core.errors import UsageError
 from infopt.core.plugins import Registry
 from infopt.runtime.runner import Runner
+from infopt.runtime.worker import WorkerRunner
 
 
 def _always(precision: str, device: str) -> str | None:
@@ -56,6 +57,9 @@ class Backend:
     ``cuda_graphs=None`` lets it choose, True or False says"""
     checks: Callable[[], list[dict[str, Any]]] = lambda: []
     """``infopt doctor``'s rows for what it needs on this machine (``check(...)`` each)"""
+    fenced: Callable[[str], bool] = lambda device: False
+    """``fenced(device)``: whether a build, ``validate`` and ``gate`` run its runner on ``device`` in a worker
+    process (``runtime/worker.py``), because its native code can crash the process that runs it"""
 
 
 BACKENDS: Registry[Backend] = Registry("backend", lambda b: b.name)
@@ -78,9 +82,14 @@ def for_runner(runner: Runner) -> Backend | None:
 
 
 def runner_for_file(path: str | Path, input_names: Sequence[str] = (), output_names: Sequence[str] = (),
-                    threads: int = 0, device: str = "cpu", cuda_graphs: bool | None = None) -> Runner:
+                    threads: int = 0, device: str = "cpu", cuda_graphs: bool | None = None,
+                    fenced: bool = False) -> Runner:
     """The runner for a model file, by the backend whose suffix it has; ``cuda_graphs`` reaches the
-    backends whose runners replay graphs (None: their own choice, which is on for a CUDA model)."""
+    backends whose runners replay graphs (None: their own choice, which is on for a CUDA model). ``fenced``:
+    in a worker process (``runtime/worker.py``) where the backend says its native code needs it on ``device``
+    (``Backend.fenced``); in this process otherwise."""
     backend = for_file(path)
     options = {"cuda_graphs": cuda_graphs} if backend.graphs else {}
+    if fenced and backend.fenced(device):
+        return WorkerRunner(path, input_names, output_names, threads, device, options, opener=backend.open_runner)
     return backend.open_runner(Path(path), input_names, output_names, threads=threads, device=device, **options)

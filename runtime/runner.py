@@ -21,6 +21,9 @@ class Runner:
     device = "cpu"
     input_names: tuple[str, ...] = ()
     output_names: tuple[str, ...] = ()
+    clock = None
+    """``clock(fn, feed) -> seconds`` where a run must be timed where it runs (a worker process's runner,
+    ``runtime/worker.py``); None: the caller's host clock or CUDA events time ``run``"""
 
     def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
         raise NotImplementedError

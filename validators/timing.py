@@ -51,6 +51,7 @@ from typing import Callable
 import numpy as np
 
 from infopt.core.manifest_schema import LatencyRow
+from infopt.runtime.clocks import cuda_timer, host_timer
 
 BLOCKS = 5
 """blocks each runner's timed runs are split into (fewer when there are fewer runs)"""
@@ -132,26 +133,6 @@ def summarize(runner: str, batch: int, seconds: list[float], block_medians: list
     return LatencyStats(runner=runner, batch=batch, p50_ms=p50, p90_ms=p90, p99_ms=max(p90, p99), mean_ms=float(ms.mean()),
                         throughput=batch / (p50 / 1e3) if p50 > 0 else 0.0, iterations=len(ms), blocks=len(blocks),
                         spread=spread)
-
-
-def host_timer(fn: Callable[[dict], object], feed: dict) -> float:
-    """Seconds one call takes on the host clock."""
-    start = time.perf_counter()
-    fn(feed)
-    return time.perf_counter() - start
-
-
-def cuda_timer(fn: Callable[[dict], object], feed: dict) -> float:
-    """Seconds one call takes on the GPU: CUDA events around it, after a synchronize."""
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    fn(feed)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3
 
 
 def median_pinned(seconds: list[float], tolerance: float, z: float = 1.96) -> bool:
@@ -250,17 +231,20 @@ def measure(runners: dict[str, Callable[[dict], object]], feeds: dict[int, dict[
             min_iterations: int = 5, tolerance: float = TOLERANCE, min_warmup: int = MIN_WARMUP,
             warmup_s: float = WARMUP_S, min_block_s: float = MIN_BLOCK_S, baseline: str | None = None,
             confidence: float = 0.95, drop_slower: float | None = None, devices: dict[str, str] | None = None,
-            timer: Timer | None = None, progress: Callable[[str], None] | None = None) -> Timings:
+            timer: Timer | None = None, progress: Callable[[str], None] | None = None,
+            clocks: dict[str, Timer] | None = None) -> Timings:
     """Time every runner (name -> callable taking a feed) at every batch size in ``feeds`` by the module's
     protocol. ``iterations`` runs per runner split into ``blocks`` (each raised to last ``min_block_s``);
     ``devices`` names the runners that run on ``cuda`` (timed with CUDA events; the rest on the host
-    clock), ``timer(fn, feed)`` replaces both. ``tolerance`` 0 never stops early; ``seconds`` bounds each
+    clock), ``timer(fn, feed)`` replaces both, and ``clocks`` replaces them for the runners it names (a worker
+    process's runner, timed where it runs: ``Runner.clock``). ``tolerance`` 0 never stops early; ``seconds`` bounds each
     runner's time per batch size (at least ``min_iterations`` runs); ``baseline`` names the runner the others'
     ratios are taken to; ``drop_slower`` stops a runner that lost clearly after its first block."""
     names = list(runners)
     sizes = _block_sizes(iterations, blocks)
     floor = -(-min_iterations // len(sizes))  # runs every block keeps under a time budget
-    clocks = {n: timer or (cuda_timer if (devices or {}).get(n) == "cuda" else host_timer) for n in names}
+    clocks = {n: (clocks or {}).get(n) or timer or (cuda_timer if (devices or {}).get(n) == "cuda" else host_timer)
+              for n in names}
     found = Timings([])
     for batch, feed in feeds.items():
         runs = {n: _block_runs(_warm(runners[n], feed, warmup, min_warmup, warmup_s, clocks[n]), 1, min_block_s)
@@ -344,13 +328,21 @@ def choose(ratios: dict[str, list[RatioEstimate]], weights: dict[int, float] | N
     return Choice(best, scores[best], best)
 
 
+def worker_clocks(**runners) -> dict[str, Timer]:
+    """The clocks of the runners (by name) that time their runs where they run (``Runner.clock``), for
+    :func:`measure`'s ``clocks``."""
+    return {name: runner.clock for name, runner in runners.items() if getattr(runner, "clock", None)}
+
+
 def paired(candidate: Callable[[dict], object], baseline: Callable[[dict], object], feeds: dict[int, dict[str, np.ndarray]],
            *, trials: int = 15, runs: int = 10, warmup: int = 5, confidence: float = 0.95, cuda: bool = False,
-           timer: Timer | None = None, progress: Callable[[str], None] | None = None) -> list[RatioEstimate]:
+           timer: Timer | None = None, progress: Callable[[str], None] | None = None,
+           clocks: dict[str, Timer] | None = None) -> list[RatioEstimate]:
     """The candidate's time ratio to the baseline at each batch size (the release gate's question): :func:`measure`
-    of the two, ``trials`` ABBA trials of blocks of at least ``runs`` runs, none stopped early."""
+    of the two, ``trials`` ABBA trials of blocks of at least ``runs`` runs, none stopped early; ``clocks`` by
+    ``candidate`` and ``baseline`` as :func:`measure` takes them."""
     found = measure({"baseline": baseline, "candidate": candidate}, feeds, warmup=warmup, iterations=2 * trials * runs,
                     blocks=2 * trials, tolerance=0, baseline="baseline", confidence=confidence,
                     devices=dict.fromkeys(("baseline", "candidate"), "cuda") if cuda else None, timer=timer,
-                    progress=progress)
+                    progress=progress, clocks=clocks)
     return found.ratios["candidate"]

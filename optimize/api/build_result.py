@@ -37,17 +37,20 @@ class BuildResult:
     def latency(self) -> list[LatencyRow]:
         return self.manifest.validation.latency
 
-    def load(self, *, threads: int = 0, cuda_graphs: bool | None = None):
-        return load(self.output_dir, allow_failed=True, threads=threads, cuda_graphs=cuda_graphs)
+    def load(self, *, threads: int = 0, cuda_graphs: bool | None = None, isolated: bool = False):
+        return load(self.output_dir, allow_failed=True, threads=threads, cuda_graphs=cuda_graphs, isolated=isolated)
 
 
 
 def load(dist_dir: str | Path, *, allow_failed: bool = False, threads: int = 0, key: str | Path | None = None,
-         cuda_graphs: bool | None = None):
+         cuda_graphs: bool | None = None, isolated: bool = False):
     """A callable runner for an output folder's model; refuses one whose validation failed, and one
     whose files differ from its manifest (or, with ``key``, whose manifest's signature does not verify).
     ``threads`` sets ONNX Runtime's intra-op threads (0: its default, one per core). ``cuda_graphs``:
-    a CUDA AOTInductor package replays CUDA graphs per batch bucket unless False (None: on for CUDA)."""
+    a CUDA AOTInductor package replays CUDA graphs per batch bucket unless False (None: on for CUDA).
+    ``isolated``: run it in a worker process where its backend's native code can crash (AOTInductor, TensorRT,
+    GPU execution providers; ``runtime/worker.py``), so a crash raises ``RunnerCrashed`` here instead of ending
+    this process; every call then crosses a pipe (about 80 us here). Builds, ``validate`` and ``gate`` do so."""
 
     root = Path(dist_dir)
     manifest = read_manifest(root)
@@ -55,4 +58,4 @@ def load(dist_dir: str | Path, *, allow_failed: bool = False, threads: int = 0, 
     if not manifest.validation.verdict.passed and not allow_failed:
         raise ValidationFailed(f"{root} failed validation: {'; '.join(manifest.validation.verdict.reasons)}",
                                fix="rebuild it, or pass allow_failed=True to load it anyway")
-    return manifest_runner(root, manifest, threads, cuda_graphs=cuda_graphs)
+    return manifest_runner(root, manifest, threads, cuda_graphs=cuda_graphs, fenced=isolated)

@@ -42,6 +42,7 @@ from infopt.runtime.backends.onnxruntime import OrtRunner
 from infopt.runtime.loading import check_against_onnx, from_module, load_model
 from infopt.runtime.memory_estimate import check_fits
 from infopt.runtime.runner import TorchRunner
+from infopt.runtime.worker import RunnerCrashed
 from infopt.validators import drift as drift_mod
 from infopt.validators import machine, timing
 from infopt.validators.data import spec_from_samples, split_batches
@@ -404,7 +405,8 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
             timings = timing.measure(runners, feeds, warmup=lat_cfg.warmup, iterations=lat_cfg.iterations, seconds=row_s,
                                      min_iterations=MIN_LATENCY_RUNS, min_warmup=1, baseline="eager",
                                      drop_slower=timing.DROP_SLOWER,
-                                     devices={"eager": eager.device, **{c.label: c.runner.device for c in built}})
+                                     devices={"eager": eager.device, **{c.label: c.runner.device for c in built}},
+                                     clocks=timing.worker_clocks(**{c.label: c.runner for c in built}))
     finally:
         if status:
             status.stop()
@@ -522,7 +524,8 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
             if len(runnable) == 1:
                 raise
             errors.append(exc)
-            c.status, c.reason = "failed", str(exc).strip().splitlines()[0]
+            c.status, c.reason = "failed", (cand.crash_reason(exc) if isinstance(exc, RunnerCrashed)
+                                            else str(exc).strip().splitlines()[0])
     if not any(c.status == "built" for c in candidates):
         raise errors[0]
     cand.survivors(candidates, allow_partial, target.device)
@@ -555,14 +558,19 @@ def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None
         return result
     if generates:
         return validate_generation(root, manifest, result)
-    runner = manifest_runner(root, manifest)
     inputs, reference = read_samples(root, manifest)
-    drift = drift_mod.compare([reference], [runner.run(inputs)], manifest.output_names,
-                              f"{SAMPLES_FILE} (stored at build)")
     feeds = latency_feeds(spec, recipe, None)
     lat = recipe.validation.latency
-    timings = timing.measure({"infopt": runner.run}, feeds, warmup=lat.warmup, iterations=lat.iterations,
-                             devices={"infopt": runner.device}, seconds=lat.seconds, min_iterations=MIN_LATENCY_RUNS).stats
+    try:
+        runner = manifest_runner(root, manifest, fenced=True)
+        drift = drift_mod.compare([reference], [runner.run(inputs)], manifest.output_names,
+                                  f"{SAMPLES_FILE} (stored at build)")
+        timings = timing.measure({"infopt": runner.run}, feeds, warmup=lat.warmup, iterations=lat.iterations,
+                                 devices={"infopt": runner.device}, seconds=lat.seconds, min_iterations=MIN_LATENCY_RUNS,
+                                 clocks=timing.worker_clocks(infopt=runner)).stats
+    except RunnerCrashed as exc:  # its native code ended the worker that ran it: a failed check, as a drift would be
+        result["verdict"] = {"passed": False, "reasons": [f"the model crashed: {exc}"], "checks": []}
+        return result
     verdict = judge(recipe.validation, drift.worst, [t.p99_ms for t in timings])
     result.update({"drift": drift.to_json(), "latency": [t.to_json() for t in timings], "verdict": verdict.to_json()})
     return result

@@ -25,6 +25,7 @@ from infopt.core.registry import get_pass
 from infopt.exporters.torch_export import exported_outputs
 from infopt.runtime import backends
 from infopt.runtime.runner import Runner
+from infopt.runtime.worker import RunnerCrashed
 from infopt.validators import timing
 from infopt.validators.range_ends import RangeFailure
 from infopt.validators.roofline import count_work
@@ -117,7 +118,8 @@ def roof_probe(first: Candidate, feed: dict, spec, module, target, built_in_s: f
     flops = count_work(module, one, spec.names, 0, batch=1).get("flops_per_sample")
     if not flops:
         return None
-    seconds = min(timing.host_timer(first.runner.run, feed) for _ in range(PROBE_RUNS))
+    clock = first.runner.clock or timing.host_timer
+    seconds = min(clock(first.runner.run, feed) for _ in range(PROBE_RUNS))
     share = flops * batch / seconds / (peak * 1e12)
     if seconds < PROBE_MIN_RUN_S or share < ROOF_SHARE:
         return None
@@ -142,13 +144,15 @@ def drop_duplicates(candidates: list[Candidate]) -> None:
 
 
 def validation_runner(artifact: Artifact, target) -> Runner:
-    """The runner a candidate is validated with: its own runtime, on the target's device where present."""
-    return backends.runner_for_file(artifact.path, artifact.spec.names, artifact.output_names, device=target.device)
+    """The runner a candidate is validated with: its own runtime, on the target's device where present, in a worker
+    process where its native code can crash the one that runs it (``runtime/worker.py``)."""
+    return backends.runner_for_file(artifact.path, artifact.spec.names, artifact.output_names, device=target.device,
+                                    fenced=True)
 
 
 def runner_description(runner: Runner) -> str:
     backend = backends.for_runner(runner)
-    return backend.describe(runner) if backend else f"{runner.device} ({runner.kind})"
+    return backend.describe(runner) if backend else getattr(runner, "description", f"{runner.device} ({runner.kind})")
 
 
 def artifact_outputs(artifact: Artifact) -> list[tuple[str, str, tuple]]:
@@ -219,8 +223,22 @@ def run_candidate(candidate, work):
 
         candidate.status, candidate.reason = "failed", (
             f"the built model does not take its whole dim range: {exc}" if isinstance(exc, RangeFailure)
+            else crash_reason(exc) if isinstance(exc, RunnerCrashed)
             else f"the built model fails to run: {type(exc).__name__}: {first_line(exc)}")
         return None
+
+
+CRASH_REASON_CHARS = 900
+"""a crash's reason in the candidates table: the signal and the end of the worker's stack, on one line"""
+
+
+def crash_reason(exc: RunnerCrashed) -> str:
+    """A worker's crash as a candidate's reason: its message on one line (the stack's lines joined by `` | ``), the
+    start and the end kept where it is long."""
+    text = " | ".join(line.strip() for line in exc.what.splitlines() if line.strip())
+    if len(text) > CRASH_REASON_CHARS:
+        text = text[:CRASH_REASON_CHARS // 2] + " ... " + text[-CRASH_REASON_CHARS // 2:]
+    return f"crashed: {text}"
 
 
 def survivors(candidates, allow_partial: bool, target_device: str = "cpu") -> list:

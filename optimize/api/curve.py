@@ -62,7 +62,8 @@ def measure_curve(chosen, spec, module, console, timed: dict[int, Any], budget_s
                 stats += timing.measure({"infopt": chosen.runner.run}, {b: feed}, warmup=CURVE_WARMUP,
                                         iterations=lat.curve_iterations, devices={"infopt": chosen.runner.device},
                                         seconds=min(lat.curve_seconds, left), min_iterations=MIN_CURVE_RUNS,
-                                        min_warmup=1, warmup_s=CURVE_WARMUP_S).stats
+                                        min_warmup=1, warmup_s=CURVE_WARMUP_S,
+                                        clocks=timing.worker_clocks(infopt=chosen.runner)).stats
         finally:
             if status:
                 status.stop()

@@ -40,13 +40,14 @@ from infopt.core.manifest_schema import Manifest
 from infopt.core.recipe import DriftThresholds, Validation
 from infopt.core.sample_inputs import random_feed
 from infopt.runtime.backends import manifest_runner
+from infopt.runtime.worker import RunnerCrashed
 from infopt.validators import drift as drift_mod
 from infopt.validators.data import load_batches, split_batches
 from infopt.validators.gate_config import GateConfig
 from infopt.validators.gate_result import GateCheck, GateResult
 from infopt.validators.memory import measure
 from infopt.validators.task_metrics import read_labels, resolve
-from infopt.validators.timing import paired
+from infopt.validators.timing import paired, worker_clocks
 from infopt.validators.verdict import CHECKS, judge
 
 REPORTED_DRIFT = ("max_abs", "min_cosine", "min_sqnr_db", "min_top1")
@@ -107,7 +108,7 @@ def check_same_model(candidate: Artifact, baseline: Artifact) -> None:
 def _runner(artifact: Artifact):
     """The artifact's runner; its files were checked when it was opened."""
     try:
-        return manifest_runner(artifact.root, artifact.manifest)
+        return manifest_runner(artifact.root, artifact.manifest, fenced=True)
     except InfoptError:
         raise
     except Exception as exc:  # noqa: BLE001 - a runtime that cannot read the model file
@@ -145,12 +146,20 @@ def gate(candidate: str | Path, baseline: str | Path, *, config: GateConfig | No
     why = "" if own else "; ".join(cand.manifest.validation.verdict.reasons)
     result.checks.append(GateCheck("build", "candidate's own verdict", None, None, "passed", bool(own), why))
     judge = judge_for(cand, base)
-    judge.accuracy(result, config, cand, base, val, max_val_samples, say)
-    _flag_ungated_accuracy(result)
-    judge.latency(result, config, cand, base, say)
-    judge.close()
+    crashed = False
+    try:
+        judge.accuracy(result, config, cand, base, val, max_val_samples, say)
+        _flag_ungated_accuracy(result)
+        judge.latency(result, config, cand, base, say)
+    except RunnerCrashed as exc:  # a model's native code ended the worker that ran it: a failed check, not a dead job
+        crashed = True
+        result.checks.append(GateCheck("runtime", "runs without crashing", None, None, "no crash", False, str(exc)))
+    finally:
+        judge.close()
     _size_checks(result, config, cand, base)
-    if memory and judge.measures_memory:
+    if crashed:
+        result.notes.append("a model crashed the process that ran it: accuracy, latency and memory were not measured")
+    elif memory and judge.measures_memory:
         say("peak memory, each model in a process of its own")
         _memory_checks(result, config, cand, base)
     elif memory:
@@ -309,7 +318,8 @@ def _latency_checks(result, config, cand, base, cand_runner, base_runner, say) -
     feeds = _latency_feeds(cand.spec, lat.batch_sizes, min(_max_batch(cand.spec), _max_batch(base.spec)))
     cuda = cand_runner.device == "cuda" and base_runner.device == "cuda"
     estimates = paired(cand_runner.run, base_runner.run, feeds, trials=lat.trials, runs=lat.iterations,
-                       warmup=lat.warmup, confidence=lat.confidence, cuda=cuda, progress=say)
+                       warmup=lat.warmup, confidence=lat.confidence, cuda=cuda, progress=say,
+                       clocks=worker_clocks(candidate=cand_runner, baseline=base_runner))
     result.measurements["latency"] = {"timer": "CUDA events" if cuda else "host clock", "estimates": [e.to_json() for e in estimates]}
     for e in estimates:
         detail = (f"median ratio {e.ratio:.3f} over {e.trials} interleaved trials, bounds [{e.lower:.3f}, {e.upper:.3f}] "

@@ -125,7 +125,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
     say = (lambda text: console.print(f"[dim]{text}[/dim]")) if console is not None else (lambda text: None)
     with times.step("load"):
         check_fits(model, f"{'an' if precision.startswith('int') else 'a'} {precision} text-generation build",
-                   "int4 in place" if precision == "int4" else "float")
+                   {"int4": "int4 in place", "fp32": "fp32 text generation"}.get(precision, "float"))
         # INT4 rounds each Linear from the weights as stored: a bf16 checkpoint stays bf16 (half the memory of
         # float32), its reference computed in bf16; float builds write float32 weights and judge against float32
         loaded = load_model(model, stored_dtype=precision == "int4")

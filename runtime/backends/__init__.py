@@ -19,8 +19,10 @@ for _info in pkgutil.iter_modules(__path__):
 __all__ = ["Backend", "for_file", "for_runner", "named", "registered", "runner_for_file", "manifest_runner"]
 
 
-def manifest_runner(root: Path, manifest: Manifest, threads: int = 0, cuda_graphs: bool | None = None):
-    """The runner of an output folder's model, its files already checked against ``manifest``."""
+def manifest_runner(root: Path, manifest: Manifest, threads: int = 0, cuda_graphs: bool | None = None,
+                    fenced: bool = False):
+    """The runner of an output folder's model, its files already checked against ``manifest``; ``fenced``: in a
+    worker process where its backend asks for one (``runner_for_file``)."""
     names = [i.name for i in manifest.inputs.inputs]
     return runner_for_file(root / manifest.artifacts.model, names, list(manifest.output_names), threads,
-                           cuda_graphs=cuda_graphs)
+                           cuda_graphs=cuda_graphs, fenced=fenced)

@@ -78,4 +78,5 @@ def checks() -> list[dict]:
 BACKEND = register(Backend(
     name="onnxruntime", representation="onnx", suffix=".onnx", runner_kind=OrtRunner.kind,
     open_runner=open_runner, describe=describe, checks=checks,
+    fenced=lambda device: device != "cpu",  # a GPU execution provider's kernels; the CPU's run in process
 ))

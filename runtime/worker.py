@@ -1,0 +1,134 @@
+"""A runner in a worker process: native code that crashes takes the worker down, not the build.
+
+An AOTInductor package, a TensorRT engine or an execution provider's kernels run native code that Python
+cannot catch: on an H200 (torch 2.11+cu130, 2026-11-27) loading any AOTInductor package ended the process with
+SIGSEGV. :class:`WorkerRunner` opens the model in a child process (``python -m infopt.runtime.worker_main``) and
+sends it feeds over a pipe; when the child dies, the call raises :class:`RunnerCrashed`, which says which
+signal, while doing what, and the last lines the child wrote to stderr (Python's faulthandler stack among
+them). The build fails that candidate with that reason and goes on with the others.
+
+Timing goes through the worker too: :meth:`WorkerRunner.clock` runs the model there, timed there (host clock,
+or CUDA events for a CUDA model), so the pipe's round trip is not part of a latency figure.
+
+The child's file descriptor 1 is its protocol channel; anything native code prints goes to its stderr, which
+is a temporary file the parent reads back when the child dies.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from infopt.core.errors import BuildError
+from infopt.runtime.runner import Runner
+
+STDERR_TAIL = 1500
+"""characters of the child's stderr a crash report quotes"""
+
+
+class RunnerCrashed(BuildError):
+    """The process running a model died: a signal, an abort, the kernel's OOM killer."""
+
+    title = "runner crashed"
+
+
+def describe_exit(code: int) -> str:
+    """How a process ended, in words: ``SIGSEGV (a segmentation fault)``, ``exit 1``."""
+    if code >= 0:
+        return f"exit {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+    meaning = {"SIGSEGV": "a segmentation fault in native code", "SIGABRT": "native code called abort()",
+               "SIGKILL": "killed: the kernel's OOM killer ends a process so when memory runs out",
+               "SIGBUS": "a bus error in native code", "SIGILL": "an illegal instruction in native code",
+               "SIGFPE": "an arithmetic fault in native code"}.get(name)
+    return f"{name} ({meaning})" if meaning else name
+
+
+class WorkerRunner(Runner):
+    """The runner ``runtime.backend.runner_for_file`` would open for ``path``, opened and run in a worker process."""
+
+    kind = "worker"
+
+    def __init__(self, path: str | Path, input_names: Sequence[str] = (), output_names: Sequence[str] = (),
+                 threads: int = 0, device: str = "cpu", options: dict[str, Any] | None = None,
+                 opener: Callable[..., Runner] | None = None):
+        self.path = Path(path)
+        self.input_names = tuple(input_names)
+        self.output_names = tuple(output_names)
+        self._stderr = tempfile.TemporaryFile("w+b")
+        env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+        self._process = subprocess.Popen([sys.executable, "-m", "infopt.runtime.worker_main"],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env)
+        # the worker calls the same ``open_runner`` (a plugin's, a test's), imported by name with this process's
+        # import path; one it cannot name (a lambda) is found there by the file's suffix
+        where = (opener.__module__, opener.__qualname__) if opener is not None else ("", "")
+        opened = self._ask(("open", str(self.path), self.input_names, self.output_names, threads, device, options or {},
+                            where, list(sys.path)), f"loading {self.path.name}")
+        self.inner_kind, self.device, description = opened
+        self.description = f"{description}, in a worker process"
+
+    def run(self, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return self._ask(("run", feed), f"running {self.path.name}")
+
+    def clock(self, fn, feed: dict[str, np.ndarray]) -> float:
+        """Seconds one run takes, measured in the worker (``validators.timing``'s clock signature; ``fn`` is not
+        called here: the worker runs its own model)."""
+        return self._ask(("time", feed), f"timing {self.path.name}")
+
+    def _ask(self, message: tuple, doing: str):
+        process = self._process
+        if process.poll() is not None:
+            raise self._crashed(doing)
+        try:
+            pickle.dump(message, process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            process.stdin.flush()
+            status, *value = pickle.load(process.stdout)
+        except (EOFError, BrokenPipeError, pickle.UnpicklingError, OSError):
+            raise self._crashed(doing) from None
+        if status == "error":
+            error_type, text = value
+            raise RuntimeError(f"{error_type}: {text}")
+        return value[0]
+
+    def _crashed(self, doing: str) -> RunnerCrashed:
+        try:
+            code = self._process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            code = self._process.wait()
+        self._stderr.seek(0)
+        lines = [line for line in self._stderr.read().decode("utf-8", "replace").splitlines()
+                 if line.strip() and not line.startswith("Extension modules:")]  # faulthandler's list of C modules
+        tail = "\n".join(lines)[-STDERR_TAIL:].strip()
+        return RunnerCrashed(f"the process {doing} ended with {describe_exit(code)}"
+                             + (f"; its last output:\n{tail}" if tail else ""),
+                             fix="this runtime's native code crashed on this machine: try another --backend, or "
+                                 "report the lines above with `infopt doctor`'s output")
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            try:
+                pickle.dump(("close",), self._process.stdin)
+                self._process.stdin.close()
+                self._process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self._process.kill()
+                self._process.wait()
+        self._stderr.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the pipes may be gone already
+            pass

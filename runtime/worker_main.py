@@ -1,0 +1,56 @@
+"""The worker process of ``runtime/worker.py``: ``python -m infopt.runtime.worker_main``, spoken to over its
+stdin and stdout by a :class:`~infopt.runtime.worker.WorkerRunner`. It opens one model with the backend's own
+``open_runner``, then answers ``run`` and ``time`` requests until ``close`` or the end of its input."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pickle
+import sys
+from pathlib import Path
+
+from infopt.runtime import backends
+from infopt.runtime.clocks import cuda_timer, host_timer
+
+
+def _serve(channel_in, channel_out) -> None:
+    """The worker's loop: open the model, then answer ``run`` and ``time`` requests until ``close`` or EOF."""
+    runner = None
+    while True:
+        try:
+            message = pickle.load(channel_in)
+        except EOFError:
+            return
+        verb = message[0]
+        if verb == "close":
+            return
+        try:
+            if verb == "open":
+                _, path, names, outputs, threads, device, options, (module, name), path_entries = message
+                sys.path[:] = path_entries
+                opener = getattr(importlib.import_module(module), name, None) if module and "<" not in name else None
+                runner = (opener(Path(path), names, outputs, threads=threads, device=device, **options) if opener
+                          else backends.runner_for_file(path, names, outputs, threads, device=device, **options))
+                backend = backends.for_runner(runner)
+                answer = (runner.kind, runner.device, backend.describe(runner) if backend else runner.kind)
+            elif verb == "run":
+                answer = runner.run(message[1])
+            else:
+                answer = (cuda_timer if runner.device == "cuda" else host_timer)(runner.run, message[1])
+            reply = ("ok", answer)
+        except Exception as exc:  # noqa: BLE001 - the parent raises it again with its type's name
+            reply = ("error", type(exc).__name__, str(exc))
+        pickle.dump(reply, channel_out, protocol=pickle.HIGHEST_PROTOCOL)
+        channel_out.flush()
+
+
+def main() -> None:
+    channel_out = os.fdopen(os.dup(1), "wb")  # the protocol's; fd 1 itself now goes to stderr, where native
+    os.dup2(2, 1)                             # code's prints belong
+    sys.stdout = sys.stderr
+    _serve(sys.stdin.buffer, channel_out)
+
+
+if __name__ == "__main__":
+    main()

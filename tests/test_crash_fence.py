@@ -1,0 +1,68 @@
+"""A candidate whose native code crashes never takes the build down (``runtime/worker.py``): the AOTInductor
+backend's runner runs in a worker process, and here its ``open_runner`` is replaced by one whose run reads address
+0 (``tests/crashing_runners.py``), as a package that segfaults when loaded or run does. The build, ``validate``
+and ``gate`` run from the CLI as a user runs them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import infopt
+from infopt.runtime import backend as backend_registry
+from infopt.runtime import backends
+from infopt.runtime.worker import RunnerCrashed, WorkerRunner
+from tests import crashing_runners
+from tests.conftest import run_cli_here
+
+pytestmark = pytest.mark.slow
+CNN = ["--input", "x:float32[batch,1,8,8]", "--dim", "batch=1:4:8"]
+
+
+def crash_inductor(monkeypatch):
+    real = backends.named("inductor")
+    monkeypatch.setitem(backend_registry.BACKENDS.items, "inductor",
+                        replace(real, open_runner=crashing_runners.segfault_on_run))
+
+
+def test_a_crashing_candidate_fails_with_its_signal_and_the_build_validate_and_gate_go_on(files, tmp_path, monkeypatch):
+    model, val = str(files / "cnn_ts.pt"), str(files / "digits_val.npz")
+    good = run_cli_here("build", model, *CNN, "--val", val, "--backend", "inductor", "-o", "aoti", cwd=tmp_path)
+    assert good.returncode == 0, good.stderr  # the real package, validated and timed in its worker
+    manifest = json.loads((tmp_path / "aoti" / "manifest.json").read_text())
+    assert manifest["candidates"][0]["runs_on"].endswith("in a worker process")
+    x = {"x": np.load(files / "digits_val.npz")["x"][:4]}
+    isolated = infopt.load(tmp_path / "aoti", isolated=True)  # the Python API runs in process unless asked
+    assert isinstance(isolated, WorkerRunner) and not isinstance(infopt.load(tmp_path / "aoti"), WorkerRunner)
+    np.testing.assert_allclose(isolated.run(x)[0], infopt.load(tmp_path / "aoti").run(x)[0], rtol=1e-5, atol=1e-6)
+
+    crash_inductor(monkeypatch)
+    with pytest.raises(RunnerCrashed, match="ended with SIGSEGV"):
+        infopt.load(tmp_path / "aoti", isolated=True).run(x)
+    auto = run_cli_here("build", model, *CNN, "--val", val, "-o", "auto", cwd=tmp_path)
+    assert auto.returncode == 0, auto.stderr
+    rows = {c["recipe"]: c for c in json.loads((tmp_path / "auto" / "manifest.json").read_text())["candidates"]}
+    crashed = rows["fp32-inductor"]
+    assert crashed["status"] == "failed"
+    assert crashed["reason"].startswith("crashed: the process running model.pt2 ended with SIGSEGV (a segmentation "
+                                        "fault in native code)")
+    assert "Fatal Python error: Segmentation fault" in crashed["reason"]  # the worker's faulthandler stack
+    assert any(c["chosen"] and c["recipe"].startswith("fp32-onnxruntime") for c in rows.values())
+    assert "SIGSEGV" in (tmp_path / "auto" / "report.md").read_text()
+
+    alone = run_cli_here("build", model, *CNN, "--val", val, "--backend", "inductor", "-o", "alone", cwd=tmp_path)
+    assert alone.returncode == 3 and "SIGSEGV" in alone.stderr and "Traceback" not in alone.stderr
+    assert not (tmp_path / "alone").exists()  # nothing half-written
+
+    checked = run_cli_here("validate", "aoti", cwd=tmp_path)
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    assert "FAIL: the model crashed: the process running model.pt2 ended with SIGSEGV" in checked.stdout
+
+    gated = run_cli_here("gate", "aoti", "--baseline", "auto", "--json", cwd=tmp_path)
+    assert gated.returncode == 1, gated.stdout + gated.stderr
+    checks = json.loads(gated.stdout)["checks"]
+    crash = next(c for c in checks if c["group"] == "runtime")
+    assert crash["passed"] is False and "SIGSEGV" in crash["detail"]
