@@ -86,6 +86,11 @@ class WorkerRunner(Runner):
         called here: the worker runs its own model)."""
         return self._ask(("time", feed), f"timing {self.path.name}")
 
+    @property
+    def dead(self) -> bool:
+        """Whether the worker process has ended (a crash, or ``close``)."""
+        return self._process.poll() is not None
+
     def _ask(self, message: tuple, doing: str):
         process = self._process
         if process.poll() is not None:

@@ -44,6 +44,26 @@ def segfault_on_run(path, names, outputs=(), threads=0, device="cpu", **options)
     return Crashing(names, "segfault")
 
 
+class CrashingAtBatch3(Runner):
+    """The real runner of the file, but for a batch of 3 (a size only the latency step asks for, with
+    ``--batch-sizes 3``), where it reads address 0."""
+
+    def __init__(self, inner: Runner):
+        self.inner, self.kind, self.device = inner, inner.kind + "-crashing-at-3", inner.device
+        self.input_names, self.output_names = inner.input_names, inner.output_names
+
+    def run(self, feed):
+        if len(next(iter(feed.values()))) == 3:
+            ctypes.string_at(0)
+        return self.inner.run(feed)
+
+
+def segfault_at_batch_3(path, names, outputs=(), threads=0, device="cpu", **options):
+    from infopt.runtime.backends import runner_for_file
+
+    return CrashingAtBatch3(runner_for_file(path, names, outputs, threads, device=device, **options))
+
+
 def abort_on_load(path, names, outputs=(), threads=0, device="cpu", **options):
     os.abort()
 

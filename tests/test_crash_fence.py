@@ -22,10 +22,9 @@ pytestmark = pytest.mark.slow
 CNN = ["--input", "x:float32[batch,1,8,8]", "--dim", "batch=1:4:8"]
 
 
-def crash_inductor(monkeypatch):
+def crash_inductor(monkeypatch, opener=crashing_runners.segfault_on_run):
     real = backends.named("inductor")
-    monkeypatch.setitem(backend_registry.BACKENDS.items, "inductor",
-                        replace(real, open_runner=crashing_runners.segfault_on_run))
+    monkeypatch.setitem(backend_registry.BACKENDS.items, "inductor", replace(real, open_runner=opener))
 
 
 def test_a_crashing_candidate_fails_with_its_signal_and_the_build_validate_and_gate_go_on(files, tmp_path, monkeypatch):
@@ -61,6 +60,15 @@ def test_a_crashing_candidate_fails_with_its_signal_and_the_build_validate_and_g
     assert checked.returncode == 1, checked.stdout + checked.stderr
     assert "FAIL: the model crashed: the process running model.pt2 ended with SIGSEGV" in checked.stdout
 
+    crash_inductor(monkeypatch, crashing_runners.segfault_at_batch_3)  # passes validation, dies while timed
+    late = run_cli_here("build", model, *CNN, "--val", val, "--batch-sizes", "3", "-o", "late", cwd=tmp_path)
+    assert late.returncode == 0, late.stderr
+    rows = {c["recipe"]: c for c in json.loads((tmp_path / "late" / "manifest.json").read_text())["candidates"]}
+    assert rows["fp32-inductor"]["status"] == "failed"
+    assert rows["fp32-inductor"]["reason"].startswith("crashed: the process timing model.pt2 ended with SIGSEGV")
+    assert rows["fp32-onnxruntime"]["status"] == "built" and rows["fp32-onnxruntime"]["chosen"]
+
+    crash_inductor(monkeypatch)
     gated = run_cli_here("gate", "aoti", "--baseline", "auto", "--json", cwd=tmp_path)
     assert gated.returncode == 1, gated.stdout + gated.stderr
     checks = json.loads(gated.stdout)["checks"]

@@ -399,14 +399,19 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
         clock = TimingBudget.after(ctx.times.elapsed())
         with ctx.times.step("latency"):
             eager = gpu_eager_runner(loaded, spec, target) or reference
-            runners = {"eager": eager.run, **{c.label: c.runner.run for c in built}}
             feeds = latency_feeds(spec, built[0].recipe, loaded.module)
-            row_s = clock.latency_row_s(lat_cfg.seconds, len(runners), len(feeds))
-            timings = timing.measure(runners, feeds, warmup=lat_cfg.warmup, iterations=lat_cfg.iterations, seconds=row_s,
-                                     min_iterations=MIN_LATENCY_RUNS, min_warmup=1, baseline="eager",
-                                     drop_slower=timing.DROP_SLOWER,
-                                     devices={"eager": eager.device, **{c.label: c.runner.device for c in built}},
-                                     clocks=timing.worker_clocks(**{c.label: c.runner for c in built}))
+            row_s = clock.latency_row_s(lat_cfg.seconds, 1 + len(built), len(feeds))
+
+            def time_each(built):
+                runners = {"eager": eager.run, **{c.label: c.runner.run for c in built}}
+                return timing.measure(runners, feeds, warmup=lat_cfg.warmup, iterations=lat_cfg.iterations,
+                                      seconds=row_s, min_iterations=MIN_LATENCY_RUNS, min_warmup=1, baseline="eager",
+                                      drop_slower=timing.DROP_SLOWER,
+                                      devices={"eager": eager.device, **{c.label: c.runner.device for c in built}},
+                                      clocks=timing.worker_clocks(**{c.label: c.runner for c in built}))
+
+            timings = cand.without_crashed(candidates, time_each)
+            built = cand.survivors(candidates, ctx.allow_partial, target.device)
     finally:
         if status:
             status.stop()
@@ -504,8 +509,11 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
         if not probed and any(o.status == "built" for o in runnable):
             probed = True
             first = next(o for o in runnable if o.status == "built")
-            reason = cand.roof_probe(first, check_batches[0], artifact.spec, module, target,
-                                     time.perf_counter() - started) if check_batches else None
+            try:
+                reason = cand.roof_probe(first, check_batches[0], artifact.spec, module, target,
+                                         time.perf_counter() - started) if check_batches else None
+            except RunnerCrashed as exc:
+                first.status, first.reason, reason = "failed", cand.crash_reason(exc), None
             if reason:
                 for o in runnable[runnable.index(c):]:
                     o.status, o.reason = "skipped", reason.format(recipe=o.label)

@@ -228,6 +228,22 @@ def run_candidate(candidate, work):
         return None
 
 
+def without_crashed(candidates, work):
+    """``work(built)`` over the built candidates; where a candidate's worker process dies during it
+    (``RunnerCrashed``), that candidate fails with the crash as its reason and ``work`` runs again without it. The
+    crash is raised when no candidate is left, or when no worker died (the crash was someone else's)."""
+    while True:
+        built = [c for c in candidates if c.status == "built"]
+        try:
+            return work(built)
+        except RunnerCrashed as exc:
+            dead = [c for c in built if getattr(c.runner, "dead", False)]
+            if not dead or len(dead) == len(built):
+                raise
+            for c in dead:
+                c.status, c.reason = "failed", crash_reason(exc)
+
+
 CRASH_REASON_CHARS = 900
 """a crash's reason in the candidates table: the signal and the end of the worker's stack, on one line"""
 
