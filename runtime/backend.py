@@ -60,6 +60,9 @@ class Backend:
     fenced: Callable[[str], bool] = lambda device: False
     """``fenced(device)``: whether a build, ``validate`` and ``gate`` run its runner on ``device`` in a worker
     process (``runtime/worker.py``), because its native code can crash the process that runs it"""
+    worker_imports: tuple[str, ...] = ()
+    """the modules a worker imports for it as soon as it starts, while the build does other work
+    (``worker.prestart``)"""
 
 
 BACKENDS: Registry[Backend] = Registry("backend", lambda b: b.name)

@@ -16,6 +16,7 @@ is a temporary file the parent reads back when the child dies.
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import signal
@@ -55,6 +56,36 @@ def describe_exit(code: int) -> str:
     return f"{name} ({meaning})" if meaning else name
 
 
+_SPARES: list[tuple[subprocess.Popen, Any]] = []
+"""workers started ahead (:func:`prestart`), each already importing what its backend needs"""
+
+
+def _spawn(imports: Sequence[str]) -> tuple[subprocess.Popen, Any]:
+    stderr = tempfile.TemporaryFile("w+b")
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "infopt.runtime.worker_main", *imports],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env)
+    return process, stderr
+
+
+def prestart(imports: Sequence[str]) -> None:
+    """Start a worker now, importing ``imports`` (``Backend.worker_imports``: ``torch._inductor`` takes 5 s here)
+    while the build captures, exports and compiles; the next :class:`WorkerRunner` takes it instead of starting
+    its own. :func:`discard_spares` ends those not taken."""
+    _SPARES.append(_spawn(tuple(imports)))
+
+
+def discard_spares() -> None:
+    while _SPARES:
+        process, stderr = _SPARES.pop()
+        process.kill()
+        process.wait()
+        stderr.close()
+
+
+atexit.register(discard_spares)
+
+
 class WorkerRunner(Runner):
     """The runner ``runtime.backend.runner_for_file`` would open for ``path``, opened and run in a worker process."""
 
@@ -66,10 +97,7 @@ class WorkerRunner(Runner):
         self.path = Path(path)
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
-        self._stderr = tempfile.TemporaryFile("w+b")
-        env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
-        self._process = subprocess.Popen([sys.executable, "-m", "infopt.runtime.worker_main"],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, env=env)
+        self._process, self._stderr = _SPARES.pop(0) if _SPARES else _spawn(())
         # the worker calls the same ``open_runner`` (a plugin's, a test's), imported by name with this process's
         # import path; one it cannot name (a lambda) is found there by the file's suffix
         where = (opener.__module__, opener.__qualname__) if opener is not None else ("", "")
@@ -122,14 +150,13 @@ class WorkerRunner(Runner):
                                  "report the lines above with `infopt doctor`'s output")
 
     def close(self) -> None:
+        """Tell the worker to end, without waiting for it (its torch takes about a second to tear down)."""
         if self._process.poll() is None:
             try:
                 pickle.dump(("close",), self._process.stdin)
                 self._process.stdin.close()
-                self._process.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired):
+            except OSError:
                 self._process.kill()
-                self._process.wait()
         self._stderr.close()
 
     def __del__(self):

@@ -46,6 +46,11 @@ def _serve(channel_in, channel_out) -> None:
 
 
 def main() -> None:
+    for name in sys.argv[1:]:  # what the backend needs, imported before its model arrives (``worker.prestart``)
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass  # opening the model says what is missing
     channel_out = os.fdopen(os.dup(1), "wb")  # the protocol's; fd 1 itself now goes to stderr, where native
     os.dup2(2, 1)                             # code's prints belong
     sys.stdout = sys.stderr

@@ -37,6 +37,7 @@ from infopt.exporters.staging import MAX_NAME_BYTES, check_output, claim_output,
 from infopt.exporters.torch_export import user_frame
 from infopt.quantize.calib_data import load_calibration
 from infopt.quantize.sensitivity import Budget
+from infopt.runtime import backends, worker
 from infopt.runtime.backends import manifest_runner
 from infopt.runtime.backends.onnxruntime import OrtRunner
 from infopt.runtime.loading import check_against_onnx, from_module, load_model
@@ -210,6 +211,9 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     recipes = [_with_overrides(r, thresholds, batch_sizes, pass_options) for r in recipes]
     for each in recipes:
         each.preflight(target_obj, calibration is not None, settings)
+    for each in {backends.named(r.backend) for r in recipes}:  # each fenced backend's worker imports what it needs
+        if each.fenced(target_obj.device):                     # while this process loads, captures and exports
+            worker.prestart(each.worker_imports)
 
     with times.step("load"):
         if isinstance(model, (str, Path)):
@@ -534,6 +538,7 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
             errors.append(exc)
             c.status, c.reason = "failed", (cand.crash_reason(exc) if isinstance(exc, RunnerCrashed)
                                             else str(exc).strip().splitlines()[0])
+    worker.discard_spares()
     if not any(c.status == "built" for c in candidates):
         raise errors[0]
     cand.survivors(candidates, allow_partial, target.device)

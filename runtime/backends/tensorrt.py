@@ -162,4 +162,5 @@ def checks() -> list[dict]:
 BACKEND = register(Backend(
     name="tensorrt", representation="tensorrt", suffix=".plan", runner_kind=TensorRTRunner.kind,
     open_runner=open_runner, unavailable=unavailable, checks=checks, fenced=lambda device: True,
+    worker_imports=("tensorrt",),
 ))
