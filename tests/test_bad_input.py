@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
+import socket
 import zipfile
 from pathlib import Path
 
@@ -143,6 +146,14 @@ def _save_from_main(path: Path) -> None:
         del main.Ghost
 
 
+def _public_key_pem() -> bytes:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    return Ed25519PrivateKey.generate().public_key().public_bytes(serialization.Encoding.PEM,
+                                                                  serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
 def _workspace(folder: Path) -> None:
     """The files the table's commands name: a TorchScript, a state dict, an ONNX model, samples, junk."""
     import onnx
@@ -172,6 +183,7 @@ def _workspace(folder: Path) -> None:
     (folder / "bad.yaml").write_text("name: [unclosed\n")
     (folder / "gate_bad_key.yaml").write_text("latency:\n  max_ratoi: 1.1\n")
     (folder / "junk.pem").write_text("not a key\n")
+    (folder / "public.pem").write_bytes(_public_key_pem())
     (folder / "nomanifest").mkdir()
     (folder / "badjson").mkdir()
     (folder / "badjson" / "manifest.json").write_text("{not json")
@@ -281,15 +293,40 @@ TABLE = [
     ("gate: batch size outside the range", ["gate", D, "-b", D, "--batch-sizes", "9999", "--no-memory"], 2,
      "outside what both models take"),
     ("gate: validation data of another model", ["gate", D, "-b", D, "--val", "v.npz", "--no-memory"], 2, "v.npz"),
+    # serve: what it would serve is checked before anything starts
+    ("serve: a model file changed after the build", ["serve", "{tampered}"], 1,
+     "does not match its manifest, so nothing was started: model/model.onnx"),
+    ("serve: --key for a folder nobody signed", ["serve", D, "--key", "public.pem"], 1,
+     "is not signed (no manifest.json.sig), so nothing was started"),
+    ("serve: a port in use", ["serve", D, "--port", "{busy}"], 2, "is in use on 127.0.0.1"),
 ]
+
+
+@contextlib.contextmanager
+def _placeholders(folder: Path, args: list[str], dist: Path):
+    """``{dist}``: the shared digits build; ``{tampered}``: a copy of it, its model one byte longer; ``{busy}``: a
+    port something listens on for the case's length."""
+    values = {"{dist}": str(dist)}
+    if "{tampered}" in args:
+        shutil.copytree(dist, folder / "tampered")
+        with open(folder / "tampered" / "model" / "model.onnx", "ab") as model:
+            model.write(b"\0")
+        values["{tampered}"] = "tampered"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        if "{busy}" in args:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+            values["{busy}"] = str(listener.getsockname()[1])
+        yield [values.get(a, a) for a in args]
 
 
 @pytest.mark.parametrize("case", TABLE, ids=[c[0] for c in TABLE])
 def test_table(case, tmp_path, digits_dist):
     _, args, code, needle = case
     _workspace(tmp_path)
-    before = sorted(p.name for p in tmp_path.iterdir())
-    proc = run_cli_here(*[a.replace("{dist}", str(digits_dist)) for a in args], cwd=tmp_path)
+    with _placeholders(tmp_path, args, digits_dist) as given:
+        before = sorted(p.name for p in tmp_path.iterdir())
+        proc = run_cli_here(*given, cwd=tmp_path)
     assert proc.returncode == code, (proc.returncode, proc.stderr[-1500:])
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
     assert "error" in proc.stderr and needle in proc.stderr, proc.stderr[-1500:]

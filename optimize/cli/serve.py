@@ -36,8 +36,10 @@ def serve(
     port: Annotated[Optional[int], typer.Option("--port", min=1, max=65530,
                                                 help="HTTP port (the server's other ports follow it); default: Triton "
                                                      "8000, TorchServe 8080.")] = None,
+    key: Annotated[Optional[Path], typer.Option("--key", help="Ed25519 public key (PEM): serve only if "
+                                                              "manifest.json.sig verifies with it.")] = None,
 ) -> None:
-    """Serve an output folder with the real server on 127.0.0.1 until Ctrl-C."""
+    """Serve an output folder with the real server on 127.0.0.1 until Ctrl-C, once its files match its manifest."""
     from infopt.core.errors import EnvironmentProblem, UsageError
     from infopt.core.manifest import read_manifest
     from infopt.core.work_folders import work_folder
@@ -47,6 +49,7 @@ def serve(
     if not (dist / "manifest.json").is_file():
         raise UsageError(f"{dist} is not an output folder of infopt (no manifest.json)", fix="pass the folder `infopt build` wrote")
     manifest = read_manifest(dist)
+    _check_sealed(dist, manifest, key)
     model = Path(manifest.artifacts.model)
     generates = "onnxruntime-genai" in manifest.artifacts
     chosen = "triton" if generates and server == "auto" else _choose(server, model.suffix, dist)
@@ -62,15 +65,17 @@ def serve(
                                  "AOTInductor packages through its Python backend only",
                                  fix=f"use --server torchserve, or serve {dist / 'servers' / 'triton'} with NVIDIA's Triton "
                                      "container (tritonserver --model-repository=...)")
+    first_port = port or (8000 if chosen == "triton" else 8080)
+    _check_ports_free(first_port, given=port is not None)
     with work_folder("serve") as work:
         if chosen == "triton":
             from infopt.runtime.serving.triton_server import serving
 
-            context = serving(dist / "servers" / "triton", Path(work), first_http_port=port or 8000)
+            context = serving(dist / "servers" / "triton", Path(work), first_http_port=first_port)
         else:
             from infopt.runtime.serving.torchserve_server import serving
 
-            context = serving(dist / "servers" / "torchserve", manifest.name, Path(work), first_http_port=port or 8080)
+            context = serving(dist / "servers" / "torchserve", manifest.name, Path(work), first_http_port=first_port)
         with context as endpoints:
             if chosen == "triton":
                 url = f"http://{endpoints.http}/v2/models/{manifest.name}/{'generate' if generates else 'infer'}"
@@ -87,6 +92,56 @@ def serve(
     for sig, handler in handlers.items():
         signal.signal(sig, handler)
     stdout().print("stopped; the server and everything it started have exited", markup=False)
+
+
+def _check_sealed(dist: Path, manifest, key: Optional[Path]) -> None:
+    """Exit 1, starting nothing, where a file differs from the manifest (as ``infopt verify`` does) or, with ``key``,
+    the signature does not verify: a server must serve what the build validated."""
+    from infopt.api.provenance import check_files
+    from infopt.api.signing import check_signature
+    from infopt.core.errors import IntegrityError, ValidationFailed
+
+    _, problems = check_files(dist, manifest)
+    if problems:
+        raise ValidationFailed(f"{dist} does not match its manifest, so nothing was started: " + "; ".join(problems),
+                               where=str(dist / "manifest.json"),
+                               fix=f"rebuild it or restore its files; `infopt verify {dist}` lists every file")
+    if key is not None:
+        try:
+            check_signature(dist, key)
+        except IntegrityError as exc:
+            raise ValidationFailed(f"{exc.what}, so nothing was started", where=exc.where, fix=exc.fix) from None
+
+
+PORTS = 3
+"""ports each server takes from the first: HTTP, then gRPC and metrics (Triton) or management and metrics
+(TorchServe)"""
+
+
+def _check_ports_free(first: int, given: bool) -> None:
+    """Exit 2, starting nothing, where a port the server needs is taken on 127.0.0.1, naming a first port whose
+    ``PORTS`` ports are free."""
+    import socket
+
+    from infopt.core.errors import UsageError
+
+    def free(port: int) -> bool:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+        return True
+
+    taken = next((p for p in range(first, first + PORTS) if not free(p)), None)
+    if taken is None:
+        return
+    other = next((p for p in range(first + PORTS, 65530 - PORTS, PORTS)
+                  if all(free(q) for q in range(p, p + PORTS))), None)
+    raise UsageError(f"port {taken} is in use on 127.0.0.1" + ("" if given else " (the default)")
+                     + f": the server needs ports {first}-{first + PORTS - 1}",
+                     fix=(f"pass --port {other}" if other else "pass --port with a free port")
+                         + ", or stop what listens there")
 
 
 def _choose(server: str, suffix: str, dist: Path) -> str:
