@@ -64,7 +64,7 @@ def test_inductor_backend_ships_a_pt2_that_loads_validates_and_serves(files, dig
     assert manifest["backend"] == "inductor" and manifest["artifacts"]["model"] == "model/model.pt2"
     assert [p["name"] for p in manifest["passes"]][-1] == "aoti_compile"
     assert manifest["outputs"] == [{"name": "output", "dtype": "float32", "shape": ["batch", 10]}]
-    assert manifest["validation"]["device"] == "cpu (AOTInductor package)"
+    assert manifest["validation"]["device"] == "cpu (AOTInductor package), in a worker process"  # fenced
     runner = infopt.load(out)
     assert isinstance(runner, AotiRunner)
     x, y = digits[1]["val"]

@@ -95,13 +95,15 @@ def serve(
 
 
 def _check_sealed(dist: Path, manifest, key: Optional[Path]) -> None:
-    """Exit 1, starting nothing, where a file differs from the manifest (as ``infopt verify`` does) or, with ``key``,
-    the signature does not verify: a server must serve what the build validated."""
-    from infopt.api.provenance import check_files
+    """Exit 1, starting nothing, where a file the manifest lists is changed or missing (as ``infopt verify`` finds
+    them) or, with ``key``, the signature does not verify: a server must serve what the build validated. Files
+    the manifest does not list are let be: the servers write their own beside the model (Triton's Python backend
+    its ``__pycache__``), so a second ``serve`` of the same folder must not refuse it."""
     from infopt.api.signing import check_signature
     from infopt.core.errors import IntegrityError, ValidationFailed
+    from infopt.core.manifest import verify_files
 
-    _, problems = check_files(dist, manifest)
+    problems = verify_files(dist, manifest.files)
     if problems:
         raise ValidationFailed(f"{dist} does not match its manifest, so nothing was started: " + "; ".join(problems),
                                where=str(dist / "manifest.json"),
