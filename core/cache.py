@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,27 @@ def cache_root() -> Path:
     return Path(os.environ.get("INFOPT_CACHE_DIR") or Path.home() / ".cache" / "infopt")
 
 
+_FALLBACK_SAID: set[str] = set()
+
+
 def cache_dir(name: str) -> Path:
-    """``<cache root>/<name>``, created if missing."""
+    """``<cache root>/<name>``, created if missing. Where the cache root cannot be written (a read-only or missing
+    home, ``INFOPT_CACHE_DIR`` naming a file), the build goes on with ``$TMPDIR/infopt-cache-<uid>`` instead and
+    says so once on stderr: a cache saves time, and no build should fail for the lack of one."""
     folder = cache_root() / name
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+    except OSError as exc:
+        fallback = Path(tempfile.gettempdir()) / f"infopt-cache-{os.getuid()}"
+        if str(cache_root()) not in _FALLBACK_SAID:
+            _FALLBACK_SAID.add(str(cache_root()))
+            sys.stderr.write(f"warning: infopt's cache folder {cache_root()} cannot be written ({type(exc).__name__}: "
+                             f"{exc.strerror or exc}); this process caches in {fallback} instead (set INFOPT_CACHE_DIR "
+                             "to a folder you can write)\n")
+        folder = fallback / name
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
 
 
 STORE_MAX_BYTES = 4 * 2**30

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from infopt.core.cache import cache_dir
 from infopt.core.errors import BuildError
 from infopt.runtime.runner import Runner
 
@@ -63,6 +64,8 @@ _SPARES: list[tuple[subprocess.Popen, Any]] = []
 def _spawn(imports: Sequence[str]) -> tuple[subprocess.Popen, Any]:
     stderr = tempfile.TemporaryFile("w+b")
     env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    # Inductor's cache in infopt's folder, as the build's compile keeps it, not torchinductor_<user> in $TMPDIR
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir("inductor")))
     process = subprocess.Popen([sys.executable, "-m", "infopt.runtime.worker_main", *imports],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, env=env)
     return process, stderr
