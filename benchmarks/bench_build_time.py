@@ -15,6 +15,12 @@ and ``quantize_dynamic``; it validates, times and writes nothing else.
 
     python benchmarks/bench_build_time.py [--markdown benchmarks/results/build_time.md]
     python benchmarks/bench_build_time.py --quick    # the tiny models only, no results file
+    python benchmarks/bench_build_time.py --quick --against 42ab35e --rounds 3
+
+``--against REV`` runs another commit's infopt side by side with this tree's: that commit's files (``git
+archive``) are laid out as the installed package would be (``infopt`` -> ``optimize``, ``infopt.core`` ->
+``core``...), each build runs ``python -m infopt.cli`` from one tree or the other, alternately (ABAB, a fresh
+cache folder per build and round), and the table gives each side's median wall seconds and their ratio.
 """
 
 from __future__ import annotations
@@ -111,11 +117,16 @@ def _inductor_cache(cache: Path) -> Path:
     return folder
 
 
-def _build(path: Path, flags: list[str], out: Path, cache: Path) -> dict:
+def _build(path: Path, flags: list[str], out: Path, cache: Path, tree: Path | None = None) -> dict:
+    """One build from the command line; ``tree``: a package tree from :func:`_package_tree` to run instead of this one."""
     env = {**os.environ, "INFOPT_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1",
            "TORCHINDUCTOR_CACHE_DIR": str(_inductor_cache(cache))}
+    command = [str(CLI)]
+    if tree is not None:  # ahead of the installed (editable) infopt on the import path
+        env["PYTHONPATH"] = str(tree)
+        command = [sys.executable, "-m", "infopt.cli"]
     start = time.perf_counter()
-    proc = subprocess.run([str(CLI), "build", str(path), *flags, "--output", str(out), "--force"],
+    proc = subprocess.run([*command, "build", str(path), *flags, "--output", str(out), "--force"],
                           capture_output=True, text=True, env=env, cwd=out.parent)
     wall = time.perf_counter() - start
     row = {"wall_s": wall, "exit": proc.returncode}
@@ -132,6 +143,62 @@ def _build(path: Path, flags: list[str], out: Path, cache: Path) -> dict:
     return row
 
 
+def _package_tree(rev: str, work: Path) -> Path:
+    """Commit ``rev``'s files laid out as the installed package: a folder holding ``infopt`` (its ``optimize``
+    folder's files, and one link per ``infopt.X`` = ``X`` line of its pyproject's package-dir)."""
+    import tomllib
+
+    source = work / f"rev-{rev}"
+    source.mkdir()
+    archive = subprocess.run(["git", "archive", rev], cwd=ROOT, check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(source)], input=archive, check=True)
+    folders = tomllib.loads((source / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    package = work / f"tree-{rev}" / "infopt"
+    package.mkdir(parents=True)
+    for entry in (source / folders["infopt"]).iterdir():
+        (package / entry.name).symlink_to(entry)
+    for name, folder in folders.items():
+        if name.startswith("infopt."):
+            (package / name.removeprefix("infopt.")).symlink_to(source / folder)
+    return package.parent
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _against(rev: str, models: dict, work: Path, rounds: int) -> list[str]:
+    """The side-by-side table of ``--against``: each model's cold and repeated build, this tree and ``rev``'s."""
+    tree = _package_tree(rev, work)
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    this = f"{head}{' + changes' if dirty else ''}"
+    lines = [f"Wall seconds of `infopt build` from the command line, this tree ({this}) against {rev}, side by side: "
+             f"{rounds} round(s), each side's builds alternating, a fresh cache folder for every cold build; medians.",
+             "", f"| build | {rev} cold | this cold | ratio | {rev} again | this again | ratio |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for index, (label, (path, flags, _)) in enumerate(models.items()):
+        walls: dict[tuple[str, str], list[float]] = {}
+        for round_ in range(rounds):
+            for side, side_tree in (("ref", tree), ("this", None)) if round_ % 2 == 0 else (("this", None), ("ref", tree)):
+                cache, out = work / f"cache-{side}-{round_}-{index}", work / f"out-{side}-{index}"
+                for kind in ("cold", "again"):
+                    row = _build(path, flags, out, cache, side_tree)
+                    if row["exit"] != 0:
+                        raise SystemExit(f"{label} ({side}, {kind}) exited {row['exit']}: {row['error']}")
+                    walls.setdefault((side, kind), []).append(row["wall_s"])
+        cells = []
+        for kind in ("cold", "again"):
+            ref, now = _median(walls["ref", kind]), _median(walls["this", kind])
+            cells += [f"{ref:.1f}", f"{now:.1f}", f"{now / ref:.2f}x"]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+        print(lines[-1], file=sys.stderr)
+    return lines
+
+
 def _bare(folder: Path, work: Path) -> float:
     out = work / "bare-ort"
     out.mkdir(exist_ok=True)
@@ -145,6 +212,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="the tiny models only; no results file")
     parser.add_argument("--markdown", type=Path, help="where the tables go (default benchmarks/results/build_time.md)")
+    parser.add_argument("--against", metavar="REV", help="another commit to run side by side with this tree")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of --against (default 3)")
     args = parser.parse_args()
     markdown = None if args.quick else (args.markdown or RESULTS / "build_time.md")
     with tempfile.TemporaryDirectory(prefix="infopt-bench-build-") as tmp:
@@ -152,6 +221,10 @@ def main() -> None:
         models = _models(work)
         if args.quick:
             models = {k: v for k, v in models.items() if "MiniLM" not in k}
+        if args.against:
+            lines = _against(args.against, models, work, args.rounds)
+            publish("\n".join(lines + [""] + [f"- {line}" for line in environment()]), args.markdown)
+            return
         rows = {}
         for index, (label, (path, flags, _)) in enumerate(models.items()):
             cache = work / f"cache-{index}"

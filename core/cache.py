@@ -20,7 +20,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from infopt.core.manifest import sha256
 
 
 def cache_root() -> Path:
@@ -28,6 +27,10 @@ def cache_root() -> Path:
 
 
 _FALLBACK_SAID: set[str] = set()
+
+
+def _fallback_root() -> Path:
+    return Path(tempfile.gettempdir()) / f"infopt-cache-{os.getuid()}"
 
 
 def cache_dir(name: str) -> Path:
@@ -39,7 +42,7 @@ def cache_dir(name: str) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
         return folder
     except OSError as exc:
-        fallback = Path(tempfile.gettempdir()) / f"infopt-cache-{os.getuid()}"
+        fallback = _fallback_root()
         if str(cache_root()) not in _FALLBACK_SAID:
             _FALLBACK_SAID.add(str(cache_root()))
             sys.stderr.write(f"warning: infopt's cache folder {cache_root()} cannot be written ({type(exc).__name__}: "
@@ -48,6 +51,22 @@ def cache_dir(name: str) -> Path:
         folder = fallback / name
         folder.mkdir(parents=True, exist_ok=True)
         return folder
+
+
+def point_inductor_at_cache() -> None:
+    """Keep Inductor's cache in infopt's (``<cache root>/inductor``) unless ``TORCHINDUCTOR_CACHE_DIR`` is set:
+    importing ``torch._inductor`` makes ``$TMPDIR/torchinductor_<user>`` otherwise, a folder left behind by every
+    command, even one refused before any work. Where the cache root cannot be written, Inductor's goes where
+    :func:`cache_dir` falls back to, without a word yet (it says so when the build first uses its cache)."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return
+    for folder in (cache_root() / "inductor", _fallback_root() / "inductor"):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+        return
 
 
 STORE_MAX_BYTES = 4 * 2**30
@@ -64,13 +83,19 @@ def content_key(*parts: str | bytes) -> str:
     return digest.hexdigest()
 
 
+def _sha256(path: Path) -> str:
+    from infopt.core.manifest import sha256  # its schema takes 0.3 s to import, and the CLI imports this module first
+
+    return sha256(path)
+
+
 def stored(kind: str, key: str) -> tuple[Path, dict[str, Any]] | None:
     """(folder, its meta) of the complete entry ``key`` of store ``kind``, with every file's sha256 as
     stored; None when there is none, or it no longer matches (then it is removed)."""
     folder = cache_dir(kind) / key
     try:
         meta = json.loads((folder / META).read_text())
-        if any(sha256(folder / rel) != digest for rel, digest in meta["files"].items()):
+        if any(_sha256(folder / rel) != digest for rel, digest in meta["files"].items()):
             raise ValueError("changed")
     except (OSError, ValueError, KeyError, TypeError):
         if folder.exists():
@@ -93,7 +118,7 @@ def store(kind: str, key: str, files: dict[str, Path], meta: dict[str, Any]) -> 
         digests = {}
         for rel, source in files.items():
             shutil.copyfile(source, staging / rel)
-            digests[rel] = sha256(staging / rel)
+            digests[rel] = _sha256(staging / rel)
         (staging / META).write_text(json.dumps({**meta, "files": digests}))
         os.rename(staging, final)
     except OSError:

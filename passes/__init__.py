@@ -14,6 +14,7 @@ from infopt.passes.onnx import (
     attention_mask_fill,
     fuse_matmuls,
     ort_optimize,
+    quantize_fp8,
     quantize_int4_graph,
     quantize_int8,
     smoothquant,
@@ -22,7 +23,7 @@ from infopt.passes.onnx import (
 
 BUNDLED = (capture, remove_noops, fold_batchnorm, cast_precision, quantize_int4, int4_kernels, onnx_export,
            aoti_compile, tensorrt_build, ort_optimize, transformer_fusion, attention_mask_fill, quantize_int4_graph,
-           smoothquant, fuse_matmuls, quantize_int8, capture_kv_decoder, fuse_decoder, quantize_int4_head,
+           smoothquant, fuse_matmuls, quantize_int8, quantize_fp8, capture_kv_decoder, fuse_decoder, quantize_int4_head,
            write_genai_folder)
 
 for _module in BUNDLED:

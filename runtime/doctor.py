@@ -9,7 +9,7 @@ import importlib
 from typing import Any, Sequence
 
 from infopt.core.plugin_loader import GROUP, Plugin
-from infopt.runtime import backends
+from infopt.runtime import backends, precision_routes
 from infopt.runtime.backend import check, package_version
 
 
@@ -35,6 +35,7 @@ def checks(plugins: Sequence[Plugin]) -> list[dict[str, Any]]:
                        "GPU targets are built here but validated on CPU; run on a GPU machine to time them"))
     for backend in backends.registered().values():
         found += backend.checks()
+    found += precision_routes.checks()
     try:
         triton = importlib.import_module("triton")
         found.append(check("Triton (kernels)", True, getattr(triton, "__version__", "installed")))

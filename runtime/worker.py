@@ -12,6 +12,13 @@ or CUDA events for a CUDA model), so the pipe's round trip is not part of a late
 
 The child's file descriptor 1 is its protocol channel; anything native code prints goes to its stderr, which
 is a temporary file the parent reads back when the child dies.
+
+Memory: while the parent waits for an answer it reads the worker's resident memory and the machine's available
+memory every :data:`WATCH_S` seconds. A worker that would leave the machine less than :func:`reserve_bytes`, or
+that holds more than ``INFOPT_WORKER_MEMORY`` (``12G``, ``800M``: a cap for shared machines), is stopped there and
+its candidate fails with what it held and what the machine had, before the kernel's OOM killer picks a process
+(the build's own, as likely as not). A worker also asks the kernel to take it first should memory run out
+anyway (``oom_score_adj``), so an allocation faster than the watch ends the worker, not the build.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
+import select
 import signal
 import subprocess
 import sys
@@ -29,17 +37,24 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from infopt.core.cache import cache_dir
-from infopt.core.errors import BuildError
+from infopt.core.errors import BuildError, UsageError
+from infopt.runtime.memory_estimate import available_bytes
 from infopt.runtime.runner import Runner
 
 STDERR_TAIL = 1500
 """characters of the child's stderr a crash report quotes"""
+WATCH_S = 0.1
+"""how often the parent reads a busy worker's memory"""
+MEMORY_ENV = "INFOPT_WORKER_MEMORY"
+"""the most resident memory a worker may hold (``12G``, ``800M``, bytes); unset: what the machine has"""
 
 
 class RunnerCrashed(BuildError):
     """The process running a model died: a signal, an abort, the kernel's OOM killer."""
 
     title = "runner crashed"
+    word = "crashed"
+    """how a candidate's reason starts (``out of memory`` where infopt stopped the worker for memory)"""
 
 
 def describe_exit(code: int) -> str:
@@ -55,6 +70,69 @@ def describe_exit(code: int) -> str:
                "SIGBUS": "a bus error in native code", "SIGILL": "an illegal instruction in native code",
                "SIGFPE": "an arithmetic fault in native code"}.get(name)
     return f"{name} ({meaning})" if meaning else name
+
+
+def reserve_bytes() -> int:
+    """The memory a worker must leave the machine: 5% of it, at most 1 GiB (the kernel, the build's own process)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 2**30
+    return min(2**30, total // 20)
+
+
+def memory_cap() -> int | None:
+    """``INFOPT_WORKER_MEMORY`` in bytes; None when unset."""
+    text = os.environ.get(MEMORY_ENV, "").strip()
+    if not text:
+        return None
+    units = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    number, unit = (text[:-1], text[-1].upper()) if text[-1].upper() in units else (text, "")
+    try:
+        value = float(number) * units.get(unit, 1)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise UsageError(f"{MEMORY_ENV}={text!r} is not an amount of memory", fix=f"set it as 12G, 800M or bytes, or unset it")
+    return int(value)
+
+
+def resident_bytes(pid: int) -> int | None:
+    """A process's resident memory (``VmRSS``); None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB"
+
+
+class MemoryWatch:
+    """Whether a busy worker must be stopped for memory (see the module doc); one per :class:`WorkerRunner`."""
+
+    def __init__(self, pid: int):
+        self.pid, self.cap, self.reserve = pid, memory_cap(), reserve_bytes()
+        self.peak = 0
+
+    def verdict(self) -> str | None:
+        """None while the worker may go on; else what it held and what there was, in words."""
+        held = resident_bytes(self.pid)
+        if held is None:
+            return None
+        self.peak = max(self.peak, held)
+        if self.cap is not None and held > self.cap:
+            return f"it held {_gb(held)}, past {MEMORY_ENV}={os.environ[MEMORY_ENV]} ({_gb(self.cap)})"
+        free = available_bytes()
+        if free is not None and free < self.reserve:
+            return (f"it needs more than the {_gb(held)} it held, and this machine had {_gb(held + free)} for it "
+                    f"({_gb(free)} left)")
+        return None
 
 
 _SPARES: list[tuple[subprocess.Popen, Any]] = []
@@ -101,6 +179,7 @@ class WorkerRunner(Runner):
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
         self._process, self._stderr = _SPARES.pop(0) if _SPARES else _spawn(())
+        self._watch, self._stopped = MemoryWatch(self._process.pid), None
         # the worker calls the same ``open_runner`` (a plugin's, a test's), imported by name with this process's
         # import path; one it cannot name (a lambda) is found there by the file's suffix
         where = (opener.__module__, opener.__qualname__) if opener is not None else ("", "")
@@ -129,6 +208,7 @@ class WorkerRunner(Runner):
         try:
             pickle.dump(message, process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
             process.stdin.flush()
+            self._await_answer()
             status, *value = pickle.load(process.stdout)
         except (EOFError, BrokenPipeError, pickle.UnpicklingError, OSError):
             raise self._crashed(doing) from None
@@ -137,7 +217,26 @@ class WorkerRunner(Runner):
             raise RuntimeError(f"{error_type}: {text}")
         return value[0]
 
+    def _await_answer(self) -> None:
+        """Wait until the worker's answer starts to arrive, reading its memory meanwhile; a worker that must stop
+        for memory is killed here (its pipe then ends, and the caller reports why)."""
+        channel = self._process.stdout.fileno()
+        while not select.select([channel], [], [], WATCH_S)[0]:
+            reason = self._watch.verdict()
+            if reason is not None:
+                self._stopped = reason
+                self._process.kill()
+                return
+
     def _crashed(self, doing: str) -> RunnerCrashed:
+        if self._stopped is not None:
+            self._process.wait()
+            stopped = RunnerCrashed(f"the process {doing} was stopped for memory: {self._stopped}; infopt stopped it "
+                                 "before the kernel's OOM killer would pick a process",
+                                 fix="build on a machine with more memory, or with smaller batches (--batch-sizes, "
+                                     f"--dim); {MEMORY_ENV} caps a worker on a shared machine")
+            stopped.word = "out of memory"
+            return stopped
         try:
             code = self._process.wait(timeout=30)
         except subprocess.TimeoutExpired:

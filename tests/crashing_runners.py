@@ -78,3 +78,25 @@ def out_of_memory_on_run(path, names, outputs=(), threads=0, device="cpu", **opt
 
 def doubling(path, names, outputs=(), threads=0, device="cpu", **options):
     return Crashing(names, "none")
+
+
+class Growing(Runner):
+    """A runner whose run takes memory 64 MiB at a time, touched, up to 4 GiB: a model that does not fit."""
+
+    kind = "growing"
+
+    def __init__(self, names):
+        self.input_names = tuple(names)
+
+    def run(self, feed):
+        import time
+
+        held = []
+        for _ in range(64):
+            held.append(np.ones(2**26, np.uint8))
+            time.sleep(0.02)
+        return [np.asarray(feed[n]) * 2 for n in self.input_names]
+
+
+def growing_on_run(path, names, outputs=(), threads=0, device="cpu", **options):
+    return Growing(names)

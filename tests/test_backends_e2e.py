@@ -108,7 +108,8 @@ def test_h100_int8_without_tensorrt_ships_onnx_and_a_server_built_engine(digits,
 
 
 @pytest.mark.parametrize("args, code, needles", [
-    (("--target", "h100", "--fp8"), 4, ("fp8-tensorrt", "TensorRT")),
+    (("--target", "h100", "--fp8"), 2, ("FP8 needs calibration data", "pass --calib")),
+    (("--target", "h100", "--fp8", "--backend", "tensorrt", "--calib", "VAL"), 4, ("fp8-tensorrt", "TensorRT")),
     (("--target", "h100", "--backend", "inductor"), 4, ("CUDA GPU",)),
     (("--target", "t4", "--bf16"), 2, ("does not run bf16", "fp32, fp16, int8, int4")),
     (("--target", "cpu", "--int8", "--backend", "inductor"), 2, ("no bundled recipe builds int8", "int4 (onnxruntime, inductor)")),
@@ -120,5 +121,6 @@ def test_combinations_that_cannot_be_built_here(files, tmp_path, args, code, nee
     if code == 4 and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     out = tmp_path / "dist" / "m"
+    args = [str(files / "digits_val.npz") if a == "VAL" else a for a in args]
     proc = run_cli_here("build", str(files / "cnn_ts.pt"), *CNN, *args, "-o", str(out), cwd=tmp_path)
     assert_clean_failure(proc, code, *needles, out=out)

@@ -6,6 +6,7 @@ and ``gate`` run from the CLI as a user runs them."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -74,3 +75,18 @@ def test_a_crashing_candidate_fails_with_its_signal_and_the_build_validate_and_g
     checks = json.loads(gated.stdout)["checks"]
     crash = next(c for c in checks if c["group"] == "runtime")
     assert crash["passed"] is False and "SIGSEGV" in crash["detail"]
+
+
+def test_a_candidate_past_the_memory_cap_is_stopped_and_the_build_ships_another(files, tmp_path, monkeypatch):
+    """``INFOPT_WORKER_MEMORY`` caps a worker (the machine's available memory does without it): a runner that takes
+    memory without end is stopped at the cap, its candidate fails saying so, and the build ships the other."""
+    crash_inductor(monkeypatch, crashing_runners.growing_on_run)
+    monkeypatch.setenv("INFOPT_WORKER_MEMORY", "1G")
+    model, val = str(files / "cnn_ts.pt"), str(files / "digits_val.npz")
+    auto = run_cli_here("build", model, *CNN, "--val", val, "-o", "auto", cwd=tmp_path)
+    assert auto.returncode == 0, auto.stderr
+    rows = {c["recipe"]: c for c in json.loads((tmp_path / "auto" / "manifest.json").read_text())["candidates"]}
+    assert rows["fp32-inductor"]["status"] == "failed"
+    assert re.match(r"out of memory: the process running model.pt2 was stopped for memory: it held 1\.[1-3] GB, past "
+                    r"INFOPT_WORKER_MEMORY=1G \(1\.1 GB\)", rows["fp32-inductor"]["reason"])
+    assert any(c["chosen"] and c["recipe"].startswith("fp32-onnxruntime") for c in rows.values())

@@ -23,7 +23,7 @@ SWEEP = {
          "timeout_s": 12},
     ],
     "targets": ["cpu"],
-    "precisions": ["fp32", "fp8"],
+    "precisions": ["fp32", "fp16"],
     "backends": ["onnxruntime"],
     "batch_sizes": [1],
     "max_abs": 1e-4,
@@ -61,7 +61,7 @@ def test_a_local_sweep_reports_every_cell_and_is_not_stopped_by_a_failed_or_hung
     assert gone["status"] == "error" and gone["exit_code"] == 2 and "missing.pt" in gone["error"]
     stuck = cells[("stuck", "fp32")]
     assert stuck["status"] == "timeout" and "12 s" in stuck["error"] and 12 <= stuck["seconds"] < 50
-    assert all(cells[(m, "fp8")]["status"] == "unsupported" and "does not run fp8" in cells[(m, "fp8")]["error"]
+    assert all(cells[(m, "fp16")]["status"] == "unsupported" and "does not run fp16" in cells[(m, "fp16")]["error"]
                for m in ("mlp", "gone", "stuck"))
     assert report["chosen"] == {"mlp": {"cpu": "cpu-fp32-onnxruntime"}}
     assert report["pareto"]["mlp"] == ["cpu-fp32-onnxruntime"]
@@ -86,7 +86,7 @@ def test_the_python_api_reads_the_same_file_and_lays_out_the_same_cells(tmp_path
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump({**SWEEP, "models": SWEEP["models"][1:2]}))
     spec = read_sweep(tmp_path / "sweep.yaml")
     grid = cells(spec, tmp_path, tmp_path / "out")
-    assert [c.label for c in grid] == ["cpu-fp32-onnxruntime", "cpu-fp8-onnxruntime"]
+    assert [c.label for c in grid] == ["cpu-fp32-onnxruntime", "cpu-fp16-onnxruntime"]
     assert grid[0].folder == tmp_path / "out" / "gone" / "cpu-fp32-onnxruntime" and grid[1].unsupported
     assert ["--max-abs", "0.0001"] == grid[0].args[grid[0].args.index("--max-abs"):][:2]
     result = infopt.sweep(tmp_path / "sweep.yaml", jobs=1)

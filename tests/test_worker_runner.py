@@ -4,6 +4,7 @@ signal, what the worker was doing and its last output (Python's faulthandler sta
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -70,6 +71,30 @@ def test_memory_past_the_workers_limit_is_an_error_of_the_run_not_a_crash(monkey
         with pytest.raises(RuntimeError, match="^MemoryError") as caught:
             runner.run(FEED)
         assert not isinstance(caught.value, RunnerCrashed)
+
+
+def test_a_worker_past_its_memory_cap_is_stopped_before_the_oom_killer_and_says_what_it_held(monkeypatch, tmp_path):
+    monkeypatch.setenv("INFOPT_WORKER_MEMORY", "400M")
+    runner = opened(monkeypatch, tmp_path, crashing_runners.growing_on_run)
+    with open(f"/proc/{runner._process.pid}/oom_score_adj") as f:
+        assert int(f.read()) == 800  # the kernel takes the worker first, should the watch be too slow
+    with pytest.raises(RunnerCrashed) as caught:
+        runner.run(FEED)
+    message = str(caught.value)
+    assert re.match(r"the process running m.native was stopped for memory: it held 0\.[45] GB, past "
+                    r"INFOPT_WORKER_MEMORY=400M \(0\.4 GB\); infopt stopped it before the kernel's OOM killer", message)
+    assert runner.dead and runner._watch.peak < 400 * 2**20 + 4 * 2**26  # stopped within a few steps of the cap
+
+
+def test_a_memory_cap_that_is_not_an_amount_is_a_usage_error(monkeypatch):
+    from infopt.core.errors import UsageError
+    from infopt.runtime.worker import memory_cap
+
+    monkeypatch.setenv("INFOPT_WORKER_MEMORY", "lots")
+    with pytest.raises(UsageError, match="INFOPT_WORKER_MEMORY='lots' is not an amount of memory"):
+        memory_cap()
+    monkeypatch.setenv("INFOPT_WORKER_MEMORY", "1.5G")
+    assert memory_cap() == int(1.5 * 2**30)
 
 
 def test_exit_codes_in_words():

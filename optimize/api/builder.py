@@ -211,6 +211,9 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     recipes = [_with_overrides(r, thresholds, batch_sizes, pass_options) for r in recipes]
     for each in recipes:
         each.preflight(target_obj, calibration is not None, settings)
+    if output:  # before any work: a folder that cannot be written fails in a second, not after the load
+        check_output(Path(output).absolute(), force)
+    worker.memory_cap()  # INFOPT_WORKER_MEMORY that is not an amount: exit 2 now, not when a worker starts
     for each in {backends.named(r.backend) for r in recipes}:  # each fenced backend's worker imports what it needs
         if each.fenced(target_obj.device):                     # while this process loads, captures and exports
             worker.prestart(each.worker_imports)

@@ -254,7 +254,7 @@ def crash_reason(exc: RunnerCrashed) -> str:
     text = " | ".join(line.strip() for line in exc.what.splitlines() if line.strip())
     if len(text) > CRASH_REASON_CHARS:
         text = text[:CRASH_REASON_CHARS // 2] + " ... " + text[-CRASH_REASON_CHARS // 2:]
-    return f"crashed: {text}"
+    return f"{exc.word}: {text}"
 
 
 def survivors(candidates, allow_partial: bool, target_device: str = "cpu") -> list:

@@ -121,6 +121,8 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
     except ImportError as exc:
         raise EnvironmentProblem(f"--task {TASK} judges its folder by generating from it with onnxruntime_genai, "
                                  "which is not installed", fix="pip install 'infopt[llm]'") from exc
+    if output:  # before the model loads: an 8B checkpoint takes minutes to load
+        check_output(Path(output).absolute(), force)
     times = StepTimes()
     say = (lambda text: console.print(f"[dim]{text}[/dim]")) if console is not None else (lambda text: None)
     with times.step("load"):

@@ -25,7 +25,7 @@ SECOND_FORMAT = {"ConvBN": "torchscript", "AttentionEncoder": "torchscript", "Re
 """Besides its state dict, each architecture is built from one file that holds no Python module."""
 
 SHIPPED = {"onnxruntime": "model/model.onnx", "inductor": "model/model.pt2"}
-FLOOR = {"fp32": ("sqnr_db", 60.0), "bf16": ("cosine_mean", 0.995), "int8": ("cosine_mean", 0.99),
+FLOOR = {"fp32": ("sqnr_db", 60.0), "bf16": ("cosine_mean", 0.995), "fp8": ("cosine_mean", 0.99), "int8": ("cosine_mean", 0.99),
          "int4": ("cosine_mean", 0.98)}
 """The drift each cell must show in its manifest (the recipes' own limits)."""
 
@@ -95,7 +95,7 @@ def test_cell(arch, fmt, precision, backend, mode, saved, tmp_path, monkeypatch,
     monkeypatch.chdir(tmp_path)
     shutil.copy(source, source.name)
     extra = []
-    if mode == "static":
+    if mode == "static" or precision == "fp8":  # FP8's activation scales are calibrated
         shutil.copy(calib, "calib.npz")
         extra = ["--calib", "calib.npz"]
     dims = [arg for name, (lo, opt, hi) in M.DIMS.items() if any(f",{name}," in f",{i.split('[')[1]}"
@@ -130,11 +130,13 @@ def test_cell(arch, fmt, precision, backend, mode, saved, tmp_path, monkeypatch,
         assert len(quantized) == 1 and quantized[0]["details"]["layers"], manifest["passes"]
     if precision == "bf16":
         assert passes["cast_precision"]["changed"]
+    if precision == "fp8":
+        assert passes["quantize_fp8"]["details"]["fp8_ops"]["QuantizeLinear"] > 0
 
 
 def test_readme_table_is_the_code_s_table():
     from tests.conftest import ROOT
 
     assert build_table_markdown() in (ROOT / "README.md").read_text()
-    assert build_table()["cpu"] == {"fp32": ["onnxruntime", "inductor"], "bf16": ["inductor"], "int8": ["onnxruntime"],
-                                    "int4": ["onnxruntime", "inductor"]}
+    assert build_table()["cpu"] == {"fp32": ["onnxruntime", "inductor"], "bf16": ["inductor"], "fp8": ["onnxruntime"],
+                                    "int8": ["onnxruntime"], "int4": ["onnxruntime", "inductor"]}

@@ -31,7 +31,7 @@ def test_precision_the_target_cannot_run():
 
 def test_missing_recipe_says_what_exists():
     with pytest.raises(RecipeError, match=r"builds: fp32 \(onnxruntime, inductor\); bf16 \(inductor\); "
-                                          r"int8 \(onnxruntime\); int4 \(onnxruntime, inductor\)"):
+                                          r"fp8 \(onnxruntime\); int8 \(onnxruntime\); int4 \(onnxruntime, inductor\)"):
         find_recipe(get_target("cpu"), "int8", "inductor")
 
 
