@@ -140,3 +140,24 @@ def test_fp8_without_calibration_or_without_a_layer_is_refused_clearly(tmp_path)
     assert no_layer.returncode == 2, no_layer.stderr
     assert "--fp8 quantizes MatMul, Gemm and Conv layers with constant weights, and this model has none" in no_layer.stderr
     assert not (tmp_path / "dist").exists() or not any((tmp_path / "dist").iterdir())
+
+
+def test_a_budget_fp8_misses_moves_the_layers_that_drift_most_back_to_float(tmp_path):
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                              torch.nn.Linear(64, 4)).eval()
+    torch.jit.save(torch.jit.trace(mlp, torch.randn(2, 16)), str(tmp_path / "mlp.pt"))
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "calib.npz", x=rng.standard_normal((64, 16)).astype(np.float32))
+    np.savez(tmp_path / "val.npz", x=rng.standard_normal((64, 16)).astype(np.float32))
+    proc = run_cli_here("build", "mlp.pt", "--input", "x:float32[batch,16]", "--fp8", "--calib", "calib.npz",
+                        "--val", "val.npz", "--max-drift", "cosine_mean=0.99999", "--batch-sizes", "1", "-q",
+                        cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((tmp_path / "dist" / "mlp" / "manifest.json").read_text())
+    details = next(p for p in manifest["passes"] if p["name"] == "quantize_fp8")["details"]
+    kept = [row for row in details["layers"] if row["precision"] == "float (fallback)"]
+    assert 1 <= len(kept) and all(row["cosine_mean"] is not None for row in details["layers"])  # ranked, alone
+    assert details["measured"]["cosine_mean"] >= 0.99999 and manifest["validation"]["verdict"]["passed"]
+    worst_alone = min(details["layers"], key=lambda row: row["cosine_mean"])
+    assert worst_alone["precision"] == "float (fallback)"  # the one that drifts most went back first
