@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -89,6 +89,9 @@ class Recipe(_Strict):
     task: str | None = Field(None, description="the task the recipe builds (text-generation); none: a model's "
                                                "inputs to its outputs (logits), which every other recipe builds")
     description: str = ""
+    devices: list[Literal["cpu", "cuda"]] | None = Field(
+        None, description="the target devices --backend auto builds it for (none: every device); --recipe builds it "
+                          "for any target")
     passes: list[PassStep]
     validation: Validation = Field(default_factory=Validation)
     emit: list[str] | None = Field(
@@ -183,7 +186,8 @@ def recipes_for(target: Target, precision: str, backend: str = "auto", task: str
     bundled = bundled_recipes()
     stems = [stem for candidate in order for stem in sorted(bundled, key=lambda s: (s.count("-"), s))
              if stem == f"{precision}-{candidate}" or stem.startswith(f"{precision}-{candidate}-")]
-    found = [r for r in (load_recipe(bundled[stem]) for stem in stems) if r.task == task]
+    found = [r for r in (load_recipe(bundled[stem]) for stem in stems)
+             if r.task == task and (r.devices is None or target.device in r.devices)]
     if not found:
         raise RecipeError(
             f"no bundled recipe builds {precision} for target {target.name}"
@@ -195,8 +199,15 @@ def recipes_for(target: Target, precision: str, backend: str = "auto", task: str
 
 def backends_for(target: Target) -> dict[str, list[str]]:
     """Precision -> the backends a bundled recipe builds it with for ``target``, in its order of preference."""
-    pairs = {tuple(stem.split("-")[:2]) for stem in bundled_recipes()}
+    pairs = {tuple(stem.split("-")[:2]) for stem, path in bundled_recipes().items()
+             if target.device in (_declared_devices(path) or (target.device,))}
     return {p: [b for b in target.backends if (p, b) in pairs] for p in target.precisions}
+
+
+def _declared_devices(path: Path) -> list[str] | None:
+    """A recipe file's ``devices``, read without validating the recipe (which needs the passes registered)."""
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    return data.get("devices")
 
 
 def buildable(target: Target) -> str:

@@ -279,8 +279,11 @@ def test_dry_run_shows_the_plan_and_writes_nothing(files, tmp_path):
     assert plan["format"] == "torchscript" and plan["calibration"] == "calib/" and not plan["replaces_existing"]
     assert plan["inputs"]["dims"]["batch"] == {"min": 1, "opt": 8, "max": 64}
     by_recipe = {c["recipe"]: c for c in plan["candidates"]}
-    assert by_recipe and all("quantize_int8" in c["passes"] for c in by_recipe.values())
-    assert set(by_recipe) == {"int8-tensorrt", "int8-onnxruntime"} and by_recipe["int8-tensorrt"]["passes"][-1] == "tensorrt_build"
+    assert set(by_recipe) == {"int8-tensorrt", "int8-onnxruntime", "int8-inductor"}
+    assert all("quantize_int8" in by_recipe[r]["passes"] for r in ("int8-tensorrt", "int8-onnxruntime"))
+    assert by_recipe["int8-tensorrt"]["passes"][-1] == "tensorrt_build"
+    # stock PyTorch's W8A8 replaces Python Linear layers, which a TorchScript file does not have
+    assert "needs the model's Python module" in by_recipe["int8-inductor"]["skipped"]
     int4 = json.loads(run_cli_here("build", "cnn.pt", "--input", "x:float32[batch,1,8,8]", "--int4", "--dry-run", "--json",
                                    cwd=tmp_path).stdout)
     skipped = {c["recipe"]: c["skipped"] for c in int4["candidates"]}  # what a build would skip, and why

@@ -161,3 +161,53 @@ def test_a_budget_fp8_misses_moves_the_layers_that_drift_most_back_to_float(tmp_
     assert details["measured"]["cosine_mean"] >= 0.99999 and manifest["validation"]["verdict"]["passed"]
     worst_alone = min(details["layers"], key=lambda row: row["cosine_mean"])
     assert worst_alone["precision"] == "float (fallback)"  # the one that drifts most went back first
+
+
+@pytest.mark.parametrize("precision", ["fp8", "int8"])
+def test_the_pytorch_8bit_linears_stay_close_and_keep_what_the_gpu_kernel_cannot_take(precision):
+    from infopt.quantize.linear_8bit import Fp8Linear, Int8Linear, swap
+
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 16)).eval()
+    x = torch.randn(8, 5, 64)
+    with torch.no_grad():
+        reference = mlp(x)
+        swapped, kept = swap(mlp, precision, "cpu")
+        got = mlp(x)
+    assert swapped == ["0", "2"] and not kept
+    assert isinstance(mlp[0], Fp8Linear if precision == "fp8" else Int8Linear)
+    cosine = torch.nn.functional.cosine_similarity(got.flatten(), reference.flatten(), dim=0).item()
+    assert 0.99 <= cosine < 1.0
+    odd = torch.nn.Sequential(torch.nn.Linear(64, 24), torch.nn.Linear(24, 16))
+    swapped, kept = swap(odd, precision, "cuda", keep_float=())
+    if precision == "fp8":  # CUDA's FP8 GEMM takes multiples of 16: 24 is not
+        assert swapped == [] and kept[0].startswith("0 (64x24: cuda's fp8 kernel needs multiples of 16)")
+    else:  # INT8's takes multiples of 8
+        assert swapped == ["0", "1"] and mlp is not odd
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp8", "int8"])
+def test_the_pytorch_route_builds_a_bert_folder_the_cpu_checks(text_zoo, precision):
+    """``--recipe fp8-inductor`` (``int8-inductor``) on the CPU: the program a CUDA target without TensorRT gets,
+    compiled by AOTInductor for this CPU, where its drift is checked."""
+    out = f"dist-bert-{precision}-inductor"
+    proc = run_cli_here("build", "tiny-bert", "--recipe", f"{precision}-inductor", "--dim", "batch=1:2:4",
+                        "--dim", "seq=1:16:32", "--batch-sizes", "1", "-o", out, "-q", cwd=text_zoo)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((text_zoo / out / "manifest.json").read_text())
+    assert manifest["precision"] == precision and manifest["backend"] == "inductor"
+    assert (text_zoo / out / "model" / "model.pt2").is_file()
+    details = next(p for p in manifest["passes"] if p["name"] == "quantize_linear_8bit")["details"]
+    assert len(details["swapped"]) == 13  # 2 layers x (query, key, value, output, intermediate, output), the pooler
+    assert manifest["validation"]["drift"]["worst"]["cosine_mean"] >= 0.99 and manifest["validation"]["verdict"]["passed"]
+
+
+def test_a_cuda_target_at_fp8_and_int8_has_a_pytorch_candidate(text_zoo):
+    for flags in (["--fp8", "--calib", "calib.npz"], ["--int8", "--calib", "calib.npz"]):
+        proc = run_cli_here("build", "tiny-qwen2", "--target", "h100", *flags, "--dry-run", "--json", cwd=text_zoo)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        plan = {c["recipe"]: c for c in json.loads(proc.stdout)["candidates"]}
+        pytorch = plan[f"{flags[0][2:]}-inductor"]
+        assert pytorch["passes"][0] == "quantize_linear_8bit"
+        assert pytorch["skipped"] is None or "CUDA GPU" in pytorch["skipped"]  # built where a GPU is, said here
