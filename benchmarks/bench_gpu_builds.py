@@ -1,12 +1,13 @@
-"""Question: do infopt's GPU builds (``--target h100`` at fp16, bf16 and int4 through Inductor) beat
-eager fp16 PyTorch on the same GPU, and what do CUDA graphs add?
+"""Question: do infopt's GPU builds (``--target h100`` at fp16, bf16, fp8, int8 and int4 through Inductor) beat
+eager fp16 PyTorch on the same GPU, and what do CUDA graphs add? fp8 and int8 are the stock-PyTorch route for a GPU
+without TensorRT (``fp8-inductor``: ``torch._scaled_mm``; ``int8-inductor``: ``torch._int_mm`` W8A8 dynamic).
 
 The models: the example DigitsCNN (trained on scikit-learn's digits) and TinyEncoder (trained on its
 token task), an LLM-shaped MLP (8 Linear layers of 4096 x 4096 with ReLU, random weights) and
 (``--models llama``) transformers' LlamaForCausalLM with a small random config (4 layers, hidden 1024,
 grouped KV heads), logits over 32 tokens.
 Each is built with ``infopt.build(model, target=TARGET, precision=P, backend="inductor")`` for P in
-fp16, bf16, int4 (the build validates drift against eager fp32 and times on the GPU with CUDA
+``--precisions`` (default fp16, bf16, fp8, int8, int4; the build validates drift against eager fp32 and times on the GPU with CUDA
 events), then loaded with ``infopt.load(dist, cuda_graphs=False)`` and ``cuda_graphs=True`` and timed
 in one run against eager fp16 (the fp32 model cast to fp16 on the GPU, inputs and outputs in fp32
 as the builds take them), each runner in its own warm-up and timed block, CUDA events around each
@@ -14,6 +15,7 @@ call (host-to-device and device-to-host copies included, as a server sees them).
 
     python benchmarks/bench_gpu_builds.py [--target h100] [--markdown benchmarks/results/gpu_builds.md]
     python benchmarks/bench_gpu_builds.py --quick --models mlp       # a fast check; writes no results file
+    python benchmarks/bench_gpu_builds.py --models mlp,llama --precisions fp16,bf16,fp8,int8   # the 8-bit table
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import arguments, environment, publish  # noqa: E402
 
-PRECISIONS = ("fp16", "bf16", "int4")
+PRECISIONS = ("fp16", "bf16", "fp8", "int8", "int4")
 
 
 def models(chosen: list[str]) -> dict:
@@ -83,7 +85,7 @@ def build_rows(args, name, entry, workdir: Path, notes: list[str]) -> list[str]:
     names = [spec.split(":")[0] for spec in inputs]
     runners = {"eager fp16": TorchRunner(eager_fp16(model), names, device="cuda").run}
     drift = {}
-    for precision in PRECISIONS:
+    for precision in args.precisions.split(","):
         out = workdir / f"{name.split()[0]}-{precision}"
         try:
             result = infopt.build(model, target=args.target, precision=precision, backend="inductor", inputs=inputs,
@@ -116,7 +118,9 @@ def build_rows(args, name, entry, workdir: Path, notes: list[str]) -> list[str]:
 
 def main() -> None:
     args = arguments(__doc__, "gpu_builds.md", "cnn,encoder,mlp,llama", "a fast check: 20 iterations; writes no results file",
-                     extra=lambda parser: parser.add_argument("--target", default="h100", help="a CUDA target"))
+                     extra=lambda parser: (parser.add_argument("--target", default="h100", help="a CUDA target"),
+                                           parser.add_argument("--precisions", default=",".join(PRECISIONS),
+                                                               help="comma list of the precisions built")))
     if not torch.cuda.is_available():
         print("bench_gpu_builds needs a CUDA GPU and torch sees none (torch.cuda.is_available() is False)")
         sys.exit(4)

@@ -177,6 +177,11 @@ def choose(candidates: list[Candidate], timings: Timings, target, weights: dict[
     if not passed:
         return built[0], "no candidate passed validation; the first by the target's backend preference is kept"
     on_target = target.device == "cpu" or any(c.runner.device == "cuda" for c in passed)
+    if target.device == "cuda" and on_target:  # figures from the GPU beat any from this CPU (an ONNX Runtime
+        gpu = [c for c in passed if c.runner.device == "cuda"]  # session that fell back to it, say)
+        if len(gpu) == 1 and len(passed) > 1:
+            return gpu[0], "the only candidate that passed validation on the GPU; the others ran on this CPU"
+        passed = gpu
     if not on_target:
         return passed[0], (f"latency here was measured on this machine's CPU, which says nothing of {target.name}: "
                            f"chosen by the target's backend preference ({', '.join(target.backends)}) among "

@@ -148,3 +148,26 @@ def test_a_declared_batch_mix_decides_between_candidates_fast_at_different_batch
     chosen, why = choose([small, large], timings, target, {1: 0.05, 32: 0.95})
     assert chosen is large and "weighted by the declared batch mix (1: 5%, 32: 95%)" in why
     assert abs(large.speedup(timings, {1: 0.05, 32: 0.95}) - (2.0 ** 0.05) * (5.0 ** 0.95)) < 1e-9
+
+
+def test_on_a_gpu_target_a_candidate_validated_on_the_gpu_wins_over_a_faster_one_run_on_the_cpu():
+    from types import SimpleNamespace
+
+    from infopt.api.candidates import Candidate, choose
+    from infopt.core.recipe import load_recipe
+    from infopt.validators.timing import RatioEstimate, Timings
+
+    def built(name, device):
+        c = Candidate(load_recipe(name), status="built")
+        c.runner, c.verdict = SimpleNamespace(device=device), SimpleNamespace(passed=True)
+        return c
+
+    def ratio(value):
+        return [RatioEstimate(1, value, 1.0, value, value, value, 0.97, 5, 3)]
+
+    on_cpu, on_gpu, also_gpu = built("fp8-onnxruntime", "cpu"), built("fp8-inductor", "cuda"), built("fp8-tensorrt", "cuda")
+    target = SimpleNamespace(device="cuda", name="h100", backends=("tensorrt", "onnxruntime", "inductor"))
+    timings = Timings([], {on_cpu.label: ratio(0.1), on_gpu.label: ratio(0.9), also_gpu.label: ratio(0.5)})
+    chosen, why = choose([on_cpu, on_gpu], timings, target)
+    assert chosen is on_gpu and why.startswith("the only candidate that passed validation on the GPU")
+    assert choose([on_cpu, on_gpu, also_gpu], timings, target)[0] is also_gpu  # the fastest of those on the GPU
