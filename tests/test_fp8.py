@@ -136,10 +136,20 @@ def test_fp8_without_calibration_or_without_a_layer_is_refused_clearly(tmp_path)
     uncalibrated = run_cli_here("build", "linear.pt", *spec, "--fp8", cwd=tmp_path)
     assert uncalibrated.returncode == 2 and "FP8 needs calibration data" in uncalibrated.stderr
     assert "fix:   pass --calib" in uncalibrated.stderr and "Traceback" not in uncalibrated.stderr
+    clipped = run_cli_here("build", "linear.pt", *spec, "--fp8", "--calib", "calib.npz", "--calib-method", "percentile",
+                           "--calib-percentile", "99.9", "-o", "clipped", "-q", cwd=tmp_path)
+    assert clipped.returncode == 0, clipped.stderr[-2000:]
+    details = next(p for p in json.loads((tmp_path / "clipped" / "manifest.json").read_text())["passes"]
+                   if p["name"] == "quantize_fp8")["details"]
+    assert details["method"] == "percentile"
+    entropy = run_cli_here("build", "linear.pt", *spec, "--fp8", "--calib", "calib.npz", "--calib-method", "entropy",
+                           "-o", "entropy", cwd=tmp_path)
+    assert entropy.returncode == 2 and "Traceback" not in entropy.stderr and "amax" in entropy.stderr
     no_layer = run_cli_here("build", "relu.pt", *spec, "--fp8", "--calib", "calib.npz", cwd=tmp_path)
     assert no_layer.returncode == 2, no_layer.stderr
     assert "--fp8 quantizes MatMul, Gemm and Conv layers with constant weights, and this model has none" in no_layer.stderr
     assert not (tmp_path / "dist").exists() or not any((tmp_path / "dist").iterdir())
+    assert not (tmp_path / "entropy").exists()
 
 
 def test_a_budget_fp8_misses_moves_the_layers_that_drift_most_back_to_float(tmp_path):

@@ -31,9 +31,10 @@ EMULATED = "FP8 emulated by ONNX Runtime's CPU provider: the drift is FP8's, the
 
 
 class QuantizeFp8Options(PassOptions):
-    SETTINGS: ClassVar[dict[str, str]] = {"percentile": "calib_percentile"}
-    method: Literal["amax", "percentile"] = Field("amax", description="activation scales: the calibrated absolute "
-                                                                      "maximum, or a percentile of the magnitudes")
+    SETTINGS: ClassVar[dict[str, str]] = {"method": "calib_method", "percentile": "calib_percentile"}
+    method: Literal["amax", "minmax", "percentile"] = Field(
+        "amax", description="activation scales: the calibrated absolute maximum (amax; minmax is the same), or a "
+                            "percentile of the magnitudes (--calib-method percentile --calib-percentile P)")
     percentile: float = Field(99.99, gt=50.0, le=100.0, description="the percentile kept by the percentile method")
     budget: str = Field("cosine_mean=0.99", description="drift budget METRIC=VALUE the fallback holds (overridden by "
                                                         "--max-drift)")
