@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 
-
 def cache_root() -> Path:
     return Path(os.environ.get("INFOPT_CACHE_DIR") or Path.home() / ".cache" / "infopt")
 

@@ -93,7 +93,7 @@ def memory_cap() -> int | None:
     except ValueError:
         value = 0
     if value <= 0:
-        raise UsageError(f"{MEMORY_ENV}={text!r} is not an amount of memory", fix=f"set it as 12G, 800M or bytes, or unset it")
+        raise UsageError(f"{MEMORY_ENV}={text!r} is not an amount of memory", fix="set it as 12G, 800M or bytes, or unset it")
     return int(value)
 
 
