@@ -20,6 +20,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from infopt.core.file_hash import sha256
+
 
 def cache_root() -> Path:
     return Path(os.environ.get("INFOPT_CACHE_DIR") or Path.home() / ".cache" / "infopt")
@@ -82,19 +84,13 @@ def content_key(*parts: str | bytes) -> str:
     return digest.hexdigest()
 
 
-def _sha256(path: Path) -> str:
-    from infopt.core.manifest import sha256  # its schema takes 0.3 s to import, and the CLI imports this module first
-
-    return sha256(path)
-
-
 def stored(kind: str, key: str) -> tuple[Path, dict[str, Any]] | None:
     """(folder, its meta) of the complete entry ``key`` of store ``kind``, with every file's sha256 as
     stored; None when there is none, or it no longer matches (then it is removed)."""
     folder = cache_dir(kind) / key
     try:
         meta = json.loads((folder / META).read_text())
-        if any(_sha256(folder / rel) != digest for rel, digest in meta["files"].items()):
+        if any(sha256(folder / rel) != digest for rel, digest in meta["files"].items()):
             raise ValueError("changed")
     except (OSError, ValueError, KeyError, TypeError):
         if folder.exists():
@@ -117,7 +113,7 @@ def store(kind: str, key: str, files: dict[str, Path], meta: dict[str, Any]) -> 
         digests = {}
         for rel, source in files.items():
             shutil.copyfile(source, staging / rel)
-            digests[rel] = _sha256(staging / rel)
+            digests[rel] = sha256(staging / rel)
         (staging / META).write_text(json.dumps({**meta, "files": digests}))
         os.rename(staging, final)
     except OSError:

@@ -15,18 +15,14 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from infopt.core.errors import UsageError
+from infopt.core.file_hash import hash_into as _hash_into
+from infopt.core.file_hash import sha256
 from infopt.core.manifest_schema import FileEntry, Manifest, check_read
 
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.json.sig"
 UNLISTED = (MANIFEST, SIGNATURE)
 """Files an output folder holds that its manifest does not list: the manifest, and its signature if signed."""
-
-
-def _hash_into(digest, path: Path) -> None:
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
 
 
 EXTERNAL_DATA_BYTES = 256 * 2**20
@@ -44,12 +40,6 @@ def data_sha256(batches: Iterable[dict[str, Any]]) -> str:
             array = np.ascontiguousarray(batch[name])
             digest.update(f"{name}:{array.dtype}:{array.shape};".encode())
             digest.update(array.tobytes())
-    return digest.hexdigest()
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    _hash_into(digest, path)
     return digest.hexdigest()
 
 
