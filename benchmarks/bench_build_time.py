@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -163,12 +164,6 @@ def _package_tree(rev: str, work: Path) -> Path:
     return package.parent
 
 
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
 def _against(rev: str, models: dict, work: Path, rounds: int) -> list[str]:
     """The side-by-side table of ``--against``: each model's cold and repeated build, this tree and ``rev``'s."""
     tree = _package_tree(rev, work)
@@ -192,7 +187,7 @@ def _against(rev: str, models: dict, work: Path, rounds: int) -> list[str]:
                     walls.setdefault((side, kind), []).append(row["wall_s"])
         cells = []
         for kind in ("cold", "again"):
-            ref, now = _median(walls["ref", kind]), _median(walls["this", kind])
+            ref, now = statistics.median(walls["ref", kind]), statistics.median(walls["this", kind])
             cells += [f"{ref:.1f}", f"{now:.1f}", f"{now / ref:.2f}x"]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
         print(lines[-1], file=sys.stderr)

@@ -38,20 +38,23 @@ def cache_dir(name: str) -> Path:
     """``<cache root>/<name>``, created if missing. Where the cache root cannot be written (a read-only or missing
     home, ``INFOPT_CACHE_DIR`` naming a file), the build goes on with ``$TMPDIR/infopt-cache-<uid>`` instead and
     says so once on stderr: a cache saves time, and no build should fail for the lack of one."""
-    folder = cache_root() / name
+    folder, problem = _made(name)
+    if problem is not None and str(cache_root()) not in _FALLBACK_SAID:
+        _FALLBACK_SAID.add(str(cache_root()))
+        sys.stderr.write(f"warning: infopt's cache folder {cache_root()} cannot be written ({type(problem).__name__}: "
+                         f"{problem.strerror or problem}); this process caches in {_fallback_root()} instead (set "
+                         "INFOPT_CACHE_DIR to a folder you can write)\n")
+    return folder
+
+
+def _made(name: str) -> tuple[Path, OSError | None]:
+    """(``<cache root>/<name>``, None), or where the root cannot be written, (the fallback's, why), created."""
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
+        (cache_root() / name).mkdir(parents=True, exist_ok=True)
+        return cache_root() / name, None
     except OSError as exc:
-        fallback = _fallback_root()
-        if str(cache_root()) not in _FALLBACK_SAID:
-            _FALLBACK_SAID.add(str(cache_root()))
-            sys.stderr.write(f"warning: infopt's cache folder {cache_root()} cannot be written ({type(exc).__name__}: "
-                             f"{exc.strerror or exc}); this process caches in {fallback} instead (set INFOPT_CACHE_DIR "
-                             "to a folder you can write)\n")
-        folder = fallback / name
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
+        (_fallback_root() / name).mkdir(parents=True, exist_ok=True)
+        return _fallback_root() / name, exc
 
 
 def point_inductor_at_cache() -> None:
@@ -61,13 +64,10 @@ def point_inductor_at_cache() -> None:
     :func:`cache_dir` falls back to, without a word yet (it says so when the build first uses its cache)."""
     if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
         return
-    for folder in (cache_root() / "inductor", _fallback_root() / "inductor"):
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError:
-            continue
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
-        return
+    try:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(_made("inductor")[0])
+    except OSError:
+        pass  # neither can be written: Inductor's own default, as without infopt
 
 
 STORE_MAX_BYTES = 4 * 2**30

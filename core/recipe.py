@@ -7,6 +7,7 @@ it round-trips to JSON; the manifest records the recipe a build used.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -204,10 +205,11 @@ def backends_for(target: Target) -> dict[str, list[str]]:
     return {p: [b for b in target.backends if (p, b) in pairs] for p in target.precisions}
 
 
-def _declared_devices(path: Path) -> list[str] | None:
+@functools.lru_cache(maxsize=None)
+def _declared_devices(path: Path) -> tuple[str, ...] | None:
     """A recipe file's ``devices``, read without validating the recipe (which needs the passes registered)."""
     data = yaml.safe_load(Path(path).read_text()) or {}
-    return data.get("devices")
+    return tuple(data["devices"]) if data.get("devices") else None
 
 
 def buildable(target: Target) -> str:

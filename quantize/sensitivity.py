@@ -132,6 +132,18 @@ class Probe:
         self._tmp.cleanup()
 
 
+def first_samples(batches: list[dict], samples: int) -> list[dict]:
+    """The first ``samples`` samples of ``batches`` (the last batch cut where needed)."""
+    out, total = [], 0
+    for batch in batches:
+        if total >= samples:
+            break
+        take = min(len(next(iter(batch.values()))), samples - total)
+        out.append({k: v[:take] for k, v in batch.items()})
+        total += take
+    return out
+
+
 def output_drift(reference: list[np.ndarray], candidate: list[np.ndarray]) -> dict:
     """Drift figures over all outputs (each concatenated over the batches), the worst of each."""
     return worst([metrics.drift(r, c) for r, c in zip(reference, candidate)])

@@ -193,7 +193,7 @@ def test_the_pytorch_8bit_linears_stay_close_and_keep_what_the_gpu_kernel_cannot
     if precision == "fp8":  # CUDA's FP8 GEMM takes multiples of 16: 24 is not
         assert swapped == [] and kept[0].startswith("0 (64x24: cuda's fp8 kernel needs multiples of 16)")
     else:  # INT8's takes multiples of 8
-        assert swapped == ["0", "1"] and mlp is not odd
+        assert swapped == ["0", "1"]
 
 
 @pytest.mark.slow

@@ -22,7 +22,7 @@ from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, Pa
 from infopt.quantize import onnx_fp8, onnx_int8
 from infopt.quantize.calibrate import calibrate
 from infopt.quantize.observers import Observer
-from infopt.quantize.sensitivity import Budget, output_drift
+from infopt.quantize.sensitivity import Budget, first_samples, output_drift
 from infopt.runtime.backends.onnxruntime import OrtRunner
 
 CALIB_FIX = ("pass --calib PATH: samples shaped like the model's inputs, or a text file of sentences for a Hugging "
@@ -92,7 +92,7 @@ def run(artifact: Artifact, options: QuantizeFp8Options, context: PassContext) -
     drift = drift_of(dst, batches, reference)
     ranked: dict[str, dict] = {}
     if not budget.holds(drift) and options.fallback:
-        few = _first(batches, options.sensitivity_samples)
+        few = first_samples(batches, options.sensitivity_samples)
         few_ref = _first_outputs(reference, few)
         for i, layer in enumerate(layers):
             context.say(f"each layer alone in FP8: {i + 1}/{len(layers)}")
@@ -132,17 +132,6 @@ def _judged_on(src: Path, context: PassContext) -> tuple[list[dict], list[np.nda
     runner = OrtRunner(src)
     outs = [runner.run(b) for b in batches]
     return batches, [np.concatenate([o[i] for o in outs]) for i in range(len(outs[0]))], "calibration data"
-
-
-def _first(batches: list[dict], samples: int) -> list[dict]:
-    out, total = [], 0
-    for batch in batches:
-        if total >= samples:
-            break
-        take = min(len(next(iter(batch.values()))), samples - total)
-        out.append({k: v[:take] for k, v in batch.items()})
-        total += take
-    return out
 
 
 def _first_outputs(reference: list[np.ndarray], batches: list[dict]) -> list[np.ndarray]:

@@ -22,7 +22,7 @@ from infopt.passes.onnx.int8_sections import int8_notes, int8_sections, int8_shi
 from infopt.quantize import calibrators, int8_variants, layer_timing, onnx_int8, sensitivity
 from infopt.quantize.calibrate import calibrate
 from infopt.quantize.observers import Observer
-from infopt.quantize.sensitivity import Budget, output_drift
+from infopt.quantize.sensitivity import Budget, first_samples, output_drift
 from infopt.runtime.backends.onnxruntime import OrtRunner
 
 CALIB_FIX = ("pass --calib PATH: a folder or file of .npy/.npz/.pt samples shaped like the model's inputs "
@@ -132,7 +132,7 @@ def run(artifact: Artifact, options: QuantizeInt8Options, context: PassContext) 
                       "options": table.options, "cached": table.cached, "data_sha256": table.data_sha256}
     else:
         batches = list(context.check_batches or [])
-    sample_batches = _limit(batches, options.sensitivity_samples)
+    sample_batches = first_samples(batches, options.sensitivity_samples)
     probe = sensitivity.Probe(src, layers, ranges, symmetric=placement == "tensorrt")
     ranked: list[dict] | None = None
     measured_here = placement == "onnxruntime" and context.target.device == "cpu"  # timings on this CPU mean something
@@ -337,18 +337,6 @@ def _calibrate(src, layers, options, context):
     context.say(f"calibrating {options.method} on {context.calibration.count} samples")
     observer = Observer(options.method, options.percentile, options.bins)
     return calibrate(src, onnx_int8.calibration_tensors(layers), context.calibration, observer)
-
-
-def _limit(batches, samples: int):
-    out, total = [], 0
-    for batch in batches:
-        if total >= samples:
-            break
-        n = len(next(iter(batch.values())))
-        take = min(n, samples - total)
-        out.append({k: v[:take] for k, v in batch.items()})
-        total += take
-    return out
 
 
 def _build_confirmed(build, layers, excluded, order, batches, reference, budget, context):

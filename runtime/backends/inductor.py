@@ -47,8 +47,8 @@ class AotiRunner(Runner):
 
 class LoadedPackage:
     """A package opened with torch's C++ loader itself, called with its inputs in order and answering its outputs as
-    a flat list: what ``torch._inductor.aoti_load_package`` returns, without importing Inductor (1-2 s and 150 MB
-    in a worker process) or reading the archive in Python first."""
+    a flat list: what ``torch._inductor.aoti_load_package`` returns, without importing Inductor (about 1 s and 150 MB
+    in a worker process, measured here) or reading the archive in Python first."""
 
     def __init__(self, loader):
         self.loader = loader
