@@ -24,6 +24,8 @@ DECODERS = ("llama", "gpt2", "qwen2", "mistral", "phi3", "gemma", "qwen3", "gptn
 EVERY_RUN = {"llama", "gpt2"}
 """the families ``make test`` builds (rotary with grouped KV heads, and learned positions); ``make zoo`` builds all"""
 NEW_TOKENS = 12
+LAYERS = 4
+"""the decoders' layers here: more than the probe's two, so that every build stamps two layers from the second"""
 ROTARY_INSIDE = {"llama", "qwen2", "mistral", "phi3", "gemma", "qwen3"}
 """the families whose rotary embedding ``GroupQueryAttention`` computes (GPT-NeoX's tiny config rotates 4 dims, fewer
 than the op's 16; GPT-2 and OPT learn their positions)"""
@@ -42,14 +44,30 @@ def tokenizer_for(folder: Path) -> None:
                                          bos_token="<|endoftext|>").save_pretrained(folder)
 
 
-def decoder(folder: Path, family: str) -> Path:
-    """``tiny-<family>`` in ``folder`` with its tokenizer, saved on first use."""
+def with_layers(family: str, layers: int = LAYERS):
+    """The zoo's tiny ``family`` with ``layers`` layers (seeded), its norms' weights random too (a checkpoint whose
+    norms are all ones would not show a norm read from the wrong layer)."""
     import torch
 
+    config = FAMILIES[family]().config
+    config.num_hidden_layers = layers
+    types = getattr(config, "layer_types", None)
+    if types:
+        config.layer_types = [types[i % len(types)] for i in range(layers)]
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, tensor in model.named_parameters():
+            if "norm" in name and tensor.dim() == 1:
+                tensor.add_(torch.randn_like(tensor) * 0.1)
+    return model
+
+
+def decoder(folder: Path, family: str) -> Path:
+    """``tiny-<family>`` (:data:`LAYERS` layers) in ``folder`` with its tokenizer, saved on first use."""
     path = folder / f"tiny-{family}"
     if not path.exists():
-        torch.manual_seed(0)
-        FAMILIES[family]().eval().save_pretrained(path)
+        with_layers(family).save_pretrained(path)
         tokenizer_for(path)
     return path
 
@@ -88,20 +106,22 @@ def test_a_causal_lm_builds_a_genai_folder_that_generates_what_transformers_gene
     assert [p["name"] for p in manifest["passes"]] == [s["name"] for s in recipe["passes"]] == [
         "capture_kv_decoder", "onnx_export", "fuse_decoder", "write_genai_folder"]
     capture = manifest["passes"][0]["details"]
-    assert capture["layers"] == 2 and capture["fused"] is True and capture["rotary_inside"] == (family in ROTARY_INSIDE)
+    assert capture["layers"] == LAYERS and capture["fused"] is True and capture["rotary_inside"] == (family in ROTARY_INSIDE)
+    # captured with two layers, the second stamped for the other two by the export, which says so
+    assert capture["stamped"] is True and manifest["passes"][1]["details"]["stamped_layers"] == LAYERS - 2
     assert manifest["passes"][-1]["details"]["share_buffer"] is True
     assert "## Text generation" in (dist / "report.md").read_text()
     import onnx
 
-    # attention as one GroupQueryAttention per layer (both layers of the tiny configs), the norms fused
+    # attention as one GroupQueryAttention per layer, the norms fused
     graph = onnx.load(str(dist / "servers" / "onnxruntime-genai" / "model.onnx")).graph
     ops = [n.op_type for n in graph.node]
-    assert ops.count("GroupQueryAttention") == 2, sorted(set(ops))
+    assert ops.count("GroupQueryAttention") == LAYERS, sorted(set(ops))
     if family in ROTARY_INSIDE:  # the op rotates from its cos/sin tables: no rotate-half left in the graph
         assert all(len(n.input) == 9 and n.input[7] and n.input[8] for n in graph.node if n.op_type == "GroupQueryAttention")
         assert "Neg" not in ops
     if family == "llama":  # per layer one MatMul for query/key/value, one for gate/up, and o and down; and the head
-        assert ops.count("MatMul") == 2 * 4 + 1
+        assert ops.count("MatMul") == LAYERS * 4 + 1
     assert any(op in ops for op in ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
                                     "SkipLayerNormalization", "LayerNormalization"))
 
@@ -265,10 +285,11 @@ def test_a_decoder_stored_as_external_data_is_fused_and_packed_too(decoders, tmp
     assert (genai / "model.onnx.data").stat().st_size > (genai / "model.onnx").stat().st_size
     assert all(t.data_location == onnx.TensorProto.EXTERNAL for t in graph.initializer if len(t.dims) == 2)
     ops = [n.op_type for n in graph.node]
-    assert "SkipSimplifiedLayerNormalization" in ops and ops.count("MatMul") == 2 * 4 + 1, sorted(ops)
+    assert "SkipSimplifiedLayerNormalization" in ops and ops.count("MatMul") == LAYERS * 4 + 1, sorted(ops)
     assert all(n.input[1] == "" for n in graph.node if n.op_type == "GroupQueryAttention")  # packed QKV
     fused = next(p for p in manifest["passes"] if p["name"] == "fuse_decoder")
-    assert "projections packed x4" in " ".join(fused["notes"]) and fused["details"]["rewrites"]["projections packed"] == 4
+    packed = 2 * LAYERS  # per layer query/key/value, and gate/up
+    assert f"projections packed x{packed}" in " ".join(fused["notes"]) and fused["details"]["rewrites"]["projections packed"] == packed
 
 
 def test_the_rotary_goes_inside_the_attention_op_only_where_a_table_of_positions_holds_it():

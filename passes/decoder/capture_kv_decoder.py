@@ -12,6 +12,7 @@ down the pipeline as a :class:`~infopt.exporters.kv_decoder.KvDecoder` product.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -20,7 +21,7 @@ from pydantic import Field
 from infopt.core.artifact import Artifact
 from infopt.core.errors import CaptureError
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
-from infopt.exporters import kv_attention, kv_decoder
+from infopt.exporters import kv_attention, kv_decoder, layer_probe
 from infopt.quantize.int4_format import conv1d_as_linear
 
 
@@ -31,6 +32,9 @@ class CaptureKvDecoderOptions(PassOptions):
                              "unfused: attention as transformers writes it (the cache concatenated each step)")
     conv1d_as_linear: bool = Field(False, description="GPT-2's Conv1D layers as the Linears they are (MatMul in the "
                                                       "graph, which dynamic INT8 takes)")
+    stamp: bool = Field(True, description="where every layer is built alike, capture the first two and let onnx_export "
+                                          "stamp the second for the rest with their own weights (the cost of the "
+                                          "capture and the export then grows with bytes, not with layers)")
 
 
 class CaptureKvDecoderDetails(PassDetails):
@@ -47,6 +51,8 @@ class CaptureKvDecoderDetails(PassDetails):
     rotary_inside: bool = False
     attention: str = ""
     """how attention was captured, in words"""
+    stamped: bool = False
+    """captured with the first two layers, the second stamped for the rest by onnx_export"""
 
 
 def run(artifact: Artifact, options: CaptureKvDecoderOptions, context: PassContext) -> PassOutcome:
@@ -61,12 +67,24 @@ def run(artifact: Artifact, options: CaptureKvDecoderOptions, context: PassConte
     context.say("capturing the decoder with its KV cache (torch.export)")
     layout = kv_decoder.cache_layout(lm)
     unfused = kv_attention.fusable(lm, length) if options.attention == "fused" else "the recipe asks for it unfused"
-    note, program, fused, rotary = _capture(lm, layout, unfused, length)
+    planned = layer_probe.plan(lm, layout.layers) if options.stamp else "the recipe asks for it whole"
+    if isinstance(planned, str):
+        note, program, fused, rotary = _capture(lm, layout, unfused, length)
+        stamp = None
+    else:
+        probe = dataclasses.replace(layout, layers=layer_probe.PROBE_LAYERS)
+        with layer_probe.truncated(lm, planned[0]):
+            note, program, fused, rotary = _capture(lm, probe, unfused, length)
+        stamp = layer_probe.LayerStamp(lm, planned[0], layout.layers, probe.input_names(), probe.output_names(),
+                                       lambda: _capture(lm, layout, unfused, length)[1])
     details = CaptureKvDecoderDetails(layers=layout.layers, kv_heads=layout.kv_heads, head_size=layout.head_size,
                                       vocab=layout.vocab, context=length, fused=fused, rotary_inside=rotary,
-                                      attention=note)
+                                      attention=note, stamped=stamp is not None)
     notes = [f"{layout.layers} layers, {layout.kv_heads} KV heads of {layout.head_size}; past length dynamic from 0",
-             note, *([widened] if widened else [])]
+             note, *([widened] if widened else []),
+             f"captured with its first {layer_probe.PROBE_LAYERS} layers; onnx_export stamps the second for the other "
+             f"{layout.layers - layer_probe.PROBE_LAYERS} with their weights" if stamp
+             else planned if planned.endswith("captured whole") else f"captured whole: {planned}"]
     if converted:
         notes.append(f"{len(converted)} transformers Conv1D layers as the Linears they are (weight transposed)")
     source = getattr(artifact.obj, "source_dir", None)
@@ -74,6 +92,8 @@ def run(artifact: Artifact, options: CaptureKvDecoderOptions, context: PassConte
                              spec=kv_decoder.decoder_spec(layout, length))
     result.products[kv_decoder.KvDecoder] = kv_decoder.KvDecoder(layout, length, fused, lm.config,
                                                                  Path(source) if source else None)
+    if stamp:
+        result.products[layer_probe.LayerStamp] = stamp
     return PassOutcome(result, True, notes, details)
 
 

@@ -20,12 +20,14 @@ from pydantic import Field
 
 from infopt.core.artifact import Artifact
 from infopt.core.cache import content_key, store, stored
-from infopt.core.errors import BuildError
+from infopt.core.errors import BuildError, CaptureError
 from infopt.core.logs import quiet_third_party
 from infopt.core.manifest import EXTERNAL_DATA_BYTES
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.exporters import kv_attention
+from infopt.exporters.layer_probe import PROBE_LAYERS, LayerStamp
 from infopt.exporters.program_key import key_or_none, program_parts, source_of
+from infopt.passes.lower import onnx_stamp
 from infopt.passes.lower.onnx_int4 import lower_int4_nodes, translation_table
 
 
@@ -40,11 +42,12 @@ class OnnxExportOptions(PassOptions):
 
 
 def export_onnx(program, path: Path, input_names, output_names, opset: int = 20, optimize: bool = True,
-                int4_accuracy_level: int = 0) -> int:
+                int4_accuracy_level: int = 0, stamp: LayerStamp | None = None) -> int:
     """Export, save, check and infer shapes; returns the number of MatMulNBits nodes emitted.
 
     Exporter chatter is kept off the user's terminal. infopt's own ops are translated by the
-    ``custom_translation_table``: the INT4 layer, and a KV decoder's fused attention.
+    ``custom_translation_table``: the INT4 layer, and a KV decoder's fused attention. With ``stamp``, the
+    program is a decoder's probe and its second layer is stamped for the rest (``onnx_stamp.py``).
     """
     import onnx
     import torch
@@ -52,10 +55,19 @@ def export_onnx(program, path: Path, input_names, output_names, opset: int = 20,
     with quiet_third_party():
         onnx_program = torch.onnx.export(program, (), dynamo=True, input_names=list(input_names),
                                          output_names=list(output_names), opset_version=opset,
-                                         optimize=optimize, verbose=False,
+                                         optimize=optimize and stamp is None, verbose=False,
                                          custom_translation_table={**translation_table(), **kv_attention.translation_table()})
-        matmul_nbits = lower_int4_nodes(onnx_program.model, int4_accuracy_level)
         big = sum(t.numel() * t.element_size() for t in program.state_dict.values()) > EXTERNAL_DATA_BYTES
+        if stamp is not None:
+            big = big or stamp.layers > PROBE_LAYERS
+            graph = onnx_program.model.graph
+            tensors = onnx_stamp.hide_weights(graph, {*program.state_dict, *(
+                name for name in program.constants if name.startswith(f"lm.{stamp.path}."))})
+            if optimize:
+                onnx_program.optimize()
+            onnx_stamp.stamp(onnx_program.model.graph, stamp, tensors)
+            onnx_stamp.restore_weights(onnx_program.model, tensors)
+        matmul_nbits = lower_int4_nodes(onnx_program.model, int4_accuracy_level)
         onnx_program.save(str(path), external_data=big)
     try:
         onnx.checker.check_model(str(path), full_check=True)
@@ -93,6 +105,16 @@ def run(artifact: Artifact, options: OnnxExportOptions, context: PassContext) ->
     import onnx
 
     path = context.workdir / "exported.onnx"
+    stamp = artifact.products.get(LayerStamp)
+    stamp_failed = None
+    if stamp is not None:
+        try:
+            return _stamped(artifact, stamp, path, options, context)
+        except CaptureError as exc:  # the probe's layers did not match: the decoder captured whole after all
+            stamp_failed = f"not stamped ({exc.what}): the decoder captured and exported whole"
+            context.say(stamp_failed)
+            artifact = artifact.derive("exported", obj=stamp.recapture())
+            del artifact.products[LayerStamp]
     key = key_or_none(lambda: export_key(artifact.obj, artifact.spec.names, artifact.output_names, options,
                                          artifact.spec)) if options.cache else None
     hit = stored(STORE, key) if key else None
@@ -106,7 +128,7 @@ def run(artifact: Artifact, options: OnnxExportOptions, context: PassContext) ->
                                options.optimize, options.int4_accuracy_level)
     renamed = rename_dims(path, artifact.spec)
     model = onnx.load(str(path), load_external_data=False)
-    notes = [f"opset {options.opset}, {len(model.graph.node)} nodes"]
+    notes = [f"opset {options.opset}, {len(model.graph.node)} nodes", *([stamp_failed] if stamp_failed else [])]
     details = ExportDetails()
     if matmul_nbits:
         notes.append(f"{matmul_nbits} INT4 layers as MatMulNBits (accuracy_level {options.int4_accuracy_level})")
@@ -117,6 +139,30 @@ def run(artifact: Artifact, options: OnnxExportOptions, context: PassContext) ->
         store(STORE, key, {f.name: f for f in context.workdir.glob(f"{path.name}*")},
               {"notes": notes, "details": details.model_dump(exclude_none=True)})
     return PassOutcome(artifact.derive("onnx", path=path, obj=None), True, notes, details)
+
+
+def _stamped(artifact: Artifact, stamp: LayerStamp, path: Path, options: OnnxExportOptions,
+             context: PassContext) -> PassOutcome:
+    """A decoder's probe exported and stamped to every layer. Not cached: the key would have to hash every
+    layer's weights, and the export costs about what copying it would."""
+    import onnx
+
+    context.say(f"exporting the decoder's first {PROBE_LAYERS} layers to ONNX and stamping them for {stamp.layers}")
+    matmul_nbits = export_onnx(artifact.obj, path, stamp.input_names, stamp.output_names, options.opset,
+                               options.optimize, options.int4_accuracy_level, stamp)
+    renamed = rename_dims(path, artifact.spec)
+    model = onnx.load(str(path), load_external_data=False)
+    notes = [f"opset {options.opset}, {len(model.graph.node)} nodes: the first {PROBE_LAYERS} layers exported, "
+             f"the second stamped for the other {stamp.layers - PROBE_LAYERS}"]
+    details = ExportDetails(stamped_layers=stamp.layers - PROBE_LAYERS)
+    if matmul_nbits:
+        notes.append(f"{matmul_nbits} INT4 layers as MatMulNBits (accuracy_level {options.int4_accuracy_level})")
+        details.matmul_nbits = matmul_nbits
+    if renamed:
+        notes.append("dims named " + ", ".join(f"{a}->{b}" for a, b in renamed.items()))
+    result = artifact.derive("onnx", path=path, obj=None)
+    del result.products[LayerStamp]
+    return PassOutcome(result, True, notes, details)
 
 
 STORE = "onnx-export"
@@ -140,6 +186,8 @@ class ExportDetails(PassDetails):
     """What ``onnx_export`` records: the INT4 layers exported as MatMulNBits, when there are any."""
 
     matmul_nbits: int | None = None
+    stamped_layers: int | None = None
+    """the decoder's layers stamped from its second (``capture_kv_decoder``'s probe) rather than exported"""
     cached: bool | None = None
     """True when the file is an earlier build's identical export, from the cache (volatile: it says what the
     cache held, not what the model is; the file is the one a fresh export writes)"""
