@@ -1,0 +1,37 @@
+"""What a pass let go of is handed back (``core/memory.py``): an ONNX graph the exporter's optimizer rewrote is not
+kept alive, with the model's weights, by onnxscript's rewrite rules (each rule's matcher holds the last graph it
+matched until its next use)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+ir = pytest.importorskip("onnx_ir")
+optimizer = pytest.importorskip("onnxscript.optimizer")
+
+
+def optimized_graph() -> weakref.ref:
+    """A weakref to the graph of a small model the default optimizer (with its rewrite rules) has run on."""
+    weight = np.ones((64, 64), np.float32)
+    x = ir.Value(name="x", shape=ir.Shape([1, 64]), type=ir.TensorType(ir.DataType.FLOAT))
+    w = ir.Value(name="w", shape=ir.Shape([64, 64]), type=ir.TensorType(ir.DataType.FLOAT), const_value=ir.tensor(weight))
+    matmul = ir.node("MatMul", [x, w])
+    identity = ir.node("Identity", matmul.outputs)  # a no-op: a rule matches, and keeps the graph
+    graph = ir.Graph([x], identity.outputs, nodes=[matmul, identity], initializers=[w], opset_imports={"": 20})
+    model = ir.Model(graph, ir_version=10)
+    optimizer.optimize_ir(model)
+    return weakref.ref(model.graph)
+
+
+def test_release_lets_go_of_the_graph_the_rewrite_rules_matched_last():
+    from infopt.core.memory import release
+
+    graph = optimized_graph()
+    gc.collect()
+    # here onnxscript's rules still hold it: the reason for the release
+    release(least=0)
+    assert graph() is None, "the optimized graph is still referenced after release()"
