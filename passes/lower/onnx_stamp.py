@@ -97,7 +97,9 @@ def stamp(graph, plan: LayerStamp, tensors: dict[str, Any]) -> int:
     first = [node for node in graph if own(node, 0)]
     template = [node for node in graph if own(node, 1)]
     inside = _positions(template)
-    carried = _match(first, template, _positions(first), inside, prefix)
+    at_place = {place: value for value, place in inside.items()}
+    carried = {value: at_place[place] for value, place in _match(first, template, _positions(first), inside,
+                                                                 prefix).items()}
     last = PROBE_LAYERS - 1
     copies: dict[int, dict[Any, Any]] = {last: {v: v for v in inside}}
     anchor = template[-1]
@@ -230,10 +232,8 @@ def _input(value, index, made, previous, carried, inside, prefix, graph, inputs,
         return None
     if value in inside:
         return made[value]
-    if value in carried:
-        k, j = carried[value]
-        template_value = next(v for v, at in inside.items() if at == (k, j))
-        return previous[template_value]
+    if value in carried:  # the previous layer's hidden state: its copy of the template's value
+        return previous[carried[value]]
     name = value.name or ""
     renamed = _renamed(name, index, prefix)
     if renamed == name:
