@@ -9,6 +9,8 @@ compile); 4 environment (a backend is not installed or no device).
 
 from __future__ import annotations
 
+import errno
+
 
 class InfoptError(Exception):
     """Base of every error a user can cause and fix."""
@@ -105,6 +107,26 @@ class EnvironmentProblem(InfoptError):
 
     exit_code = 4
     title = "environment"
+
+
+class DiskFull(EnvironmentProblem):
+    """A disk filled while a build wrote to it."""
+
+    title = "disk full"
+
+
+DISK_FULL_TEXTS = ("No space left on device", "Not enough free space")
+"""how a full disk reads in the errors of libraries that do not keep the errno (onnx's writers)"""
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc``, or an error it was raised from, says a disk is full."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC or any(t in str(seen) for t in DISK_FULL_TEXTS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def first_line(exc: BaseException) -> str:

@@ -40,6 +40,15 @@ def module_path(node) -> str:
     return ""
 
 
+def drop_initializers(graph, names) -> None:
+    """Remove the initializers named ``names`` in place, by index (``remove`` compares whole messages, and a large
+    model's tensors are not copied)."""
+    names = set(names)
+    for index in reversed(range(len(graph.initializer))):
+        if graph.initializer[index].name in names:
+            del graph.initializer[index]
+
+
 def save_model(model, dst: Path, external: bool | None = None) -> Path:
     """Save an ``onnx.ModelProto`` at ``dst``; a model over ``EXTERNAL_DATA_BYTES`` (or with ``external``) keeps its
     tensors in ``<name>.data`` beside it (one protobuf cannot exceed 2 GB)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import shutil
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -22,7 +23,7 @@ from rich.markup import escape
 
 from infopt.core import progress as progress_display
 from infopt.core.artifact import STAGE, Artifact
-from infopt.core.errors import BuildError, InfoptError, RecipeError, first_line
+from infopt.core.errors import BuildError, DiskFull, InfoptError, RecipeError, disk_full, first_line
 from infopt.core.lineage import PassRecord
 from infopt.core.memory import release as release_memory
 from infopt.core.recipe import Recipe
@@ -105,6 +106,15 @@ class Pipeline:
             raise
         except Exception as exc:  # a pass failing in a way it did not foresee is still a build error
             log.info("pass %s failed", definition.name, exc_info=True)  # the trace, with --verbose
+            if disk_full(exc):
+                free = shutil.disk_usage(self.workdir).free
+                raise DiskFull(
+                    f"pass {definition.name} ran out of disk space: the disk holding the build's work folder "
+                    f"{self.workdir} has {free / 1e9:.1f} GB free",
+                    where=f"pass {definition.name} ({definition.consumes} -> {definition.produces})",
+                    fix="free space on that disk, or set TMPDIR to a folder on a disk with room for about three times "
+                        "the model's weights (the work folder holds each pass's result until the build ends)",
+                ) from exc
             raise BuildError(
                 f"pass {definition.name} failed: {type(exc).__name__}: {first_line(exc)}",
                 where=f"pass {definition.name} ({definition.consumes} -> {definition.produces})",

@@ -56,6 +56,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -90,6 +91,10 @@ class V1ZeroPointError(CheckpointLayoutError):
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     """``[..., 8]`` values 0..15 -> int32 ``[...]`` with value ``i`` at bits ``4 * i`` (two's complement)."""
+    if sys.byteorder == "little":  # two codes a byte, four bytes read as one int32: the same bits, no int64 copy
+        codes = codes.to(torch.uint8)
+        pairs = (codes[..., 0::2] | (codes[..., 1::2] << 4)).contiguous()
+        return pairs.view(torch.int32).squeeze(-1)
     shifts = torch.arange(0, 32, 4, dtype=torch.int64)
     words = (codes.to(torch.int64) << shifts).sum(dim=-1)
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
@@ -123,18 +128,27 @@ def _check_packable(name: str, weight: Int4Weight, layout: str) -> None:
             fix="keep this layer in floating point (leave it out of INT4 quantization)")
 
 
-def pack_gptq(name: str, weight: Int4Weight, checkpoint_format: str = "gptq") -> dict[str, torch.Tensor]:
-    """``qweight``, ``qzeros``, ``scales`` and ``g_idx`` of one layer in the GPTQ layout (module docstring)."""
+def check_gptq(name: str, weight: Int4Weight, checkpoint_format: str = "gptq") -> None:
+    """Raise what :func:`pack_gptq` would raise for the layer, packing nothing (the codes are read only where a
+    zero point of 0 may leave the v1 format without an encoding)."""
     if checkpoint_format not in GPTQ_FORMATS:
         raise UsageError(f"unknown GPTQ checkpoint format {checkpoint_format!r}",
                          fix=f"use one of {', '.join(GPTQ_FORMATS)}")
     _check_packable(name, weight, "GPTQ")
-    n, k = weight.out_features, weight.in_features
-    if k % 8:
+    if weight.in_features % 8:
         raise CheckpointLayoutError(
-            f"{name} has {k} inputs, not a multiple of 8, and the GPTQ layout packs eight codes per int32 "
-            f"along the inputs", where=name, fix="keep this layer in floating point")
-    codes = unpack_int4(weight.qweight).long()
+            f"{name} has {weight.in_features} inputs, not a multiple of 8, and the GPTQ layout packs eight codes "
+            f"per int32 along the inputs", where=name, fix="keep this layer in floating point")
+    _fp16_scales(name, weight)
+    if checkpoint_format == "gptq" and bool((weight.zeros == 0).any()):
+        _shift_zero_groups(name, unpack_int4(weight.qweight), weight.zeros.long(), group_index(weight))
+
+
+def pack_gptq(name: str, weight: Int4Weight, checkpoint_format: str = "gptq") -> dict[str, torch.Tensor]:
+    """``qweight``, ``qzeros``, ``scales`` and ``g_idx`` of one layer in the GPTQ layout (module docstring)."""
+    check_gptq(name, weight, checkpoint_format)
+    n, k = weight.out_features, weight.in_features
+    codes = unpack_int4(weight.qweight)  # uint8: pack_nibbles reads them as bytes
     zeros = weight.zeros.long()
     groups = group_index(weight)
     if checkpoint_format == "gptq":
@@ -152,14 +166,14 @@ def _shift_zero_groups(name: str, codes: torch.Tensor, zeros: torch.Tensor,
     at_zero = zeros == 0
     if not bool(at_zero.any()):
         return codes, zeros
-    top = torch.zeros_like(zeros).scatter_reduce(1, groups.expand_as(codes), codes, "amax", include_self=False)
+    top = torch.zeros_like(zeros).scatter_reduce(1, groups.expand_as(codes), codes.long(), "amax", include_self=False)
     stuck = at_zero & (top == MAXQ)
     if bool(stuck.any()):
         raise V1ZeroPointError(
             f"{name} has {int(stuck.sum())} row groups with zero point 0 that use code 15; GPTQ's v1 checkpoint "
             f"format stores zero - 1 and cannot hold them", where=name,
             fix='write checkpoint_format="gptq_v2" (read by vLLM and GPTQModel), or quantize symmetrically')
-    return codes + at_zero[:, groups].long(), torch.where(at_zero, torch.ones_like(zeros), zeros)
+    return codes + at_zero[:, groups].to(codes.dtype), torch.where(at_zero, torch.ones_like(zeros), zeros)
 
 
 def pack_awq(name: str, weight: Int4Weight) -> dict[str, torch.Tensor]:
@@ -247,11 +261,11 @@ def checkpoint_format(model: nn.Module, layout: str) -> str:
         return "awq"
     try:
         for name, weight in layers.items():
-            pack_gptq(name, weight)
+            check_gptq(name, weight)
         return "gptq"
     except V1ZeroPointError:
         for name, weight in layers.items():
-            pack_gptq(name, weight, "gptq_v2")
+            check_gptq(name, weight, "gptq_v2")
         return "gptq_v2"
 
 

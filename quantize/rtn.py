@@ -34,8 +34,8 @@ def group_codes(weight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
     codes = torch.empty(weight.shape, dtype=torch.uint8, device=weight.device)
     for start in range(0, weight.shape[0], CODE_ROWS):
         rows = slice(start, start + CODE_ROWS)
-        codes[rows] = quantize_codes(weight[rows], scales[rows].repeat_interleave(group_size, 1),
-                                     zeros[rows].repeat_interleave(group_size, 1)).to(torch.uint8)
+        grouped = weight[rows].reshape(-1, weight.shape[1] // group_size, group_size)  # the grid broadcast per group
+        codes[rows] = quantize_codes(grouped, scales[rows, :, None], zeros[rows, :, None]).reshape(-1, weight.shape[1])
     return codes
 
 

@@ -270,12 +270,12 @@ def test_a_decoder_stored_as_external_data_is_fused_and_packed_too(decoders, tmp
     threshold is lowered here so that the tiny Llama takes that path)."""
     import onnx
 
-    import infopt.passes.decoder.fuse_decoder as fuse_decoder
+    import infopt.core.tensor_file as tensor_file
     import infopt.passes.lower.onnx_export as onnx_export
     from infopt.api.generation import build_generation
 
-    monkeypatch.setattr(fuse_decoder, "EXTERNAL_DATA_BYTES", 10_000)
     monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 10_000)
+    monkeypatch.setattr(tensor_file, "INLINE_BYTES", 1024)  # fuse_decoder streams the tensors from file to file
     folder = decoder(decoders, "llama")
     result = build_generation(folder, output=tmp_path / "external", val=decoders / "prompts.txt")
     manifest = json.loads((result.output_dir / "manifest.json").read_text())
@@ -318,3 +318,43 @@ def test_the_rotary_goes_inside_the_attention_op_only_where_a_table_of_positions
                                       rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0})
     assert rotary_caches(transformers.LlamaForCausalLM(config), 64, 16) == (
         "its dynamic rope rescales with the sequence length")
+
+
+@pytest.mark.slow
+def test_the_judging_runs_prompts_of_one_length_together_and_the_timing_keeps_to_its_budget(decoders, tmp_path):
+    """The greedy check and the teacher-forced logits run the rows of one length as one batch, on both sides, and
+    give what they give one row at a time; the timing's rows past the budget are left out and say their predicted
+    cost, the shortest prompt's TTFT and batch 1's TPOT always timed."""
+    import torch
+
+    import infopt
+    from infopt.validators import generation
+
+    folder = decoder(decoders, "llama")
+    infopt.build(folder, output=tmp_path / "out", val=decoders / "prompts.txt", progress=False)
+    genai_dir = tmp_path / "out" / "servers" / "onnxruntime-genai"
+    lm = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(3, 500, 6).tolist() for _ in range(3)] + [rng.integers(3, 500, 9).tolist()]
+    assert generation.same_length_batches(prompts, 8) == [[0, 1, 2], [3]]
+    assert generation.same_length_batches(prompts, 2) == [[0, 1], [2], [3]]
+    assert generation.same_length_batches(prompts, 8, max_tokens=13) == [[0, 1], [2], [3]]
+    for run in (lambda rows: generation.generate_folder(genai_dir, rows, 5),
+                lambda rows: generation.generate_eager(lm, rows, 5)):
+        together = run(prompts)
+        assert together == [run([p])[0] for p in prompts] and {len(t) for t in together} == {5}
+    assert generation.generate_folder(genai_dir, prompts, 5) == generation.generate_eager(lm, prompts, 5)
+    for logits in (lambda rows: generation.teacher_forced(genai_dir, rows), lambda rows: generation.eager_logits(lm, rows)):
+        together = logits(prompts)
+        assert [x.shape for x in together] == [(len(p), 512) for p in prompts]
+        for got, prompt in zip(together, prompts):
+            np.testing.assert_allclose(got, logits([prompt])[0], rtol=1e-4, atol=1e-4)
+
+    rows = generation.time_generation(genai_dir, 512, [8, 16, 32], [1, 4, 8], 4, budget_s=0.0, every_row=False)
+    assert [r["prompt_tokens"] for r in rows["ttft"]] == [8] and [r["batch"] for r in rows["tpot"]] == [1]
+    assert sorted((r["kind"], r.get("prompt_tokens", r.get("batch"))) for r in rows["left_out"]) == [
+        ("tpot", 4), ("tpot", 8), ("ttft", 16), ("ttft", 32)]
+    assert all(r["predicted_ms"] > 0 for r in rows["left_out"])
+    every = generation.time_generation(genai_dir, 512, [8, 16, 32], [1, 4, 8], 4, budget_s=0.0)
+    assert [r["prompt_tokens"] for r in every["ttft"]] == [8, 16, 32] and every["left_out"] == []
+    assert [(r["batch"], r["runs"], r["samples"]) for r in every["tpot"]] == [(1, 1, 3), (4, 1, 3), (8, 1, 3)]

@@ -29,6 +29,30 @@ BUDGET_S = 10.0
 """seconds the timing takes past its first run of every row, unless the caller gives another budget"""
 TPOT_PROMPT_TOKENS = 32
 """the prompt TPOT is timed after"""
+GREEDY_BATCH = 8
+"""prompts of one length generated together, by the folder and by transformers' ``generate`` alike: the greedy
+check then costs about one prompt's generation (at 0.5B in bf16, 4 prompts one at a time took 7.4 s, together
+2.2 s with the same tokens)"""
+LOGIT_BYTES = 256 << 20
+"""teacher-forced sequences of one length run together while their float32 logits fit in this"""
+
+
+def same_length_batches(rows: list[list[int]], max_rows: int, max_tokens: int | None = None) -> list[list[int]]:
+    """Indices of ``rows`` in groups of one length: at most ``max_rows`` a group and, where ``max_tokens`` is given,
+    at most that many tokens (a longer row goes alone). Results placed back by index keep the rows' order."""
+    by_length: dict[int, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_length.setdefault(len(row), []).append(i)
+    out = []
+    for length, indices in by_length.items():
+        size = max(1, min(max_rows, (max_tokens // max(length, 1)) if max_tokens else max_rows))
+        out += [indices[k:k + size] for k in range(0, len(indices), size)]
+    return out
+
+
+def _logit_rows(vocab: int) -> int:
+    """Tokens of teacher-forced logits held at once (:data:`LOGIT_BYTES`)."""
+    return max(1, LOGIT_BYTES // (4 * max(vocab, 1)))
 
 
 def text_ids(path: str | Path, folder: Path, flag: str, lines_kept: int, tokens: int,
@@ -92,16 +116,17 @@ def new_generator(og, model, prompts: np.ndarray, new_tokens: int):
 
 
 def generate_folder(folder: Path, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-    """Greedy continuations from the GenAI folder, one prompt at a time."""
+    """Greedy continuations from the GenAI folder, the prompts of one length together."""
     import onnxruntime_genai as og
 
     model = open_folder(og, folder)
-    out = []
-    for prompt in prompts:
-        generator = _generator(og, model, np.asarray([prompt], dtype=np.int32), new_tokens)
+    out: list[list[int]] = [[] for _ in prompts]
+    for batch in same_length_batches(prompts, GREEDY_BATCH):
+        generator = _generator(og, model, np.asarray([prompts[i] for i in batch], dtype=np.int32), new_tokens)
         while not generator.is_done():
             generator.generate_next_token()
-        out.append([int(t) for t in generator.get_sequence(0)][len(prompt):])
+        for row, i in enumerate(batch):
+            out[i] = [int(t) for t in generator.get_sequence(row)][len(prompts[i]):]
     return out
 
 
@@ -112,17 +137,19 @@ def _generator(og, model, prompts: np.ndarray, new_tokens: int):
 
 
 def generate_eager(model, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
-    """Greedy continuations from the transformers model (its own ``generate``), one prompt at a time."""
+    """Greedy continuations from the transformers model (its own ``generate``), the prompts of one length
+    together (no padding)."""
     import torch
 
-    out = []
+    out: list[list[int]] = [[] for _ in prompts]
     with torch.inference_mode():
-        for prompt in prompts:
-            ids = torch.tensor([prompt], dtype=torch.long)
+        for batch in same_length_batches(prompts, GREEDY_BATCH):
+            ids = torch.tensor([prompts[i] for i in batch], dtype=torch.long)
             seq = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, num_beams=1,
                                  max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                  pad_token_id=_pad(model.config))
-            out.append(seq[0, len(prompt):].tolist())
+            for row, i in enumerate(batch):
+                out[i] = seq[row, ids.shape[1]:].tolist()
     return out
 
 
@@ -151,14 +178,18 @@ def compare_tokens(got: list[list[int]], want: list[list[int]]) -> dict:
 
 def teacher_forced(folder: Path, sequences: list[list[int]]) -> list[np.ndarray]:
     """Logits ``[len, vocab]`` at every position of each sequence, from the folder (the prompt's pass of
-    ONNX Runtime GenAI, which returns them all)."""
+    ONNX Runtime GenAI, which returns them all), the sequences of one length together."""
     import onnxruntime_genai as og
 
     model = open_folder(og, folder)
-    out = []
-    for ids in sequences:
-        generator = _generator(og, model, np.asarray([ids], dtype=np.int32), 1)
-        out.append(np.asarray(generator.get_output("logits"), dtype=np.float32)[0, :len(ids)])
+    vocab = json.loads((Path(folder) / "genai_config.json").read_text())["model"]["vocab_size"]
+    out: list[np.ndarray] = [np.empty(0)] * len(sequences)
+    for batch in same_length_batches(sequences, len(sequences), _logit_rows(vocab)):
+        length = len(sequences[batch[0]])
+        generator = _generator(og, model, np.asarray([sequences[i] for i in batch], dtype=np.int32), 1)
+        logits = np.asarray(generator.get_output("logits"), dtype=np.float32)
+        for row, i in enumerate(batch):
+            out[i] = logits[row, :length].copy()
     return out
 
 
@@ -166,9 +197,14 @@ def eager_logits(model, sequences: list[list[int]]) -> list[np.ndarray]:
     """The same from the transformers model."""
     import torch
 
+    out: list[np.ndarray] = [np.empty(0)] * len(sequences)
     with torch.inference_mode():
-        return [model(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long))
-                .logits[0].float().numpy() for ids in sequences]
+        for batch in same_length_batches(sequences, len(sequences), _logit_rows(model.get_output_embeddings().weight.shape[0])):
+            ids = torch.tensor([sequences[i] for i in batch])
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+            for row, i in enumerate(batch):
+                out[i] = logits[row].float().numpy()
+    return out
 
 
 def nll(logits: np.ndarray, ids: list[int]) -> np.ndarray:
@@ -245,13 +281,17 @@ def per_token_seconds(og, model, ids: np.ndarray, new_tokens: int) -> float:
 
 
 def time_generation(folder: Path, vocab: int, prompt_lengths: list[int], batch_sizes: list[int],
-                    new_tokens: int = 16, seed: int = 0, budget_s: float = BUDGET_S) -> dict:
+                    new_tokens: int = 16, seed: int = 0, budget_s: float = BUDGET_S, every_row: bool = True) -> dict:
     """TTFT per prompt length (batch 1) and TPOT per batch size (after a prompt of ``TPOT_PROMPT_TOKENS``, or
     the shortest TTFT prompt where that is shorter), from the folder.
 
-    The cost is bounded, whatever the model's size: one warm-up run, then every row once (a TTFT row gives one
-    sample a run, a TPOT row one per token), then further runs, the rows with the fewest first, while
-    ``budget_s`` lasts (at most :data:`RUNS` a row). Each row says its runs and samples, the figures' footing."""
+    The cost is bounded, whatever the model's size: one warm-up run, then the shortest prompt's TTFT and the
+    first batch size's TPOT once, then the other rows once each, the cheapest first (a row's cost predicted from
+    those timed: see ``predicted``), then further
+    runs, the rows with the fewest first, while ``budget_s`` (counted from the first timed run) lasts (at most
+    :data:`RUNS` a row). Without ``every_row``, a row whose one run is predicted past what is left of the budget
+    is left out, and ``left_out`` says which and its prediction. Each row says its runs and samples, the figures'
+    footing."""
     import onnxruntime_genai as og
 
     model = open_folder(og, folder)
@@ -264,16 +304,51 @@ def time_generation(folder: Path, vocab: int, prompt_lengths: list[int], batch_s
     first_token_seconds(og, model, prompt(1, prompt_lengths[0]))  # warm-up: the session allocates on its first call
     rows = [("ttft", n, lambda n=n: [first_token_seconds(og, model, prompt(1, n))]) for n in prompt_lengths]
     rows += [("tpot", b, lambda b=b: token_seconds(og, model, prompt(b, tpot_prompt), new_tokens)) for b in batch_sizes]
-    samples: list[list[float]] = [run() for _, _, run in rows]
-    runs = [1] * len(rows)
-    deadline = time.perf_counter() + budget_s
-    while time.perf_counter() < deadline and min(runs) < RUNS:
-        i = min(range(len(rows)), key=lambda k: (runs[k], k))
-        samples[i] += rows[i][2]()
-        runs[i] += 1
-    timed = [_summary(s, r) for s, r in zip(samples, runs)]
-    ttft = [{"prompt_tokens": n, **vars(t)} for (kind, n, _), t in zip(rows, timed) if kind == "ttft"]
-    tpot = [{"batch": b, **vars(t), "tokens_per_s": b * 1e3 / t.p50_ms}
-            for (kind, b, _), t in zip(rows, timed) if kind == "tpot"]
+    samples: dict[int, list[float]] = {}
+    run_s: dict[int, list[float]] = {}
+    started = time.perf_counter()
+
+    def run(i: int) -> None:
+        began = time.perf_counter()
+        samples.setdefault(i, []).extend(rows[i][2]())
+        run_s.setdefault(i, []).append(time.perf_counter() - began)
+
+    def predicted(i: int) -> float:
+        """One run of row ``i``, from the nearest smaller timed row of its kind: a prompt's pass scaled by its
+        tokens, a generation's tokens after it by the square root of the batch (a step reads the weights once
+        for the whole batch)."""
+        kind, size, _ = rows[i]
+        known = [k for k in run_s if rows[k][0] == kind and rows[k][1] <= size]
+        if not known:
+            return 0.0
+        k = max(known, key=lambda k: rows[k][1])
+        ratio, seconds = size / rows[k][1], float(np.mean(run_s[k]))
+        steps = sum(samples[k]) / len(run_s[k]) if kind == "tpot" else 0.0
+        return (seconds - steps) * ratio + steps * ratio ** 0.5
+
+    run(0)
+    run(len(prompt_lengths))
+    left_out = []
+    pending = [i for i in range(len(rows)) if i not in run_s]
+    while pending:
+        i = min(pending, key=predicted)
+        pending.remove(i)
+        cost = predicted(i)
+        if every_row or time.perf_counter() - started + cost <= budget_s:
+            run(i)
+        else:
+            kind, size, _ = rows[i]
+            left_out.append({"kind": kind, ("prompt_tokens" if kind == "ttft" else "batch"): size,
+                             "predicted_ms": round(cost * 1e3, 1)})
+    timed = sorted(run_s)
+    while min(len(run_s[i]) for i in timed) < RUNS:
+        i = min(timed, key=lambda k: (len(run_s[k]), k))
+        if time.perf_counter() - started + float(np.mean(run_s[i])) > budget_s:
+            break
+        run(i)
+    summary = {i: _summary(samples[i], len(run_s[i])) for i in timed}
+    ttft = [{"prompt_tokens": rows[i][1], **vars(summary[i])} for i in timed if rows[i][0] == "ttft"]
+    tpot = [{"batch": rows[i][1], **vars(summary[i]), "tokens_per_s": rows[i][1] * 1e3 / summary[i].p50_ms}
+            for i in timed if rows[i][0] == "tpot"]
     return {"ttft": ttft, "tpot": tpot, "new_tokens": new_tokens, "tpot_prompt_tokens": tpot_prompt,
-            "budget_s": budget_s}
+            "budget_s": budget_s, "left_out": left_out}

@@ -108,8 +108,13 @@ def generation_section(manifest: Manifest) -> Section | None:
              f"token picked; TPOT each of the next {gen['new_tokens'] - 1} tokens after a {gen['tpot_prompt_tokens']}-token "
              "prompt; "
              f"{_span(r['runs'] for r in gen['ttft'] + gen['tpot'])} timed runs per row after one warm-up"
-             + (f" (each row once, then more while a budget of {gen['budget_s']:.1f} s lasted, the rows with the fewest "
+             + (f" (within a budget of {gen['budget_s']:.1f} s: each row once, then more, the rows with the fewest "
                 "first)" if "budget_s" in gen else "")]
+    if gen.get("left_out"):
+        rows_out = ", ".join(f"TTFT at {r['prompt_tokens']} tokens" if r["kind"] == "ttft" else f"TPOT at batch {r['batch']}"
+                             for r in gen["left_out"])
+        notes.append(f"not timed: {rows_out} (one run predicted at {_span(round(r['predicted_ms'] / 1e3, 1) for r in gen['left_out'])} s, "
+                     "past what was left of the budget, a share of the build's time); `infopt validate OUTPUT` times every row")
     price = manifest.target.price_per_hour
     notes.append(f"cost per million output tokens at ${price:g}/hour, the machine kept busy at that batch" if price else
                  "no cost per million tokens: the target has no price (pass --price-per-hour)")

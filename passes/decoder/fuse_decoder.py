@@ -14,15 +14,17 @@ exported and the note says why.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 from pydantic import Field
 
 from infopt.core.artifact import Artifact
 from infopt.core.errors import BuildError
 from infopt.core.logs import quiet_third_party
-from infopt.core.manifest import EXTERNAL_DATA_BYTES, model_bytes
 from infopt.core.memory import release as release_memory
-from infopt.core.onnx_graph import save_model
+from infopt.core.onnx_graph import has_external_data, save_model
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.core.tensor_file import InMemoryTensors, TensorFile
 from infopt.exporters import kv_decoder
 from infopt.passes.decoder import plumbing
 from infopt.passes.onnx import fuse_matmuls, transformer_fusion
@@ -39,27 +41,27 @@ class FuseDecoderDetails(PassDetails):
 
 
 def run(artifact: Artifact, options: PassOptions, context: PassContext) -> PassOutcome:
-    from onnx.external_data_helper import load_external_data_for_model
-
     decoder = artifact.products.get(kv_decoder.KvDecoder)
     if decoder is None:
         raise BuildError("fuse_decoder needs the decoder captured by capture_kv_decoder",
                          fix="put capture_kv_decoder before onnx_export in the recipe")
     source = artifact.path
     kv_decoder.name_dims(source, decoder.layout)
-    big = model_bytes(source) > EXTERNAL_DATA_BYTES
     context.say("fusing the decoder's norms and packing its projections")
     with quiet_third_party():
         model, counts = transformer_fusion.fuse_norms_and_rotary(source)
-    load_external_data_for_model(model, str(source.parent))  # a large model's tensors, for the packing
-    fired = {k: v for k, v in counts.items() if v}
-    rewrites = {"reshape chains collapsed": plumbing.collapse_reshapes(model),
-                "projections packed": fuse_matmuls.fuse(model) + fuse_matmuls.fuse_nbits(model)}
-    rewrites["attention ops taking packed QKV"] = plumbing.packed_attention_inputs(model)
-    rewrites = {k: v for k, v in rewrites.items() if v}
-    if not fired and not rewrites:
-        return PassOutcome(artifact, False, ["no norm, projection or reshape pattern to fuse"], FuseDecoderDetails())
-    fused = save_model(model, context.workdir / "decoder-fused" / "model.onnx", external=big)
+    dst = context.workdir / "decoder-fused" / "model.onnx"
+    # tensors kept beside the graph stay in their file: the packs are written as they are made, the rest copied
+    big = has_external_data(source)
+    with TensorFile(model, source, dst) if big else nullcontext(InMemoryTensors()) as tensors:
+        fired = {k: v for k, v in counts.items() if v}
+        rewrites = {"reshape chains collapsed": plumbing.collapse_reshapes(model),
+                    "projections packed": fuse_matmuls.fuse(model, tensors) + fuse_matmuls.fuse_nbits(model, tensors)}
+        rewrites["attention ops taking packed QKV"] = plumbing.packed_attention_inputs(model)
+        rewrites = {k: v for k, v in rewrites.items() if v}
+        if not fired and not rewrites:
+            return PassOutcome(artifact, False, ["no norm, projection or reshape pattern to fuse"], FuseDecoderDetails())
+        fused = tensors.save() if big else save_model(model, dst)
     del model
     release_memory()  # the graph's protobuf, before ONNX Runtime loads the fused model to check it
     refused = onnxruntime_refuses(fused, optimize=True)

@@ -18,7 +18,9 @@ import numpy as np
 
 from infopt.core import onnx_graph
 from infopt.core.artifact import Artifact
+from infopt.core.onnx_graph import drop_initializers
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.core.tensor_file import InMemoryTensors
 from infopt.passes.onnx.checks import check_for_onnxruntime
 
 SCOPES = "pkg.torch.onnx.name_scopes"
@@ -64,10 +66,13 @@ def _joined_scope(mms) -> str:
     return "+".join(names)
 
 
-def fuse(model) -> int:
-    """Fuse every sibling group of ``model`` (an ``onnx.ModelProto``) in place; returns how many groups."""
-    from onnx import helper, numpy_helper
+def fuse(model, tensors: InMemoryTensors | None = None) -> int:
+    """Fuse every sibling group of ``model`` (an ``onnx.ModelProto``) in place; returns how many groups. ``tensors``
+    reads the weights and writes the packed ones (a :class:`~infopt.core.tensor_file.TensorFile` for a model whose
+    tensors stay in their file; by default the model holds them)."""
+    from onnx import helper
 
+    tensors = tensors or InMemoryTensors()
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
@@ -77,27 +82,27 @@ def fuse(model) -> int:
     groups = siblings(model)
     for mms, adds in groups:
         head = mms[0].name
-        weights = [numpy_helper.to_array(inits[mm.input[1]]) for mm in mms]
+        weights = [tensors.array(inits[mm.input[1]]) for mm in mms]
         widths = [w.shape[1] for w in weights]
-        new_inits = [numpy_helper.from_array(np.concatenate(weights, axis=1), f"{head}_fused_weight")]
-        nodes = [helper.make_node("MatMul", [mms[0].input[0], new_inits[0].name], [f"{head}_fused_out"], name=f"{head}_fused")]
+        tensors.add(graph, np.concatenate(weights, axis=1), f"{head}_fused_weight")
+        del weights
+        nodes = [helper.make_node("MatMul", [mms[0].input[0], f"{head}_fused_weight"], [f"{head}_fused_out"], name=f"{head}_fused")]
         scope = _joined_scope(mms)
         if scope:
             nodes[0].metadata_props.add(key=SCOPES, value=str([scope, "matmul"]))
         split_input, outs = nodes[0].output[0], [mm.output[0] for mm in mms]
         if adds[0] is not None:
-            biases = [numpy_helper.to_array(inits[next(i for i in a.input if i in inits)]) for a in adds]
-            new_inits.append(numpy_helper.from_array(np.concatenate(biases), f"{head}_fused_bias"))
-            nodes.append(helper.make_node("Add", [split_input, new_inits[-1].name], [f"{head}_fused_biased"],
+            biases = [tensors.array(inits[next(i for i in a.input if i in inits)]) for a in adds]
+            tensors.add(graph, np.concatenate(biases), f"{head}_fused_bias")
+            nodes.append(helper.make_node("Add", [split_input, f"{head}_fused_bias"], [f"{head}_fused_biased"],
                                           name=f"{head}_fused_add"))
             split_input, outs = nodes[-1].output[0], [a.output[0] for a in adds]
         sizes = np.asarray(widths, np.int64)
         if opset >= 13:
-            new_inits.append(numpy_helper.from_array(sizes, f"{head}_fused_sizes"))
-            nodes.append(helper.make_node("Split", [split_input, new_inits[-1].name], outs, name=f"{head}_fused_split", axis=-1))
+            tensors.add(graph, sizes, f"{head}_fused_sizes")
+            nodes.append(helper.make_node("Split", [split_input, f"{head}_fused_sizes"], outs, name=f"{head}_fused_split", axis=-1))
         else:
             nodes.append(helper.make_node("Split", [split_input], outs, name=f"{head}_fused_split", axis=-1, split=widths))
-        graph.initializer.extend(new_inits)
         replaced[id(mms[0])] = nodes
         dropped |= {id(n) for n in (*mms, *adds) if n is not None}
         unused |= {mm.input[1] for mm in mms}
@@ -111,8 +116,7 @@ def fuse(model) -> int:
         # an exporter stores equal constants once (every all-zero bias of a fresh model is one
         # initializer): drop the old weights and biases only where no node reads them any more
         unused -= {name for node in kept for name in node.input} | {o.name for o in graph.output}
-        for name in unused:
-            graph.initializer.remove(inits[name])
+        drop_initializers(graph, unused)
         del graph.value_info[:]
     return len(groups)
 
@@ -120,14 +124,15 @@ def fuse(model) -> int:
 NBITS_ATTRIBUTES = ("K", "bits", "block_size", "accuracy_level")
 
 
-def fuse_nbits(model) -> int:
+def fuse_nbits(model, tensors: InMemoryTensors | None = None) -> int:
     """The same for ONNX Runtime's 4-bit ``MatMulNBits``: siblings on one activation with equal ``K``, bits,
     block size and accuracy level, constant weights, scales (zero points, bias) each used by no other node,
     and no act-order ``g_idx``, become one ``MatMulNBits`` over the rows stacked along N (the packed weights,
     scales and zero points are laid out per output row, so stacking them is exact) and a Split. Returns how
-    many groups."""
-    from onnx import helper, numpy_helper
+    many groups. ``tensors`` as :func:`fuse`'s."""
+    from onnx import helper
 
+    tensors = tensors or InMemoryTensors()
     graph = model.graph
     inits = {i.name: i for i in graph.initializer}
     consumers = onnx_graph.consumers(graph)
@@ -148,6 +153,7 @@ def fuse_nbits(model) -> int:
             by_input.setdefault(key, []).append(node)
     groups = [nodes for nodes in by_input.values() if len(nodes) >= 2]
     replaced: dict[int, list] = {}
+    unused: set[str] = set()
     for nodes in groups:
         head = nodes[0].name or nodes[0].output[0]
         stacked = []
@@ -155,28 +161,26 @@ def fuse_nbits(model) -> int:
             if not nodes[0].input[slot]:
                 stacked.append("")
                 continue
-            arrays = [numpy_helper.to_array(inits[n.input[slot]]) for n in nodes]
+            arrays = [tensors.array(inits[n.input[slot]]) for n in nodes]
             # each row of the weights, scales, zero points and bias belongs to one output: stack the rows
             joined = np.concatenate([a.reshape(attributes(n)["N"], -1) for a, n in zip(arrays, nodes)])
             joined = joined.reshape(-1, *arrays[0].shape[1:]) if arrays[0].ndim > 1 else joined.reshape(-1)
             name = f"{head}_fused_{slot}"
-            graph.initializer.append(numpy_helper.from_array(joined, name))
+            tensors.add(graph, joined, name)
             stacked.append(name)
         sizes = [attributes(n)["N"] for n in nodes]
         fused = helper.make_node("MatMulNBits", [nodes[0].input[0], *stacked], [f"{head}_fused_out"],
                                  name=f"{head}_fused", domain=nodes[0].domain,
                                  **{**attributes(nodes[0]), "N": int(sum(sizes))})
-        graph.initializer.append(numpy_helper.from_array(np.asarray(sizes, np.int64), f"{head}_fused_sizes"))
+        tensors.add(graph, np.asarray(sizes, np.int64), f"{head}_fused_sizes")
         split = helper.make_node("Split", [fused.output[0], f"{head}_fused_sizes"], [n.output[0] for n in nodes],
                                  name=f"{head}_fused_split", axis=-1)
         replaced[id(nodes[0])] = [fused, split]
         for node in nodes[1:]:
             replaced[id(node)] = []
-        for node in nodes:
-            for name in node.input[1:]:
-                if name:
-                    graph.initializer.remove(inits[name])
+        unused.update(name for node in nodes for name in node.input[1:] if name)
     if groups:
+        drop_initializers(graph, unused)
         kept = []
         for node in graph.node:
             kept.extend(replaced.get(id(node), [node]))

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from infopt.core.artifact import Artifact
-from infopt.core.errors import BuildError, CaptureError
+from infopt.core.errors import BuildError, CaptureError, DiskFull
 from infopt.core.inputspec import InputSpec
 from infopt.core.pipeline import Pipeline
 from infopt.core.recipe import bundled_recipes, load_recipe
@@ -113,3 +113,26 @@ def test_details_are_checked_against_the_type_the_pass_declares(tmp_path, monkey
     recorded["value"] = {"count": 2}
     with pytest.raises(BuildError, match="count_things recorded details but declares no type"):
         Pipeline(recipe, get_target("cpu"), tmp_path).run(Artifact("onnx", spec, path=model))
+
+
+def test_a_full_disk_says_which_disk_and_how_much_is_free(recipe, digits, tmp_path, monkeypatch):
+    """A pass that fills the disk (as onnx's writer says it, without an errno) is an environment problem naming
+    the work folder's disk and its free space, not a build error asking for --verbose."""
+    import dataclasses
+    import errno
+
+    from infopt.core.registry import PASSES
+
+    def full(*_):
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as exc:
+            raise ValueError("Not enough free space to write the tensors") from exc
+
+    monkeypatch.setitem(PASSES.items, "ort_optimize", dataclasses.replace(PASSES.items["ort_optimize"], run=full))
+    spec = InputSpec.parse(["x:float32[batch,1,8,8]"])
+    with pytest.raises(DiskFull) as err:
+        Pipeline(recipe, get_target("cpu"), tmp_path).run(Artifact("torch", spec, obj=digits[0]))
+    assert err.value.exit_code == 4 and "pass ort_optimize ran out of disk space" in err.value.what
+    assert str(tmp_path) in err.value.what and " GB free" in err.value.what and "TMPDIR" in err.value.fix
+    assert "--verbose" not in str(err.value)
