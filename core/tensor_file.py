@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +25,21 @@ INLINE_BYTES = 1 << 20
 
 
 class InMemoryTensors:
-    """The same calls on a model that holds all its tensors (a small model, saved whole)."""
+    """The same calls on a model that holds all its tensors (a small model, saved whole at ``dst``)."""
+
+    def __init__(self, model=None, dst: Path | None = None):
+        self.model, self.dst = model, dst
+
+    def __enter__(self) -> "InMemoryTensors":
+        return self
+
+    def __exit__(self, *_) -> None:
+        return None
+
+    def save(self) -> Path:
+        from infopt.core.onnx_graph import save_model
+
+        return save_model(self.model, self.dst)
 
     def array(self, tensor) -> np.ndarray:
         from onnx import numpy_helper
@@ -43,17 +58,18 @@ class TensorFile(InMemoryTensors):
     half-written tensors' file."""
 
     def __init__(self, model, source: Path, dst: Path):
-        self.model, self.source_dir, self.dst = model, Path(source).parent, Path(dst)
+        super().__init__(model, Path(dst))
+        self.source_dir = Path(source).parent
         self.data_path = self.dst.with_name(self.dst.name + ".data")
         self.dst.parent.mkdir(parents=True, exist_ok=True)
         self._out = open(self.data_path, "wb")
+        self._sources: dict[str, Any] = {}
         self._written: set[str] = set()
         self._inline_small()
 
-    def __enter__(self) -> "TensorFile":
-        return self
-
     def __exit__(self, kind, *_) -> None:
+        for src in self._sources.values():
+            src.close()
         if not self._out.closed:
             self._out.close()
         if kind is not None:
@@ -88,28 +104,19 @@ class TensorFile(InMemoryTensors):
         """Copy the source's tensors the graph still reads into the new file, and write the graph beside it."""
         import onnx
 
-        sources: dict[str, object] = {}
-        try:
-            for tensor in self.model.graph.initializer:
-                if tensor.name in self._written:
-                    continue
-                if tensor.data_location != onnx.TensorProto.EXTERNAL:
-                    if len(tensor.raw_data) >= INLINE_BYTES:  # one a graph pass folded: beside the graph too
-                        offset = self._aligned()
-                        self._out.write(tensor.raw_data)
-                        _point(tensor, self.data_path.name, offset, len(tensor.raw_data))
-                    continue
-                where = _external(tensor)
-                src = sources.get(where["location"])
-                if src is None:
-                    src = sources[where["location"]] = open(self.source_dir / where["location"], "rb")
-                length = int(where["length"]) if "length" in where else os.fstat(src.fileno()).st_size
-                offset = self._aligned()
-                _copy_range(src, int(where.get("offset", 0)), self._out, length)
-                _point(tensor, self.data_path.name, offset, length)
-        finally:
-            for src in sources.values():
-                src.close()
+        for tensor in self.model.graph.initializer:
+            if tensor.name in self._written:
+                continue
+            if tensor.data_location != onnx.TensorProto.EXTERNAL:
+                if len(tensor.raw_data) >= INLINE_BYTES:  # one a graph pass folded: beside the graph too
+                    offset = self._aligned()
+                    self._out.write(tensor.raw_data)
+                    _point(tensor, self.data_path.name, offset, len(tensor.raw_data))
+                continue
+            src, start, length = self._where(tensor)
+            offset = self._aligned()
+            _copy_range(src, start, self._out, length)
+            _point(tensor, self.data_path.name, offset, length)
         self._out.close()
         onnx.save(self.model, str(self.dst))
         return self.dst
@@ -121,20 +128,38 @@ class TensorFile(InMemoryTensors):
             self._out.write(b"\0" * pad)
         return offset + pad
 
+    def _where(self, tensor) -> tuple[Any, int, int]:
+        """The open source file holding ``tensor`` (each file opened once), its offset and its length."""
+        where = _external(tensor)
+        src = self._sources.get(where["location"])
+        if src is None:
+            src = self._sources[where["location"]] = open(self.source_dir / where["location"], "rb")
+        start = int(where.get("offset", 0))
+        length = int(where["length"]) if "length" in where else os.fstat(src.fileno()).st_size - start
+        return src, start, length
+
     def _inline_small(self) -> None:
         """Read the source's small tensors into the graph."""
         from onnx import TensorProto
 
         for tensor in self.model.graph.initializer:
             if tensor.data_location == TensorProto.EXTERNAL:
-                where = _external(tensor)
-                length = int(where.get("length", INLINE_BYTES))
+                src, start, length = self._where(tensor)
                 if length < INLINE_BYTES:
-                    with open(self.source_dir / where["location"], "rb") as src:
-                        src.seek(int(where.get("offset", 0)))
-                        tensor.raw_data = src.read(length)
+                    src.seek(start)
+                    tensor.raw_data = src.read(length)
                     tensor.data_location = TensorProto.DEFAULT
                     del tensor.external_data[:]
+
+
+def tensor_store(model, source: Path, dst: Path) -> InMemoryTensors:
+    """Where ``model`` (loaded from ``source`` without its tensors) keeps tensors beside its graph, a
+    :class:`TensorFile` that streams them to ``dst``'s own file; else the model saved whole at ``dst``."""
+    from onnx import TensorProto
+
+    if any(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer):
+        return TensorFile(model, source, dst)
+    return InMemoryTensors(model, dst)
 
 
 def _external(tensor) -> dict[str, str]:

@@ -26,7 +26,8 @@ from infopt.core.threads import thread_cap
 RUNS = 5
 """timed runs per row at most (a TTFT row's runs are its samples; a TPOT row's each give a sample per token)"""
 BUDGET_S = 10.0
-"""seconds the timing takes past its first run of every row, unless the caller gives another budget"""
+"""seconds the timing takes from its first timed run, unless the caller gives another budget (every row still
+runs once where the caller asks for every row)"""
 TPOT_PROMPT_TOKENS = 32
 """the prompt TPOT is timed after"""
 GREEDY_BATCH = 8

@@ -72,7 +72,8 @@ TIMING_SHARE = 0.12
 """the TTFT/TPOT timing's budget: this share of the build's time until then. A larger model's runs are longer: the
 shortest prompt's TTFT and batch 1's TPOT are timed whatever they cost, each other row once where its run is
 predicted to fit what is left (the report names those left out; ``infopt validate`` times every row), then more
-runs while the budget lasts. With the reference and the judging, about a quarter of the build (0.5B INT4)"""
+runs while the budget lasts. With the reference and the judging, 27 % of a Qwen2.5-0.5B-shaped INT4 build
+(``benchmarks/README.md``)"""
 HELD_OUT = 32
 """held-out sequences (--val lines) the teacher-forced figures are measured on"""
 HELD_OUT_TOKENS = 128

@@ -14,17 +14,14 @@ exported and the note says why.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 from pydantic import Field
 
 from infopt.core.artifact import Artifact
 from infopt.core.errors import BuildError
 from infopt.core.logs import quiet_third_party
 from infopt.core.memory import release as release_memory
-from infopt.core.onnx_graph import has_external_data, save_model
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
-from infopt.core.tensor_file import InMemoryTensors, TensorFile
+from infopt.core.tensor_file import tensor_store
 from infopt.exporters import kv_decoder
 from infopt.passes.decoder import plumbing
 from infopt.passes.onnx import fuse_matmuls, transformer_fusion
@@ -52,8 +49,7 @@ def run(artifact: Artifact, options: PassOptions, context: PassContext) -> PassO
         model, counts = transformer_fusion.fuse_norms_and_rotary(source)
     dst = context.workdir / "decoder-fused" / "model.onnx"
     # tensors kept beside the graph stay in their file: the packs are written as they are made, the rest copied
-    big = has_external_data(source)
-    with TensorFile(model, source, dst) if big else nullcontext(InMemoryTensors()) as tensors:
+    with tensor_store(model, source, dst) as tensors:
         fired = {k: v for k, v in counts.items() if v}
         rewrites = {"reshape chains collapsed": plumbing.collapse_reshapes(model),
                     "projections packed": fuse_matmuls.fuse(model, tensors) + fuse_matmuls.fuse_nbits(model, tensors)}
@@ -61,7 +57,7 @@ def run(artifact: Artifact, options: PassOptions, context: PassContext) -> PassO
         rewrites = {k: v for k, v in rewrites.items() if v}
         if not fired and not rewrites:
             return PassOutcome(artifact, False, ["no norm, projection or reshape pattern to fuse"], FuseDecoderDetails())
-        fused = tensors.save() if big else save_model(model, dst)
+        fused = tensors.save()
     del model
     release_memory()  # the graph's protobuf, before ONNX Runtime loads the fused model to check it
     refused = onnxruntime_refuses(fused, optimize=True)

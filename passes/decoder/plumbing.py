@@ -110,6 +110,4 @@ def _drop_unread_initializers(graph) -> None:
     """Remove the initializers no node reads any more (the dropped Splits' sizes, the Reshapes' shapes), which
     ONNX Runtime would otherwise warn about on every session it opens."""
     read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
-    for index in reversed(range(len(graph.initializer))):  # in place: a large decoder's tensors are not copied
-        if graph.initializer[index].name not in read:
-            del graph.initializer[index]
+    onnx_graph.drop_initializers(graph, {t.name for t in graph.initializer} - read)
