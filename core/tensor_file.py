@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from infopt.core.onnx_graph import save_model
+
 ALIGN = 4096
 """offset of each large tensor in the new file: a page, so ONNX Runtime maps it rather than reading a copy"""
 INLINE_BYTES = 1 << 20
@@ -37,8 +39,6 @@ class InMemoryTensors:
         return None
 
     def save(self) -> Path:
-        from infopt.core.onnx_graph import save_model
-
         return save_model(self.model, self.dst)
 
     def array(self, tensor) -> np.ndarray:
