@@ -39,13 +39,30 @@ def group_codes(weight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
     return codes
 
 
+BLOCK_ELEMENTS = 1 << 20
+"""weights rounded at a time by :func:`rtn_quantize` (4 MB in float32): the block is widened, its grid searched and
+its codes computed while it sits in the CPU's cache, instead of each step passing over the whole weight"""
+
+
 def rtn_quantize(weight: torch.Tensor, group_size: int, symmetric: bool,
                  input_scale: torch.Tensor | None = None, search: bool = True) -> Int4Weight:
     """RTN of ``weight`` ``[N, K]`` (already multiplied by ``input_scale`` if there is one), on the searched
-    grid (``search``) or the plain min/max one."""
-    weight = weight.detach().float()
-    scales, zeros = group_grid(weight, group_size, symmetric, search)
-    codes = group_codes(weight, scales, zeros, group_size)
+    grid (``search``) or the plain min/max one. A bf16/fp16 weight is widened to float32 a block of rows at a
+    time, never whole."""
+    weight = weight.detach()
+    rows, cols = weight.shape
+    groups = cols // group_size
+    codes = torch.empty(weight.shape, dtype=torch.uint8, device=weight.device)
+    scales = torch.empty(rows, groups, dtype=torch.float32, device=weight.device)
+    zeros = torch.empty(rows, groups, dtype=torch.float32, device=weight.device)
+    find_grid = searched_grid if search else grid
+    step = max(1, BLOCK_ELEMENTS // cols)
+    for start in range(0, rows, step):
+        block = slice(start, start + step)
+        grouped = weight[block].float().reshape(-1, group_size)
+        scale, zero = find_grid(grouped, symmetric)
+        codes[block] = quantize_codes(grouped, scale, zero).reshape(-1, cols)
+        scales[block], zeros[block] = scale.reshape(-1, groups), zero.reshape(-1, groups)
     return Int4Weight.from_codes(codes.cpu(), scales.cpu(), zeros.cpu(), group_size, symmetric,
                                  input_scale=None if input_scale is None else input_scale.cpu())
 

@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tests.test_text_generation import DECODERS, EVERY_RUN, SENTENCES, decoder, with_layers
+from tests.test_text_generation import DECODERS, EVERY_RUN, LAYERS, SENTENCES, decoder, with_layers
 
 transformers = pytest.importorskip("transformers")
 ort = pytest.importorskip("onnxruntime")
@@ -133,3 +133,34 @@ def test_a_probe_whose_layers_do_not_match_is_exported_whole_and_the_build_says_
     export = manifest["passes"][1]
     assert export["name"] == "onnx_export" and export["details"]["stamped_layers"] is None
     assert any(n.startswith("not stamped (the probe's layers differ: 70 nodes in layer 0") for n in export["notes"])
+
+
+def test_the_cache_layout_is_read_on_fake_tensors_and_for_real_where_a_forward_needs_values():
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from infopt.exporters import kv_decoder
+
+    lm = with_layers("llama")
+    passes = []  # per forward pass: whether it ran on fake tensors
+
+    class Recorded(type(lm)):
+        def forward(self, *args, **kwargs):
+            passes.append(isinstance(kwargs["input_ids"], FakeTensor))
+            return super().forward(*args, **kwargs)
+
+    class Branching(type(lm)):  # a forward that reads a value: fake tensors cannot say which way it goes
+        def forward(self, *args, **kwargs):
+            passes.append(isinstance(kwargs["input_ids"], FakeTensor))
+            if kwargs["input_ids"].sum() < 0:
+                raise AssertionError("token ids are never negative")
+            return super().forward(*args, **kwargs)
+
+    expected = kv_decoder.CacheLayout(layers=LAYERS, kv_heads=lm.config.num_key_value_heads,
+                                      head_size=lm.config.head_dim, vocab=lm.config.vocab_size)
+    assert kv_decoder.cache_layout(Recorded(lm.config).eval()) == expected
+    assert passes == [True]  # one pass, shapes only
+    passes.clear()
+    branching = Branching(lm.config).eval()
+    assert kv_decoder.cache_layout(branching) == expected
+    assert passes == [True, False]  # the fake pass gave up, the real one answered
+    assert not any(isinstance(t, FakeTensor) for t in [*branching.parameters(), *branching.buffers()])

@@ -67,6 +67,31 @@ def test_rtn_searched_grid_clips_ranges_and_never_rounds_a_group_worse_than_min_
     assert float((searched.scales / plain.scales).min()) >= 0.8 - 1e-6  # never below 80 % of the range
 
 
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_the_searched_grid_is_the_fraction_of_the_range_with_the_least_rounding_error(symmetric):
+    from infopt.quantize.int4_format import SEARCH_ROWS, SEARCH_SHRINKS, fake_quantize, range_grid, searched_grid
+
+    groups = torch.randn(2 * SEARCH_ROWS + 37, 64, generator=torch.Generator().manual_seed(5))  # chunks and a rest
+    groups[::3, 7] *= 6.0  # outliers, so that the best fraction differs from group to group
+    low, high = groups.amin(1), groups.amax(1)
+    errors = torch.stack([((fake_quantize(groups, *range_grid(low * s, high * s, symmetric)) - groups) ** 2).sum(1)
+                          for s in SEARCH_SHRINKS])
+    scale, zero = searched_grid(groups, symmetric)
+    chosen = ((fake_quantize(groups, scale, zero) - groups) ** 2).sum(1)
+    assert bool((chosen <= errors.min(0).values * (1 + 1e-4) + 1e-7).all())
+    fractions = errors.argmin(0)
+    assert len(set(fractions.tolist())) > 3  # the search had choices to make
+    plain = range_grid(low, high, symmetric)[0]
+    assert float((scale / plain).min()) >= SEARCH_SHRINKS[-1] - 1e-5
+
+
+def test_rtn_of_a_bf16_weight_rounds_what_its_float32_widening_rounds():
+    weight = torch.randn(300, 512, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    narrow, wide = rtn_quantize(weight, 128, False), rtn_quantize(weight.float(), 128, False)
+    assert torch.equal(narrow.qweight, wide.qweight) and torch.equal(narrow.scales, wide.scales)
+    assert torch.equal(narrow.zeros, wide.zeros)
+
+
 def test_hessian_streamed_in_batches_equals_the_whole_gram_matrix():
     x = correlated_inputs(300, 32)
     hessian = Hessian(32)
