@@ -13,6 +13,7 @@ import ctypes
 import gc
 import os
 import sys
+from contextlib import contextmanager
 
 LARGE_BYTES = 1 << 30
 """below this resident size, releasing is not worth a garbage collection"""
@@ -37,6 +38,28 @@ def release(least: int = LARGE_BYTES) -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: its allocator returns pages its own way
         pass
+
+
+_frozen_depth = 0
+
+
+@contextmanager
+def older_objects_frozen():
+    """A build's block (or decorated function) in which the objects made before it (the imports' hundreds of
+    thousands of modules, classes and functions, which live as long as the process) are left out of garbage
+    collections (``gc.freeze``): each :func:`release` scanned them again, 0.3 s a pass at Qwen2.5-0.5B, 2 s of its
+    INT4 build. What the build makes stays collectable, and at the end the collector sees everything again
+    (``gc.unfreeze``): a Python program that calls ``infopt.build`` keeps its own collection as it was."""
+    global _frozen_depth
+    if _frozen_depth == 0:
+        gc.freeze()
+    _frozen_depth += 1
+    try:
+        yield
+    finally:
+        _frozen_depth -= 1
+        if _frozen_depth == 0:
+            gc.unfreeze()
 
 
 def release_rewriter_graphs() -> None:

@@ -35,3 +35,25 @@ def test_release_lets_go_of_the_graph_the_rewrite_rules_matched_last():
     # here onnxscript's rules still hold it: the reason for the release
     release(least=0)
     assert graph() is None, "the optimized graph is still referenced after release()"
+
+
+def test_a_build_leaves_older_objects_out_of_collections_and_hands_the_collector_back_as_it_was():
+    from infopt.core.memory import older_objects_frozen
+
+    class Node:
+        pass
+
+    assert gc.get_freeze_count() == 0
+    with older_objects_frozen():
+        frozen = gc.get_freeze_count()
+        assert frozen > 1000  # the imports' objects
+        with older_objects_frozen():  # a build inside a build (build() routing to build_generation)
+            pass
+        assert gc.get_freeze_count() == frozen
+        made = Node()
+        made.self = made  # a cycle made during the build is still collected
+        gone = weakref.ref(made)
+        del made
+        gc.collect()
+        assert gone() is None
+    assert gc.get_freeze_count() == 0

@@ -24,6 +24,7 @@ from infopt.core import progress as progress_display
 from infopt.core.errors import BuildError, EnvironmentProblem, InputSpecError, UsageError
 from infopt.core.inputspec import InputSpec, parse_dim
 from infopt.core.manifest import data_sha256, model_bytes, read_manifest
+from infopt.core.memory import older_objects_frozen
 from infopt.core.pipeline import Pipeline, SharedPrefixes
 from infopt.core.recipe import MIN_LATENCY_RUNS, Recipe, load_recipe, recipes_for
 from infopt.core.registry import BuildSettings
@@ -125,6 +126,7 @@ def _safe_name(text: str) -> str:
     return name
 
 
+@older_objects_frozen()
 def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precision: str = "fp32",
           backend: str = "auto", inputs: Sequence[str] | str | InputSpec | None = None,
           dims: Sequence[str] | dict | None = None, val: str | Path | None = None,
@@ -178,7 +180,7 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     a causal LM kept on logits says why on the progress console.
     """
 
-    defaults = build.__kwdefaults__
+    defaults = build.__wrapped__.__kwdefaults__  # build is wrapped by older_objects_frozen
     console = _console(progress)
     routed = task_choice.generation_arguments(model, task, locals(), defaults,
                                               lambda text: console and console.print(text, markup=False, soft_wrap=True))

@@ -37,6 +37,7 @@ from infopt.core.artifact import Artifact
 from infopt.core.errors import BuildError, EnvironmentProblem, UsageError, ValidationFailed, first_line
 from infopt.core.inputspec import InputSpec
 from infopt.core.manifest import data_sha256
+from infopt.core.memory import older_objects_frozen
 from infopt.core.pipeline import Pipeline
 from infopt.core.recipe import Recipe, load_recipe, recipes_for
 from infopt.core.registry import BuildSettings
@@ -84,6 +85,7 @@ LM_INPUTS = ("input_ids:int64[batch,seq]", "attention_mask:int64[batch,seq]")
 """what the causal LM takes before its decoder is captured (INT4 calibrates on them)"""
 
 
+@older_objects_frozen()
 def build_generation(model: str | Path, *, output: str | Path | None = None, name: str | None = None,
                      force: bool = False, val: str | Path | None = None, precision: str | None = None,
                      target: str = "cpu", calib: str | Path | None = None, max_drift: str | None = None,
