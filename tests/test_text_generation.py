@@ -356,6 +356,16 @@ def test_the_judging_runs_prompts_of_one_length_together_and_the_timing_keeps_to
         assert [x.shape for x in together] == [(len(p), 512) for p in prompts]
         for got, prompt in zip(together, prompts):
             np.testing.assert_allclose(got, logits([prompt])[0], rtol=1e-4, atol=1e-4)
+    # the judging keeps each sequence's figures only, the same as computed from the whole logits
+    for whole, kept in ((generation.teacher_forced(genai_dir, prompts), generation.teacher_forced_figures(genai_dir, prompts)),
+                        (generation.eager_logits(lm, prompts), generation.eager_figures(lm, prompts))):
+        for x, ids, top1, nll in zip(whole, prompts, *kept):
+            np.testing.assert_array_equal(top1, x.argmax(-1))
+            np.testing.assert_allclose(nll, generation.nll(x, ids), rtol=1e-5)
+            assert top1.shape == (len(ids),) and nll.shape == (len(ids) - 1,)
+    found = generation.agreement_of(*generation.eager_figures(lm, prompts), *generation.teacher_forced_figures(genai_dir, prompts))
+    assert found == generation.agreement(generation.eager_logits(lm, prompts), generation.teacher_forced(genai_dir, prompts), prompts)
+    assert found["tokens"] == sum(map(len, prompts)) and found["top1"] > 0.99 and abs(found["ppl_delta"]) < 1e-3
 
     rows = generation.time_generation(genai_dir, 512, [8, 16, 32], [1, 4, 8], 4, budget_s=0.0, every_row=False)
     assert [r["prompt_tokens"] for r in rows["ttft"]] == [8] and [r["batch"] for r in rows["tpot"]] == [1]

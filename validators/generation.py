@@ -34,7 +34,7 @@ GREEDY_BATCH = 8
 """prompts of one length generated together, by the folder and by transformers' ``generate`` alike: the greedy
 check then costs about one prompt's generation (at 0.5B in bf16, 4 prompts one at a time took 7.4 s, together
 2.2 s with the same tokens)"""
-LOGIT_BYTES = 256 << 20
+LOGIT_BYTES = 128 << 20
 """teacher-forced sequences of one length run together while their float32 logits fit in this"""
 
 
@@ -179,33 +179,71 @@ def compare_tokens(got: list[list[int]], want: list[list[int]]) -> dict:
 
 def teacher_forced(folder: Path, sequences: list[list[int]]) -> list[np.ndarray]:
     """Logits ``[len, vocab]`` at every position of each sequence, from the folder (the prompt's pass of
-    ONNX Runtime GenAI, which returns them all), the sequences of one length together."""
+    ONNX Runtime GenAI, which returns them all), the sequences of one length together. All of them held: for the
+    judging, :func:`teacher_forced_figures` keeps each sequence's figures only."""
+    out: list[np.ndarray] = [np.empty(0)] * len(sequences)
+    for i, logits in _folder_logits(folder, sequences):
+        out[i] = logits.copy()
+    return out
+
+
+def teacher_forced_figures(folder: Path, sequences: list[list[int]]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each sequence's top-1 tokens and next-token NLLs (:func:`figures`) from the folder, its logits let go batch
+    by batch: whole, 32 sequences of 128 tokens at a 152K vocabulary are 2.5 GB of float32."""
+    return _figures_of(_folder_logits(folder, sequences), sequences)
+
+
+def _folder_logits(folder: Path, sequences: list[list[int]]):
+    """``(index, logits [len, vocab])`` of each sequence from the folder, a batch of one length at a time."""
     import onnxruntime_genai as og
 
     model = open_folder(og, folder)
     vocab = json.loads((Path(folder) / "genai_config.json").read_text())["model"]["vocab_size"]
-    out: list[np.ndarray] = [np.empty(0)] * len(sequences)
     for batch in same_length_batches(sequences, len(sequences), _logit_rows(vocab)):
         length = len(sequences[batch[0]])
         generator = _generator(og, model, np.asarray([sequences[i] for i in batch], dtype=np.int32), 1)
         logits = np.asarray(generator.get_output("logits"), dtype=np.float32)
+        del generator
         for row, i in enumerate(batch):
-            out[i] = logits[row, :length].copy()
-    return out
+            yield i, logits[row, :length]
 
 
 def eager_logits(model, sequences: list[list[int]]) -> list[np.ndarray]:
     """The same from the transformers model."""
+    out: list[np.ndarray] = [np.empty(0)] * len(sequences)
+    for i, logits in _eager_logits(model, sequences):
+        out[i] = logits.copy()
+    return out
+
+
+def eager_figures(model, sequences: list[list[int]]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """:func:`teacher_forced_figures` from the transformers model."""
+    return _figures_of(_eager_logits(model, sequences), sequences)
+
+
+def _eager_logits(model, sequences: list[list[int]]):
     import torch
 
-    out: list[np.ndarray] = [np.empty(0)] * len(sequences)
     with torch.inference_mode():
         for batch in same_length_batches(sequences, len(sequences), _logit_rows(model.get_output_embeddings().weight.shape[0])):
             ids = torch.tensor([sequences[i] for i in batch])
             logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
             for row, i in enumerate(batch):
-                out[i] = logits[row].float().numpy()
-    return out
+                yield i, logits[row].float().numpy()
+
+
+def figures(logits: np.ndarray, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """What the teacher-forced figures are computed from, of one sequence: the top-1 token at each position and
+    each next token's negative log-likelihood."""
+    return logits.argmax(-1), nll(logits, ids)
+
+
+def _figures_of(pairs, sequences: list[list[int]]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    top1: list[np.ndarray] = [np.empty(0)] * len(sequences)
+    nlls: list[np.ndarray] = [np.empty(0)] * len(sequences)
+    for i, logits in pairs:
+        top1[i], nlls[i] = figures(logits, sequences[i])
+    return top1, nlls
 
 
 def nll(logits: np.ndarray, ids: list[int]) -> np.ndarray:
@@ -219,18 +257,22 @@ def nll(logits: np.ndarray, ids: list[int]) -> np.ndarray:
 def agreement(reference: list[np.ndarray], candidate: list[np.ndarray], sequences: list[list[int]]) -> dict:
     """Per-token top-1 agreement of ``candidate`` with ``reference`` (every position), and the perplexity of
     each on the next tokens; ``ppl_delta`` is the candidate's relative increase (0.05 is 5 %)."""
-    return agreement_with([r.argmax(-1) for r in reference], [nll(r, ids) for r, ids in zip(reference, sequences)],
-                          candidate, sequences)
+    return agreement_with(*_figures_of(enumerate(reference), sequences), candidate, sequences)
 
 
 def agreement_with(reference_top1: list[np.ndarray], reference_nll: list[np.ndarray], candidate: list[np.ndarray],
                    sequences: list[list[int]]) -> dict:
     """:func:`agreement` against a reference given by its top-1 tokens and next-token NLLs (what a build stores)."""
-    same = np.concatenate([np.asarray(r) == c.argmax(-1) for r, c in zip(reference_top1, candidate)])
-    nll_ref = np.concatenate(reference_nll)
-    nll_new = np.concatenate([nll(c, ids) for c, ids in zip(candidate, sequences)])
+    return agreement_of(reference_top1, reference_nll, *_figures_of(enumerate(candidate), sequences))
+
+
+def agreement_of(reference_top1: list[np.ndarray], reference_nll: list[np.ndarray], candidate_top1: list[np.ndarray],
+                 candidate_nll: list[np.ndarray]) -> dict:
+    """:func:`agreement` from both sides' figures (:func:`figures`)."""
+    same = np.concatenate([np.asarray(r) == np.asarray(c) for r, c in zip(reference_top1, candidate_top1)])
+    nll_ref, nll_new = np.concatenate(reference_nll), np.concatenate(candidate_nll)
     ppl_ref, ppl_new = float(np.exp(nll_ref.mean())), float(np.exp(nll_new.mean()))
-    return {"sequences": len(sequences), "tokens": int(same.size), "top1": float(same.mean()),
+    return {"sequences": len(reference_top1), "tokens": int(same.size), "top1": float(same.mean()),
             "ppl_reference": ppl_ref, "ppl": ppl_new, "ppl_delta": ppl_new / ppl_ref - 1.0}
 
 

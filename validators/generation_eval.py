@@ -54,9 +54,8 @@ class GenerationSamples:
     @classmethod
     def from_model(cls, lm, prompts: list[list[int]], prompt_source: str, held_out: list[list[int]],
                    held_out_source: str, new_tokens: int) -> "GenerationSamples":
-        logits = generation.eager_logits(lm, held_out)
-        return cls(prompts, generation.generate_eager(lm, prompts, new_tokens), held_out,
-                   [x.argmax(-1) for x in logits], [generation.nll(x, ids) for x, ids in zip(logits, held_out)],
+        top1, nlls = generation.eager_figures(lm, held_out)
+        return cls(prompts, generation.generate_eager(lm, prompts, new_tokens), held_out, top1, nlls,
                    prompt_source, held_out_source)
 
     def save(self, path: Path) -> int:
@@ -122,8 +121,8 @@ def evaluate(folder: Path, samples: GenerationSamples, budgets: GenerationBudget
     figures, and the verdict (``passed``, ``reasons``, ``checks``) under ``budgets``."""
     got = generation.generate_folder(folder, samples.prompts, samples.new_tokens)
     greedy = generation.compare_tokens(got, samples.reference_tokens)
-    forced = generation.agreement_with(samples.reference_top1, samples.reference_nll,
-                                       generation.teacher_forced(folder, samples.held_out), samples.held_out)
+    forced = generation.agreement_of(samples.reference_top1, samples.reference_nll,
+                                     *generation.teacher_forced_figures(folder, samples.held_out))
     checks = []
     if budgets.greedy_equal:
         checks.append({"name": "greedy_tokens_equal", "measured": greedy["equal"], "limit": greedy["prompts"],

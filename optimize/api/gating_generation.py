@@ -82,8 +82,8 @@ class GenerationJudge:
         context = min(c["context_length"] for c in self.configs)
         sequences, source = _sequences(val, cand_dir, vocab, min(TOKENS, context - 1))
         say(f"teacher-forced logits of {len(sequences)} sequences from both folders")
-        found = generation.agreement(generation.teacher_forced(base_dir, sequences),
-                                     generation.teacher_forced(cand_dir, sequences), sequences)
+        found = generation.agreement_of(*generation.teacher_forced_figures(base_dir, sequences),
+                                        *generation.teacher_forced_figures(cand_dir, sequences))
         result.measurements.setdefault("generation", {})["teacher_forced"] = {**found, "against": "baseline",
                                                                               "source": source}
         top1 = config.baseline.min_top1
