@@ -65,8 +65,9 @@ def model_sha256(path: Path) -> str:
 def file_table(root: Path, skip: tuple[str, ...] = UNLISTED) -> dict[str, dict[str, Any]]:
     """Every file under ``root`` (but the manifest) with its size and sha256, the files hashed side by side (hashlib
     and file reads release the GIL): an ONNX model past 256 MB is in the folder three times (the model, Triton's
-    copy, TorchServe's archive), 4 GB for BERT-large, hashed in 3.7 s one after the other on 2 cores. Hard links
-    to one file (the model and a server's copy of it) are hashed once."""
+    copy, TorchServe's archive), 4 GB for BERT-large, hashed in 3.7 s one after the other on 2 cores. A file
+    with several names (hard links) is hashed once. The output's copies are copies, not links: onnx refuses
+    external data with more than one link ("a potential hardlink attack")."""
     files = [(path.relative_to(root).as_posix(), path) for path in sorted(p for p in root.rglob("*") if p.is_file())]
     files = [(rel, path) for rel, path in files if rel not in skip]
     stats = [path.stat() for _, path in files]

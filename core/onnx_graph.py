@@ -6,10 +6,10 @@ node came from, and saving a model (with its tensors beside it when one protobuf
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from infopt.core.manifest import EXTERNAL_DATA_BYTES
-from infopt.core.work_folders import place_file
 
 
 def consumers(graph) -> dict[str, list]:
@@ -98,7 +98,7 @@ def save_graph(model, source: Path, dst: Path) -> Path:
     names = {location: dst.name + ".data" if len(locations) == 1 else location for location in locations}
     for location, name in names.items():
         if Path(source).parent / location != dst.parent / name:
-            place_file(Path(source).parent / location, dst.parent / name)
+            shutil.copyfile(Path(source).parent / location, dst.parent / name)
     for entry in entries:
         entry.value = names[entry.value]
     onnx.save(model, str(dst))
@@ -107,11 +107,10 @@ def save_graph(model, source: Path, dst: Path) -> Path:
 
 def place_model(source: Path, dst: Path) -> Path:
     """The ONNX model at ``source`` (and its tensors' file) at ``dst``, its tensors in ``<dst name>.data`` where
-    it keeps them beside it: the files are copied (linked where the build wrote them, ``place_file``), and the
-    graph's references renamed where the name changes."""
+    it keeps them beside it: the files are copied, and the graph's references renamed where the name changes."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     if not external_files(source):
-        place_file(source, dst)
+        shutil.copyfile(source, dst)
     else:
         save_graph(load_graph(source), source, dst)
     return dst

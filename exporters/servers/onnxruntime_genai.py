@@ -9,7 +9,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from infopt.core.work_folders import place_file
 from infopt.exporters.genai_folder import GenaiFolder
 from infopt.exporters.servers.emitter import EmitJob, ServerEmitter, register
 
@@ -19,7 +18,7 @@ def emit(job: EmitJob) -> Path | None:
     if prepared is None:
         return None
     target = job.stage / "servers" / "onnxruntime-genai"
-    shutil.copytree(prepared.path, target, copy_function=place_file)  # the build's own files: linked
+    shutil.copytree(prepared.path, target)
     return target
 
 

@@ -30,7 +30,6 @@ from typing import Any
 
 from infopt.core.errors import UsageError
 from infopt.core.inputspec import InputSpec
-from infopt.core.work_folders import link_or_copy
 from infopt.exporters.genai_folder import GenaiFolder
 from infopt.exporters.servers.emitter import EmitJob, ServerEmitter, register
 from infopt.exporters.servers.triton_genai import write_generation_model
@@ -146,10 +145,8 @@ def tensorrt_accelerator(name: str, spec: InputSpec, server_engine: dict[str, An
 
 def write_repository(root: Path, name: str, model_file: Path, spec: InputSpec,
                      outputs: list[tuple[str, str, tuple]], device: str, *,
-                     server_engine: dict[str, Any] | None = None, tuning: Tuning | None = None,
-                     link: bool = False) -> Path:
-    """Write ``root/<name>/config.pbtxt`` and ``root/<name>/1/model.<suffix>``; returns the model folder. With
-    ``link``, the model's files are hard links to ``model_file``'s (the output's own model: one file on disk).
+                     server_engine: dict[str, Any] | None = None, tuning: Tuning | None = None) -> Path:
+    """Write ``root/<name>/config.pbtxt`` and ``root/<name>/1/model.<suffix>``; returns the model folder.
 
     ``tuning`` is passed to :func:`config_pbtxt`; it must be made for the device the model is
     served on, which is ``cuda`` for a ``.plan`` or a server-built engine."""
@@ -163,12 +160,11 @@ def write_repository(root: Path, name: str, model_file: Path, spec: InputSpec,
     folder = root / name
     version = folder / "1"
     version.mkdir(parents=True, exist_ok=True)
-    place = link_or_copy if link else shutil.copyfile
-    place(model_file, version / f"model{suffix}")
+    shutil.copyfile(model_file, version / f"model{suffix}")
     if suffix == ".onnx":
         data = model_file.with_name(model_file.name + ".data")
         if data.exists():
-            place(data, version / data.name)
+            shutil.copyfile(data, version / data.name)
         if server_engine is None:
             text = config_pbtxt(name, spec, outputs, device, tuning=tuning)
         else:
@@ -196,7 +192,7 @@ def emit(job: EmitJob) -> Path:
     job.manifest.triton_tuning = tuning.to_json()
     # the staged model: its external data, if any, is in the <name>.data beside it that the model names
     return write_repository(job.stage / "servers" / "triton", job.name, job.staged_model, job.spec, outputs, job.device,
-                            server_engine=job.server_engine, tuning=tuning, link=True)
+                            server_engine=job.server_engine, tuning=tuning)
 
 
 SERVES = {
