@@ -65,19 +65,12 @@ def model_sha256(path: Path) -> str:
 def file_table(root: Path, skip: tuple[str, ...] = UNLISTED) -> dict[str, dict[str, Any]]:
     """Every file under ``root`` (but the manifest) with its size and sha256, the files hashed side by side (hashlib
     and file reads release the GIL): an ONNX model past 256 MB is in the folder three times (the model, Triton's
-    copy, TorchServe's archive), 4 GB for BERT-large, hashed in 3.7 s one after the other on 2 cores. A file
-    with several names (hard links) is hashed once. The output's copies are copies, not links: onnx refuses
-    external data with more than one link ("a potential hardlink attack")."""
+    copy, TorchServe's archive), 4 GB for BERT-large, hashed in 3.7 s one after the other on 2 cores."""
     files = [(path.relative_to(root).as_posix(), path) for path in sorted(p for p in root.rglob("*") if p.is_file())]
     files = [(rel, path) for rel, path in files if rel not in skip]
-    stats = [path.stat() for _, path in files]
-    first: dict[tuple[int, int], Path] = {}
-    for (_, path), stat in zip(files, stats):
-        first.setdefault((stat.st_dev, stat.st_ino), path)
-    with ThreadPoolExecutor(max_workers=min(len(first), os.cpu_count() or 1) or 1) as pool:
-        digests = dict(zip(first, pool.map(sha256, first.values())))
-    return {rel: {"bytes": stat.st_size, "sha256": digests[(stat.st_dev, stat.st_ino)]}
-            for (rel, _), stat in zip(files, stats)}
+    with ThreadPoolExecutor(max_workers=min(len(files), os.cpu_count() or 1) or 1) as pool:
+        digests = list(pool.map(sha256, [path for _, path in files]))
+    return {rel: {"bytes": path.stat().st_size, "sha256": digest} for (rel, path), digest in zip(files, digests)}
 
 
 def write_manifest(root: Path, manifest: Manifest) -> None:

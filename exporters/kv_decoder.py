@@ -108,11 +108,9 @@ def cache_layout(model) -> CacheLayout:
 
     try:
         with FakeTensorMode(allow_non_fake_inputs=True):
-            out = forward()
-            layout = _layout_of(out)
+            return _layout_of(forward())
     except Exception:  # noqa: BLE001 - a data-dependent step in the model's forward: run it for real
-        layout = _layout_of(forward())
-    return layout
+        return _layout_of(forward())
 
 
 def _layout_of(out) -> CacheLayout:

@@ -51,18 +51,15 @@ def rtn_quantize(weight: torch.Tensor, group_size: int, symmetric: bool,
     time, never whole."""
     weight = weight.detach()
     rows, cols = weight.shape
-    groups = cols // group_size
     codes = torch.empty(weight.shape, dtype=torch.uint8, device=weight.device)
-    scales = torch.empty(rows, groups, dtype=torch.float32, device=weight.device)
-    zeros = torch.empty(rows, groups, dtype=torch.float32, device=weight.device)
-    find_grid = searched_grid if search else grid
+    scales = torch.empty(rows, cols // group_size, dtype=torch.float32, device=weight.device)
+    zeros = torch.empty_like(scales)
     step = max(1, BLOCK_ELEMENTS // cols)
     for start in range(0, rows, step):
         block = slice(start, start + step)
-        grouped = weight[block].float().reshape(-1, group_size)
-        scale, zero = find_grid(grouped, symmetric)
-        codes[block] = quantize_codes(grouped, scale, zero).reshape(-1, cols)
-        scales[block], zeros[block] = scale.reshape(-1, groups), zero.reshape(-1, groups)
+        wide = weight[block].float()
+        scales[block], zeros[block] = group_grid(wide, group_size, symmetric, search)
+        codes[block] = group_codes(wide, scales[block], zeros[block], group_size)
     return Int4Weight.from_codes(codes.cpu(), scales.cpu(), zeros.cpu(), group_size, symmetric,
                                  input_scale=None if input_scale is None else input_scale.cpu())
 

@@ -257,13 +257,7 @@ def nll(logits: np.ndarray, ids: list[int]) -> np.ndarray:
 def agreement(reference: list[np.ndarray], candidate: list[np.ndarray], sequences: list[list[int]]) -> dict:
     """Per-token top-1 agreement of ``candidate`` with ``reference`` (every position), and the perplexity of
     each on the next tokens; ``ppl_delta`` is the candidate's relative increase (0.05 is 5 %)."""
-    return agreement_with(*_figures_of(enumerate(reference), sequences), candidate, sequences)
-
-
-def agreement_with(reference_top1: list[np.ndarray], reference_nll: list[np.ndarray], candidate: list[np.ndarray],
-                   sequences: list[list[int]]) -> dict:
-    """:func:`agreement` against a reference given by its top-1 tokens and next-token NLLs (what a build stores)."""
-    return agreement_of(reference_top1, reference_nll, *_figures_of(enumerate(candidate), sequences))
+    return agreement_of(*_figures_of(enumerate(reference), sequences), *_figures_of(enumerate(candidate), sequences))
 
 
 def agreement_of(reference_top1: list[np.ndarray], reference_nll: list[np.ndarray], candidate_top1: list[np.ndarray],

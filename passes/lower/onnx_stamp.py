@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import re
-import warnings
 from typing import Any
 
 from infopt.core.errors import CaptureError
@@ -84,9 +83,7 @@ def _transposed(tensor, perm):
         array = tensor.numpy()
         order = list(perm) if perm else list(reversed(range(array.ndim)))
         try:
-            with warnings.catch_warnings():  # a read-only array (mapped from a file) is only read here
-                warnings.simplefilter("ignore", UserWarning)
-                return ir.tensor(torch.from_numpy(array).permute(order).contiguous().numpy())
+            return ir.tensor(torch.from_numpy(array).permute(order).contiguous().numpy())
         except TypeError:  # bfloat16 and the float8s: numpy (ml_dtypes)
             return ir.tensor(np.ascontiguousarray(np.transpose(array, order)))
     return compute
