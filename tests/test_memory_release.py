@@ -49,7 +49,7 @@ def test_a_build_leaves_older_objects_out_of_collections_and_hands_the_collector
         assert frozen > 1000  # the imports' objects
         with older_objects_frozen():  # a build inside a build (build() routing to build_generation)
             pass
-        assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() > frozen // 2  # still frozen (a frozen object freed by its count leaves it)
         made = Node()
         made.self = made  # a cycle made during the build is still collected
         gone = weakref.ref(made)
