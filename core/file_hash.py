@@ -1,10 +1,25 @@
 """A file's sha256, read a MiB at a time: light to import (the cache, which the CLI imports first, needs it, and
-the manifest's schema takes 0.3 s to import)."""
+the manifest's schema takes 0.3 s to import).
+
+A build places the same tensors' file in its output more than once (``model/`` and each server's folder), copied by
+the kernel or moved. :func:`copy_file` and :func:`move_file` note that the file placed holds the same bytes as its
+source, and :func:`sha256_once` hashes each such group once: a file is known by its device, inode, size and
+modification time, so a file written again after its copy is hashed again. Checking files against a manifest
+(:func:`sha256`) always reads them.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
+import threading
 from pathlib import Path
+
+_SAME_AS: dict[tuple, tuple] = {}
+"""a placed file's signature -> the signature its source had when it was placed"""
+_DIGESTS: dict[tuple, str] = {}
+_LOCK = threading.Lock()
 
 
 def hash_into(digest, path: Path) -> None:
@@ -18,3 +33,52 @@ def sha256(path: Path) -> str:
     digest = hashlib.sha256()
     hash_into(digest, path)
     return digest.hexdigest()
+
+
+def signature(path: Path) -> tuple:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def origin(path: Path) -> tuple:
+    """The signature of the first file of the copies ``path`` is the last of (its own where it is no copy)."""
+    key = signature(path)
+    with _LOCK:
+        while key in _SAME_AS:
+            key = _SAME_AS[key]
+    return key
+
+
+def copy_file(src: Path, dst: Path) -> Path:
+    """``shutil.copyfile``, noting that ``dst`` holds ``src``'s bytes."""
+    key = origin(src)
+    shutil.copyfile(src, dst)
+    with _LOCK:
+        _SAME_AS[signature(dst)] = key
+    return Path(dst)
+
+
+def move_file(src: Path, dst: Path) -> Path:
+    """``shutil.move`` (a rename on one file system, which keeps the file's signature; a copy between two)."""
+    key = origin(src)
+    shutil.move(src, dst)
+    moved = signature(dst)
+    if moved != key:
+        with _LOCK:
+            _SAME_AS[moved] = key
+    return Path(dst)
+
+
+def sha256_once(path: Path) -> str:
+    """``path``'s sha256, computed once for all the files noted as holding its bytes."""
+    key = origin(path)
+    with _LOCK:
+        known = _DIGESTS.get(key)
+    if known is not None:
+        return known
+    before = signature(path)
+    digest = sha256(path)
+    if signature(path) == before:  # not written while it was read
+        with _LOCK:
+            _DIGESTS[key] = digest
+    return digest

@@ -5,6 +5,11 @@ values, a torch module's hooks) wait for the garbage collector, and glibc's allo
 reuse rather than returning them to the kernel. At real sizes that is gigabytes: building a Qwen2.5-0.5B shape,
 the process stayed 2.9 GB above what it held after the decoder's fusion pass had dropped its graph. The
 pipeline calls :func:`release` after each pass of a large build.
+
+A checkpoint's weights loaded as stored are not on the heap at all: transformers maps the safetensors file (a
+private file mapping) and the parameters are views of it, so every page read stays resident until the mapping
+goes. :func:`drop_file_pages` hands back the pages of such a tensor once it is not read again (widened to float32,
+say); the kernel reads them from the file if they are.
 """
 
 from __future__ import annotations
@@ -25,6 +30,46 @@ def resident_bytes() -> int:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
+        return 0
+
+
+MADV_DONTNEED = 4
+"""Linux's madvise advice: drop the range's pages; a file mapping's are read from the file again if touched"""
+
+
+def file_mappings() -> list[tuple[int, int]]:
+    """(start, end) of this process's mappings of regular files, from ``/proc/self/maps`` (none where it cannot be
+    read)."""
+    found = []
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                path = fields[5].strip() if len(fields) == 6 else ""
+                if path.startswith("/") and not path.endswith("(deleted)"):
+                    low, high = (int(x, 16) for x in fields[0].split("-"))
+                    found.append((low, high))
+    except (OSError, ValueError, IndexError):
+        return []
+    return found
+
+
+def drop_file_pages(tensor, mappings: list[tuple[int, int]]) -> int:
+    """Hand back the resident pages wholly inside ``tensor``'s memory where it lies in one of ``mappings`` (from
+    :func:`file_mappings`); the bytes handed back. Anonymous memory is never touched (dropping it would lose what it
+    holds). For a tensor read as the file holds it (weights not changed in place)."""
+    start, size = tensor.data_ptr(), tensor.numel() * tensor.element_size()
+    if not any(low <= start and start + size <= high for low, high in mappings):
+        return 0
+    page = os.sysconf("SC_PAGE_SIZE")
+    low, high = -(-start // page) * page, (start + size) // page * page
+    if high <= low:
+        return 0
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return high - low if libc.madvise(ctypes.c_void_p(low), ctypes.c_size_t(high - low), MADV_DONTNEED) == 0 else 0
+    except (OSError, AttributeError):  # not glibc: the pages stay until the mapping goes
         return 0
 
 

@@ -6,9 +6,9 @@ node came from, and saving a model (with its tensors beside it when one protobuf
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
+from infopt.core.file_hash import copy_file, move_file
 from infopt.core.manifest import EXTERNAL_DATA_BYTES
 
 
@@ -84,11 +84,12 @@ def load_graph(path: Path):
     return onnx.load(str(path), load_external_data=False)
 
 
-def save_graph(model, source: Path, dst: Path) -> Path:
+def save_graph(model, source: Path, dst: Path, *, move: bool = False) -> Path:
     """Save ``model``, loaded from ``source`` by :func:`load_graph` (its tensors' file still beside ``source``), at
     ``dst``, the tensors' file copied beside it as ``<dst name>.data`` (by the kernel, without reading the
-    tensors into memory) and the graph's references renamed to match. A model with every tensor inside it is
-    saved as it is. (Not hard-linked: ``onnx.load`` refuses a tensors' file with several links.)"""
+    tensors into memory; with ``move``, moved: a rename where both lie on one file system) and the graph's
+    references renamed to match. A model with every tensor inside it is saved as it is. (Not hard-linked:
+    ``onnx.load`` refuses a tensors' file with several links.)"""
     import onnx
 
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -96,23 +97,25 @@ def save_graph(model, source: Path, dst: Path) -> Path:
                for entry in t.external_data if entry.key == "location"]
     locations = {entry.value for entry in entries}
     names = {location: dst.name + ".data" if len(locations) == 1 else location for location in locations}
+    place = move_file if move else copy_file
     for location, name in names.items():
         if Path(source).parent / location != dst.parent / name:
-            shutil.copyfile(Path(source).parent / location, dst.parent / name)
+            place(Path(source).parent / location, dst.parent / name)
     for entry in entries:
         entry.value = names[entry.value]
     onnx.save(model, str(dst))
     return dst
 
 
-def place_model(source: Path, dst: Path) -> Path:
+def place_model(source: Path, dst: Path, *, move: bool = False) -> Path:
     """The ONNX model at ``source`` (and its tensors' file) at ``dst``, its tensors in ``<dst name>.data`` where
-    it keeps them beside it: the files are copied, and the graph's references renamed where the name changes."""
+    it keeps them beside it: the files are copied (with ``move``, the tensors' file moved), and the graph's
+    references renamed where the name changes."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     if not external_files(source):
-        shutil.copyfile(source, dst)
+        copy_file(source, dst)
     else:
-        save_graph(load_graph(source), source, dst)
+        save_graph(load_graph(source), source, dst, move=move)
     return dst
 
 

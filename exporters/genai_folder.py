@@ -108,11 +108,12 @@ def _in_vocab(token: Any, vocab: int) -> int | None:
     return int(token) if isinstance(token, int) and 0 <= token < vocab else None
 
 
-def write_folder(folder: Path, onnx_file: Path, config: dict, source: Path) -> Path:
-    """The GenAI folder: the model (with its external data), ``genai_config.json``, the source's tokenizer files."""
+def write_folder(folder: Path, onnx_file: Path, config: dict, source: Path, *, move: bool = False) -> Path:
+    """The GenAI folder: the model (with its external data; with ``move``, that file moved from beside
+    ``onnx_file``), ``genai_config.json``, the source's tokenizer files."""
     folder.mkdir(parents=True, exist_ok=True)
     model_file = folder / config["model"]["decoder"]["filename"]
-    onnx_graph.place_model(onnx_file, model_file)  # its tensors beside it, under the folder's model's name
+    onnx_graph.place_model(onnx_file, model_file, move=move)  # its tensors beside it, under the folder's model's name
     (folder / "genai_config.json").write_text(json.dumps(config, indent=2) + "\n")
     for name in TOKENIZER_FILES:
         if (source / name).is_file():

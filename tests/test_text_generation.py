@@ -274,12 +274,29 @@ def test_a_decoder_stored_as_external_data_is_fused_and_packed_too(decoders, tmp
     import infopt.passes.lower.onnx_export as onnx_export
     from infopt.api.generation import build_generation
 
+    import infopt.api.generation as generation_api
+    from infopt.core.file_hash import sha256
+    from infopt.core.manifest import read_manifest, verify_files
+
     monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 10_000)
     monkeypatch.setattr(tensor_file, "INLINE_BYTES", 1024)  # fuse_decoder streams the tensors from file to file
+    monkeypatch.setattr(generation_api, "JUDGED_PARAMETERS", 1000)  # judged on a share, as a model past 0.5B is
     folder = decoder(decoders, "llama")
     result = build_generation(folder, output=tmp_path / "external", val=decoders / "prompts.txt")
     manifest = json.loads((result.output_dir / "manifest.json").read_text())
-    assert manifest["validation"]["generation"]["greedy"]["equal"] == 4
+    judged = manifest["validation"]["generation"]
+    assert judged["greedy"]["equal"] == 4 and judged["greedy"]["new_tokens"] == generation_api.MIN_NEW_TOKENS
+    forced = judged["teacher_forced"]
+    # the test's few --val lines hold fewer tokens than the floor, so every one is judged
+    assert f"{forced['sequences']} of {forced['sequences']} held-out sequences" in " ".join(manifest["validation"]["notes"])
+    low, high = forced["top1_interval"]
+    assert 0 <= low <= forced["top1"] <= high <= 1 and high - low > 0
+    assert any("judged on a share of the samples" in note for note in manifest["validation"]["notes"])
+    # the tensors' file placed twice (model/ and the moved GenAI folder) is hashed once, and rightly
+    files = read_manifest(result.output_dir).files
+    for rel in ("model/model.onnx.data", "servers/onnxruntime-genai/model.onnx.data"):
+        assert files[rel].sha256 == sha256(result.output_dir / rel)
+    assert verify_files(result.output_dir, files) == []
     genai = result.output_dir / "servers" / "onnxruntime-genai"
     graph = onnx.load(str(genai / "model.onnx"), load_external_data=False).graph
     assert (genai / "model.onnx.data").stat().st_size > (genai / "model.onnx").stat().st_size

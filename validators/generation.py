@@ -262,12 +262,26 @@ def agreement(reference: list[np.ndarray], candidate: list[np.ndarray], sequence
 
 def agreement_of(reference_top1: list[np.ndarray], reference_nll: list[np.ndarray], candidate_top1: list[np.ndarray],
                  candidate_nll: list[np.ndarray]) -> dict:
-    """:func:`agreement` from both sides' figures (:func:`figures`)."""
+    """:func:`agreement` from both sides' figures (:func:`figures`); ``top1_interval`` is top-1 agreement's 95 %
+    interval as if the tokens were independent (:func:`wilson_interval`; neighbouring tokens are not quite)."""
     same = np.concatenate([np.asarray(r) == np.asarray(c) for r, c in zip(reference_top1, candidate_top1)])
     nll_ref, nll_new = np.concatenate(reference_nll), np.concatenate(candidate_nll)
     ppl_ref, ppl_new = float(np.exp(nll_ref.mean())), float(np.exp(nll_new.mean()))
-    return {"sequences": len(reference_top1), "tokens": int(same.size), "top1": float(same.mean()),
+    top1 = float(same.mean())
+    return {"sequences": len(reference_top1), "tokens": int(same.size), "top1": top1,
+            "top1_interval": list(wilson_interval(top1, int(same.size))),
             "ppl_reference": ppl_ref, "ppl": ppl_new, "ppl_delta": ppl_new / ppl_ref - 1.0}
+
+
+def wilson_interval(share: float, count: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95 % (Wilson score) interval of a share measured over ``count`` trials; it stays inside 0..1 and is not
+    empty where every trial agreed."""
+    if count <= 0:
+        return 0.0, 1.0
+    scale = 1.0 + z * z / count
+    center = (share + z * z / (2 * count)) / scale
+    half = z / scale * float(np.sqrt(share * (1.0 - share) / count + z * z / (4 * count * count)))
+    return max(0.0, center - half), min(1.0, center + half)
 
 
 def usd_per_million(price_per_hour: float | None, tokens_per_s: float) -> float | None:

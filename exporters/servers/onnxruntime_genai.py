@@ -1,6 +1,7 @@
 """ONNX Runtime GenAI: ``servers/onnxruntime-genai/`` of a text-generation build, the folder
 ``onnxruntime_genai.Model`` loads and generates from (``exporters/genai_folder.py`` writes it). The build
-validates that very folder by generating from it; this emitter copies it into the output. Serve it with
+validates that very folder by generating from it; this emitter moves it into the output (the build's last use
+of it). Serve it with
 ``onnxruntime_genai`` (Python, C#, C) or ``onnxruntime-genai``'s server examples.
 """
 
@@ -18,7 +19,10 @@ def emit(job: EmitJob) -> Path | None:
     if prepared is None:
         return None
     target = job.stage / "servers" / "onnxruntime-genai"
-    shutil.copytree(prepared.path, target)
+    # moved, not copied: the build's judging and timing are done with it, and ``model/`` holds the build's copy
+    # (a rename keeps the files' signatures, so the manifest hashes that copy's bytes once for both)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(prepared.path, target)
     return target
 
 

@@ -23,12 +23,12 @@ folder instead (``triton_genai.py``), answering Triton's generate endpoint.
 
 from __future__ import annotations
 
-import shutil
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
 from infopt.core.errors import UsageError
+from infopt.core.file_hash import copy_file
 from infopt.core.inputspec import InputSpec
 from infopt.exporters.genai_folder import GenaiFolder
 from infopt.exporters.servers.emitter import EmitJob, ServerEmitter, register
@@ -160,11 +160,11 @@ def write_repository(root: Path, name: str, model_file: Path, spec: InputSpec,
     folder = root / name
     version = folder / "1"
     version.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(model_file, version / f"model{suffix}")
+    copy_file(model_file, version / f"model{suffix}")
     if suffix == ".onnx":
         data = model_file.with_name(model_file.name + ".data")
         if data.exists():
-            shutil.copyfile(data, version / data.name)
+            copy_file(data, version / data.name)
         if server_engine is None:
             text = config_pbtxt(name, spec, outputs, device, tuning=tuning)
         else:

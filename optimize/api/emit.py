@@ -13,6 +13,7 @@ import numpy as np
 from infopt.api import registries  # noqa: F401 - every registry filled, the plugins' entries included
 from infopt.api.provenance import tool_versions
 from infopt.core import onnx_graph
+from infopt.core.file_hash import copy_file
 from infopt.core.manifest import file_table, sha256, write_manifest
 from infopt.core.manifest_schema import SCHEMA_VERSION, FileEntry, Manifest, Timings, check_written
 from infopt.core.safe_load import arrays_file
@@ -84,7 +85,7 @@ def write_output(stage: Path, manifest: dict[str, Any], model_file: Path, spec, 
         # its tensors go to model/model.onnx.data, the name the model now gives them and the servers look for
         onnx_graph.place_model(model_file, stage / rel_model)
     else:
-        shutil.copyfile(model_file, stage / rel_model)
+        copy_file(model_file, stage / rel_model)
     artifacts = {"model": rel_model}
     for rel, source in (attachments or {}).items():
         (stage / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -80,6 +80,12 @@ def latency_section(manifest: Manifest) -> Section | None:
     return Section("Latency (ms)", ["batch", "runner", "p50", "p90", "p99", "mean", "samples/s", "speedup"], rows, notes)
 
 
+def top1_text(forced: dict) -> str:
+    """Teacher-forced top-1 agreement with its 95 % interval (builds before the interval was recorded: without)."""
+    interval = " (95 %: {:.4f}-{:.4f})".format(*forced["top1_interval"]) if "top1_interval" in forced else ""
+    return f"{forced['top1']:.4f}{interval} over {forced['tokens']} tokens"
+
+
 def generation_section(manifest: Manifest) -> Section | None:
     """A text-generation build: the greedy check, TTFT per prompt length and TPOT per batch size."""
     gen = (manifest.validation.model_extra or {}).get("generation")
@@ -91,7 +97,7 @@ def generation_section(manifest: Manifest) -> Section | None:
              f"{greedy['equal']} of {greedy['prompts']} prompts, {greedy['new_tokens']} tokens each"]]
     if forced:
         rows += [[f"top-1 agreement with {reference}, teacher-forced",
-                  f"{forced['top1']:.4f} over {forced['tokens']} tokens"],
+                  top1_text(forced)],
                  [f"perplexity ({reference})", f"{forced['ppl']:.4g} ({forced['ppl_reference']:.4g}): "
                                                f"{forced['ppl_delta']:+.2%}"]]
     if quantized:

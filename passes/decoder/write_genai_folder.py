@@ -1,7 +1,8 @@
 """Write the ONNX Runtime GenAI folder of a KV decoder (``onnx -> onnx``): the decoder as ``model.onnx`` (its
 tensors beside it when large), ``genai_config.json`` and the source folder's tokenizer
 (``exporters/servers/onnxruntime_genai.py``). The build judges this very folder by generating from it, and the
-``onnxruntime-genai`` emitter copies it into the output; the artifact goes on as the folder's model file.
+``onnxruntime-genai`` emitter moves it into the output; the artifact goes on as the folder's model file. The
+decoder's tensors' file is moved from the work folder (a model given from elsewhere is copied).
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ def run(artifact: Artifact, options: GenaiFolderOptions, context: PassContext) -
     threads = options.threads or physical_cores()
     config = genai.genai_config(decoder.config, decoder.layout, decoder.context, decoder.source, threads=threads,
                                 share_buffer=decoder.fused)
-    folder = genai.write_folder(context.workdir / "genai", artifact.path, config, decoder.source)
+    # the decoder's tensors moved out of the pass before's work file (6 GB of float32 at 1.5B, 3-8 s to copy): a
+    # text-generation build runs one candidate, and no pass reads a work file after the next one
+    moved = artifact.path.resolve().is_relative_to(context.workdir.resolve())
+    folder = genai.write_folder(context.workdir / "genai", artifact.path, config, decoder.source, move=moved)
     result = artifact.derive("onnx", path=folder / config["model"]["decoder"]["filename"])
     result.products[genai.GenaiFolder] = genai.GenaiFolder(folder)
     notes = [f"the decoder runs {threads} intra-op thread{'s' if threads > 1 else ''} (this machine's physical cores "

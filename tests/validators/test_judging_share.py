@@ -1,0 +1,36 @@
+"""A model past half a billion parameters is judged on a share of the samples, never below a floor, and its
+top-1 agreement comes with a 95 % interval."""
+
+from __future__ import annotations
+
+import pytest
+
+from infopt.api.generation import (JUDGED_PARAMETERS, MIN_FORCED_TOKENS, MIN_NEW_TOKENS, NEW_TOKENS, judged_sequences,
+                                   judged_tokens)
+from infopt.validators.generation import agreement_of, wilson_interval
+
+
+def test_a_small_model_is_judged_on_every_sample_and_a_large_one_on_a_share_above_the_floor():
+    sequences = [[1] * 128] * 32  # 32 --val lines of 128 tokens
+    assert judged_tokens(int(JUDGED_PARAMETERS)) == NEW_TOKENS and judged_sequences(sequences, 10**6) == sequences
+    assert judged_tokens(int(1.5e9)) == MIN_NEW_TOKENS and judged_tokens(int(8e9)) == MIN_NEW_TOKENS
+    at_1_5b = judged_sequences(sequences, int(1.5e9))
+    assert 11 <= len(at_1_5b) <= 12 and sum(map(len, at_1_5b)) >= 32 * 128 / 3
+    assert sum(map(len, judged_sequences(sequences, int(70e9)))) == MIN_FORCED_TOKENS  # the floor
+    few = [[1] * 10] * 3
+    assert judged_sequences(few, int(70e9)) == few  # fewer than the floor: all of them
+
+
+@pytest.mark.parametrize("share,count", [(1.0, 256), (0.0, 50), (0.5, 100), (0.1465, 512)])
+def test_the_interval_holds_the_share_inside_zero_to_one_and_narrows_with_more_tokens(share, count):
+    low, high = wilson_interval(share, count)
+    assert 0.0 <= low <= share <= high <= 1.0 and high - low > 0
+    wider = wilson_interval(share, count // 4)
+    assert wider[1] - wider[0] > high - low
+
+
+def test_the_agreement_reports_its_interval():
+    import numpy as np
+
+    found = agreement_of([np.array([1, 2, 3, 4])], [np.zeros(3)], [np.array([1, 2, 3, 5])], [np.zeros(3)])
+    assert found["top1"] == 0.75 and found["top1_interval"] == list(wilson_interval(0.75, 4))
