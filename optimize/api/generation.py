@@ -22,6 +22,7 @@ generation figures under ``validation.generation``), the reports, ``model/model.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,8 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
         # from here the pipeline holds the only reference to the module, so its weights are freed once the passes
         # are past it (the export; for INT4, the checkpoint's writer at the end)
         loaded.module = loaded.artifact = lm = None
+        # the checkpoint's sha256 for the manifest (3 s at 1.5B, 16 s at 8B) read while the passes export and write
+        origin_of = in_background(source_info, folder, "hf-folder")
         final = pipeline.run(source.pop())
         decoder: KvDecoder = final.products[KvDecoder]
         prepared = final.products[genai.GenaiFolder].path
@@ -220,7 +223,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
         forced_budgets = evaluator.describe(budgets, forced_only=True)
         judged_by = (f"teacher-forced agreement and perplexity ({forced_budgets})" if forced_budgets
                      else "greedy tokens equal")
-        origin = {**source_info(folder, "hf-folder"), "task": {"name": TASK, "judged_by": judged_by}}
+        origin = {**origin_of(), "task": {"name": TASK, "judged_by": judged_by}}
         if loaded.hub is not None:
             origin["hub"] = loaded.hub.to_json()
         notes = [f"greedy tokens of {len(prompts)} prompts from {prompt_source}, {new_tokens} each, compared with "
@@ -331,6 +334,29 @@ def _quantization(lineage, calibration: CalibrationSet | None) -> dict | None:
                     "format": "MatMulInteger, int8 weights per output channel"}
     return None
 
+
+
+def in_background(function, *args):
+    """Start ``function(*args)`` on a daemon thread (a build that fails does not wait for it); what is returned,
+    called, waits for it and gives its result or raises its error."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = function(*args)
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"infopt-{getattr(function, '__name__', 'task')}", daemon=True)
+    thread.start()
+
+    def result():
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    return result
 
 
 def judged_share(parameters: int) -> float:
