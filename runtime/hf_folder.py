@@ -93,8 +93,6 @@ def widen(model) -> None:
         for name, buffer in module._buffers.items():
             if buffer is not None and buffer.is_floating_point() and buffer.dtype != torch.float32:
                 module._buffers[name] = buffer.float()
-    if getattr(model, "config", None) is not None:
-        model.config.dtype = torch.float32
 
 
 def load_hf_folder(path: Path, *, stored_dtype: bool = False) -> HFSource:
@@ -129,6 +127,7 @@ def load_hf_folder(path: Path, *, stored_dtype: bool = False) -> HFSource:
                                         **_exportable_experts(transformers))
             if not stored_dtype and stored != "float32":
                 widen(model)
+                model.config.dtype = next(model.parameters()).dtype  # as a float32 load says
     except Exception as exc:  # noqa: BLE001 - transformers raises many types for a bad folder
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelLoadError(f"transformers cannot load {path} as {cls.__name__}: {first}",

@@ -3,6 +3,9 @@ float32 load, tied weights still tied, and no page of the checkpoint lost or cha
 
 from __future__ import annotations
 
+import threading
+import time
+
 import torch
 
 from infopt.runtime.hf_folder import load_hf_folder
@@ -25,3 +28,37 @@ def test_a_bf16_checkpoint_widens_to_transformers_float32_load(tmp_path):
     assert all(torch.equal(value, theirs[name]) for name, value in lm.state_dict().items())
     again = load_hf_folder(tmp_path / "lm").module.model  # the file's pages handed back were read from it again
     assert all(torch.equal(value, theirs[name]) for name, value in again.state_dict().items())
+
+
+def test_widening_hands_back_the_checkpoints_pages_as_it_goes(tmp_path):
+    """The stored weights' pages, read to widen them, do not stay resident beside the float32 copy while it grows:
+    RSS peaks at about the float32 bytes less the stored ones above where it was (with ``Module.float()``, whose
+    pages stay until the last stored tensor goes, at the float32 bytes)."""
+    from infopt.core.memory import release, resident_bytes
+    from infopt.runtime.hf_folder import widen
+
+    shape = {"hidden_size": 512, "intermediate_size": 2048, "num_hidden_layers": 8, "vocab_size": 8192}
+    stored = write_checkpoint({**TINY, **shape}, tmp_path / "lm")
+    growth = {}
+    for how in ("module.float", "widen"):
+        lm = load_hf_folder(tmp_path / "lm", stored_dtype=True).module.model
+        assert sum(float(p.detach().sum()) for p in lm.parameters()) != 0.0  # every page read (as the reference's run does)
+        release(0)  # what earlier tests freed, handed back: the growth measured is this one's
+        before, peak, done = resident_bytes(), [0], threading.Event()
+
+        def watch():
+            while not done.is_set():
+                peak[0] = max(peak[0], resident_bytes())
+                time.sleep(0.001)
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        lm.float() if how == "module.float" else widen(lm)
+        done.set()
+        watcher.join()
+        growth[how] = max(peak[0], resident_bytes()) - before
+        assert {p.dtype for p in lm.parameters()} == {torch.float32}
+        del lm
+    assert growth["module.float"] > 1.7 * stored  # the pages kept: the float32 copy on top of them
+    assert growth["widen"] < 1.3 * stored, growth  # the float32 copy less the pages handed back
+    print({how: f"{grown / stored:.2f}x" for how, grown in growth.items()})

@@ -6,11 +6,10 @@ is built ``--task text-generation --int4`` from the CLI in a subprocess, and its
 layers and a tiny width: everything but the weights (the interpreter, torch, transformers, ONNX Runtime and the
 build's own working memory). This is a memory bound, not a timing.
 
-The goal is twice the checkpoint's bytes; measured on 2026-11-27 the build grows by 2.7x since the decoder is
-exported from its first two layers (3.0-3.9x before: the bf16 weights' mapped pages, the embedding widened to
-float32, and the decoder's ONNX graph held by the fusion pass and by ONNX Runtime's check of it at once), so the
-bound here is :data:`BOUND`: it fails when a change holds another copy of the weights (a float32 copy of a bf16
-checkpoint is two more).
+The goal is twice the checkpoint's bytes, and it is the bound here (:data:`BOUND`): measured on 2026-11-28 the
+build grows by 1.4x since each layer's mapped checkpoint pages are handed back once it is rounded to INT4 (2.7x
+before, 3.0-3.9x before the decoder was exported from its first two layers). It fails when a change holds another
+copy of the weights (a float32 copy of a bf16 checkpoint is two more).
 """
 
 from __future__ import annotations
@@ -37,8 +36,8 @@ SHAPES = {
 }
 """the two sizes built: ``base`` (everything but the weights) and ``100m`` (about 100M parameters)"""
 
-BOUND = 3.5
-"""the growth allowed, in checkpoint bytes (the goal: 2)"""
+BOUND = 2.0
+"""the growth allowed, in checkpoint bytes (the issue's goal)"""
 MEASURE = """
 import resource, subprocess, sys
 code = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -76,37 +75,3 @@ def test_a_100m_parameter_lm_builds_int4_within_a_bounded_multiple_of_its_checkp
     assert grown <= BOUND * sizes["100m"], (f"peak {peaks['100m'] / 1e9:.2f} GB against {peaks['base'] / 1e9:.2f} GB "
                                         f"for the tiny shape: {grown / sizes['100m']:.2f}x the checkpoint")
 
-
-LOAD = """
-import resource, sys
-from pathlib import Path
-import torch, transformers
-from infopt.core.memory import resident_bytes
-from infopt.runtime.hf_folder import load_hf_folder
-load_hf_folder(Path(sys.argv[1]))  # the tiny shape first: what loading imports and builds besides the weights
-before = resident_bytes()
-module = load_hf_folder(Path(sys.argv[2])).module
-dtypes = {str(p.dtype) for p in module.parameters()}
-print(",".join(sorted(dtypes)), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before)
-"""
-"""loads a folder as a float32 build does and prints its parameters' dtypes and how far the peak RSS grew"""
-
-WIDENED_BOUND = 1.25
-"""the peak's growth allowed while a bf16 checkpoint loads as float32, in float32 bytes"""
-
-
-def test_a_bf16_checkpoint_loads_as_float32_without_its_pages_and_the_float32_copy_at_once(tmp_path):
-    """Loaded as float32 by transformers, the checkpoint's mapped pages and the whole float32 copy were resident
-    together: 1.5x the float32 bytes here (Qwen2.5-1.5B: 9.7 GB for 6.2). Loaded as stored and widened parameter
-    by parameter, each one's pages handed back, 1.0x (6.6 GB), measured on 2026-11-28."""
-    stored = {name: write_checkpoint({**QWEN_COMMON, **shape, "vocab_size": 32000, "max_position_embeddings": 2048,
-                                      "bos_token_id": 0, "eos_token_id": 0, "tie_word_embeddings": True},
-                                     tmp_path / name) for name, shape in SHAPES.items()}["100m"]
-    proc = subprocess.run([sys.executable, "-c", LOAD, str(tmp_path / "base"), str(tmp_path / "100m")],
-                          capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    dtypes, grown = proc.stdout.split()
-    assert dtypes == "torch.float32"
-    print(f"grew {int(grown) / (2 * stored):.2f}x the float32 weights")
-    assert int(grown) <= WIDENED_BOUND * 2 * stored, f"{int(grown) / (2 * stored):.2f}x the float32 weights"

@@ -270,11 +270,10 @@ def test_a_decoder_stored_as_external_data_is_fused_and_packed_too(decoders, tmp
     threshold is lowered here so that the tiny Llama takes that path)."""
     import onnx
 
+    import infopt.api.generation as generation_api
     import infopt.core.tensor_file as tensor_file
     import infopt.passes.lower.onnx_export as onnx_export
     from infopt.api.generation import build_generation
-
-    import infopt.api.generation as generation_api
     from infopt.core.file_hash import sha256
     from infopt.core.manifest import read_manifest, verify_files
 

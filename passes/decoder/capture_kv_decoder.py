@@ -23,6 +23,7 @@ from infopt.core.errors import CaptureError
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.exporters import kv_attention, kv_decoder, layer_probe
 from infopt.quantize.int4_format import conv1d_as_linear
+from infopt.runtime.hf_folder import widen
 
 
 class CaptureKvDecoderOptions(PassOptions):
@@ -105,7 +106,7 @@ def _widen(lm) -> str | None:
     narrow = {t.dtype for t in (*lm.parameters(), *lm.buffers()) if t.is_floating_point() and t.dtype != torch.float32}
     if not narrow:
         return None
-    lm.float()
+    widen(lm)  # one tensor at a time, a mapped checkpoint's pages handed back as it goes
     names = ", ".join(sorted(str(d).removeprefix("torch.") for d in narrow))
     return f"the weights still in {names} (those not rounded to INT4) widened to float32: the decoder computes in float32"
 

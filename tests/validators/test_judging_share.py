@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from infopt.api.generation import (JUDGED_PARAMETERS, MIN_FORCED_TOKENS, MIN_NEW_TOKENS, NEW_TOKENS, judged_sequences,
-                                   judged_tokens)
+from infopt.api.generation import JUDGED_PARAMETERS, MIN_FORCED_TOKENS, MIN_NEW_TOKENS, NEW_TOKENS, judged_sequences, judged_tokens
 from infopt.validators.generation import agreement_of, wilson_interval
 
 
