@@ -3,9 +3,9 @@ the manifest's schema takes 0.3 s to import).
 
 A build places the same tensors' file in its output more than once (``model/`` and each server's folder), copied by
 the kernel or moved. :func:`copy_file` and :func:`move_file` note that the file placed holds the same bytes as its
-source, and :func:`sha256_once` hashes each such group once: a file is known by its device, inode, size and
-modification time, so a file written again after its copy is hashed again. Checking files against a manifest
-(:func:`sha256`) always reads them.
+source, and :func:`origin` names each such group, which the manifest's file table hashes once: a file is known by
+its device, inode, size and modification time, so a file written again after its copy is its own group again.
+Checking files against a manifest always reads them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from pathlib import Path
 
 _SAME_AS: dict[tuple, tuple] = {}
 """a placed file's signature -> the signature its source had when it was placed"""
-_DIGESTS: dict[tuple, str] = {}
 _LOCK = threading.Lock()
 
 
@@ -68,17 +67,3 @@ def move_file(src: Path, dst: Path) -> Path:
             _SAME_AS[moved] = key
     return Path(dst)
 
-
-def sha256_once(path: Path) -> str:
-    """``path``'s sha256, computed once for all the files noted as holding its bytes."""
-    key = origin(path)
-    with _LOCK:
-        known = _DIGESTS.get(key)
-    if known is not None:
-        return known
-    before = signature(path)
-    digest = sha256(path)
-    if signature(path) == before:  # not written while it was read
-        with _LOCK:
-            _DIGESTS[key] = digest
-    return digest

@@ -16,7 +16,7 @@ import numpy as np
 
 from infopt.core.errors import UsageError
 from infopt.core.file_hash import hash_into as _hash_into
-from infopt.core.file_hash import origin, sha256, sha256_once
+from infopt.core.file_hash import origin, sha256
 from infopt.core.manifest_schema import FileEntry, Manifest, check_read
 
 MANIFEST = "manifest.json"
@@ -66,15 +66,16 @@ def file_table(root: Path, skip: tuple[str, ...] = UNLISTED) -> dict[str, dict[s
     """Every file under ``root`` (but the manifest) with its size and sha256, the files hashed side by side (hashlib
     and file reads release the GIL): an ONNX model past 256 MB is in the folder three times (the model, Triton's
     copy, TorchServe's archive), 4 GB for BERT-large, hashed in 3.7 s one after the other on 2 cores. The files
-    placed as copies of one another are read once (``file_hash.sha256_once``)."""
+    placed as copies of one another are read once (``file_hash.origin``)."""
     files = [(path.relative_to(root).as_posix(), path) for path in sorted(p for p in root.rglob("*") if p.is_file())]
     files = [(rel, path) for rel, path in files if rel not in skip]
+    origins = {rel: origin(path) for rel, path in files}
     groups: dict[tuple, Path] = {}  # the files placed as copies of one another (file_hash.copy_file), hashed once
-    for _, path in files:
-        groups.setdefault(origin(path), path)
+    for rel, path in files:
+        groups.setdefault(origins[rel], path)
     with ThreadPoolExecutor(max_workers=min(len(groups), os.cpu_count() or 1) or 1) as pool:
-        digests = dict(zip(groups, pool.map(sha256_once, groups.values())))
-    return {rel: {"bytes": path.stat().st_size, "sha256": digests[origin(path)]} for rel, path in files}
+        digests = dict(zip(groups, pool.map(sha256, groups.values())))
+    return {rel: {"bytes": path.stat().st_size, "sha256": digests[origins[rel]]} for rel, path in files}
 
 
 def write_manifest(root: Path, manifest: Manifest) -> None:

@@ -53,6 +53,7 @@ from infopt.passes.lower.onnx_int4 import BLOCK_SIZES
 from infopt.passes.onnx.quantize_int8 import Int8Details
 from infopt.quantize.calib_data import CalibrationSet
 from infopt.quantize.int4_config import Int4Config
+from infopt.report.markdown import top1_text
 from infopt.runtime.loading import load_model
 from infopt.runtime.memory_estimate import check_fits
 from infopt.validators import generation
@@ -193,7 +194,8 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
         # from here the pipeline holds the only reference to the module, so its weights are freed once the passes
         # are past it (the export; for INT4, the checkpoint's writer at the end)
         loaded.module = loaded.artifact = lm = None
-        # the checkpoint's sha256 for the manifest (3 s at 1.5B, 16 s at 8B) read while the passes export and write
+        # the checkpoint's sha256 for the manifest (1.1 s for 0.5B's 1 GB here, growing with the bytes) read while
+        # the passes export and write
         origin_of = in_background(source_info, folder, "hf-folder")
         final = pipeline.run(source.pop())
         decoder: KvDecoder = final.products[KvDecoder]
@@ -385,9 +387,8 @@ def judged_sequences(sequences: list[list[int]], parameters: int) -> list[list[i
 def judging_share_note(parameters: int, new_tokens: int, kept: int, offered: int, forced: dict) -> str:
     return (f"judged on a share of the samples, the model's {parameters / 1e9:.2f}B parameters past the "
             f"{JUDGED_PARAMETERS / 1e9:g}B judged on all of them: {new_tokens} greedy tokens a prompt of {NEW_TOKENS}, "
-            f"{kept} of {offered} held-out sequences ({forced['tokens']} tokens; top-1 agreement "
-            "{:.4f}, 95 % interval {:.4f}-{:.4f} as if the tokens were independent)".format(forced["top1"],
-                                                                                           *forced["top1_interval"]))
+            f"{kept} of {offered} held-out sequences (top-1 agreement {top1_text(forced)}; the interval as if the "
+            "tokens were independent)")
 
 
 def _prompts(val: str | Path | None, folder: Path, vocab: int, special: set[int]) -> tuple[list[list[int]], str]:
