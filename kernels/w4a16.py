@@ -28,7 +28,7 @@ may take from registers where it was dequantized. The bias is added in fp32 by t
 Tiles, groups per loop step, splits, warps and stages are autotuned per ``(M bucket, N, K)``: one
 set of configs for ``M <= 16`` (decoding; ``BLOCK_M = 16``, the tensor core's least) and one above.
 
-**Calls.** ``torch.ops.infopt.w4a16_linear`` is a ``triton_op``: ``torch.compile`` and AOTInductor
+**Calls.** ``torch.ops.infopt.w4a16_linear`` (defined on first use, :func:`registered`) is a ``triton_op``: ``torch.compile`` and AOTInductor
 see the Triton kernel itself and put it into the compiled code (no call back into Python at run
 time). On eager CUDA tensors :func:`w4a16_linear` skips the dispatcher and launches directly, a
 repeat call through the compiled kernel its first call got (:mod:`infopt.kernels.launcher`); the op
@@ -42,6 +42,8 @@ multiplies bfloat16 bit patterns as integers), on operands that are exact small 
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import nn
@@ -298,28 +300,33 @@ def _reference_kernel(x, qweight, scales, zeros, perm, bias, group_size):
     return w4a16_linear_torch(x, qweight, scales, zeros, perm, bias, group_size)
 
 
-if triton is not None:
-    @torch.library.triton_op("infopt::w4a16_linear", mutates_args=())
-    def _w4a16_linear_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                         perm: torch.Tensor | None, bias: torch.Tensor | None, group_size: int) -> torch.Tensor:
-        """``x @ W.T + bias`` for a weight in the kernel layout: the Triton kernel for float16/bfloat16
-        ``x`` on CUDA, the reference for any other dtype or device (this body is also what a compiler
-        traces, with fake tensors)."""
-        if x.dtype not in ACTIVATION_DTYPES or x.device.type != "cuda":
+@functools.cache
+def registered():
+    """``torch.ops.infopt.w4a16_linear``, defined on first use: a ``triton_op``'s definition imports
+    ``torch._inductor`` (1.5 s), which a build that never swaps in the kernel (every CPU build) does not pay."""
+    if triton is not None:
+        @torch.library.triton_op("infopt::w4a16_linear", mutates_args=())
+        def op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+               perm: torch.Tensor | None, bias: torch.Tensor | None, group_size: int) -> torch.Tensor:
+            """``x @ W.T + bias`` for a weight in the kernel layout: the Triton kernel for float16/bfloat16
+            ``x`` on CUDA, the reference for any other dtype or device (this body is also what a compiler
+            traces, with fake tensors)."""
+            if x.dtype not in ACTIVATION_DTYPES or x.device.type != "cuda":
+                return w4a16_linear_torch(x, qweight, scales, zeros, perm, bias, group_size)
+            return _launch(x, qweight, scales, zeros, perm, bias, group_size, torch.library.wrap_triton)
+    else:
+        @torch.library.custom_op("infopt::w4a16_linear", mutates_args=())
+        def op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
+               perm: torch.Tensor | None, bias: torch.Tensor | None, group_size: int) -> torch.Tensor:
+            """``x @ W.T + bias`` for a weight in the kernel layout (triton is not installed: the reference)."""
             return w4a16_linear_torch(x, qweight, scales, zeros, perm, bias, group_size)
-        return _launch(x, qweight, scales, zeros, perm, bias, group_size, torch.library.wrap_triton)
-else:
-    @torch.library.custom_op("infopt::w4a16_linear", mutates_args=())
-    def _w4a16_linear_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor,
-                         perm: torch.Tensor | None, bias: torch.Tensor | None, group_size: int) -> torch.Tensor:
-        """``x @ W.T + bias`` for a weight in the kernel layout (triton is not installed: the reference)."""
-        return w4a16_linear_torch(x, qweight, scales, zeros, perm, bias, group_size)
 
-_w4a16_linear_op.register_kernel("cpu")(_reference_kernel)
+    op.register_kernel("cpu")(_reference_kernel)
+    op.register_fake(_fake)
+    return torch.ops.infopt.w4a16_linear
 
 
-@_w4a16_linear_op.register_fake
-def _(x, qweight, scales, zeros, perm, bias, group_size):
+def _fake(x, qweight, scales, zeros, perm, bias, group_size):
     if x.dtype in ACTIVATION_DTYPES:
         check_inputs(x, qweight, scales, zeros, perm, bias, group_size)
     return x.new_empty((*x.shape[:-1], qweight.shape[0]))
@@ -338,7 +345,7 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     else through ``torch.ops.infopt.w4a16_linear`` (traced, compiled, or the reference off CUDA)."""
     if _launches_directly(x):
         return _launch(x, qweight, scales, zeros, perm, bias, group_size, _direct)
-    return torch.ops.infopt.w4a16_linear(x, qweight, scales, zeros, perm, bias, group_size)
+    return registered()(x, qweight, scales, zeros, perm, bias, group_size)
 
 
 class W4A16Linear(nn.Module):

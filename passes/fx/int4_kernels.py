@@ -18,10 +18,10 @@ from typing import Literal
 
 from pydantic import Field
 
-import infopt.kernels.w4a16  # noqa: F401  (registers infopt::w4a16_linear)
 import infopt.quantize.int4_format  # noqa: F401  (registers infopt::int4_linear)
 from infopt.core.artifact import Artifact
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.kernels import w4a16
 from infopt.kernels.w4a16_layout import to_kernel_layout, unsupported
 from infopt.passes.fx.graph_utils import finish, lifted_store
 
@@ -90,7 +90,7 @@ def run(artifact: Artifact, options: Int4KernelsOptions, context: PassContext) -
     import torch
 
     portable = torch.ops.infopt.int4_linear.default
-    kernel = torch.ops.infopt.w4a16_linear.default
+    kernel = w4a16.registered().default
     nodes = [n for n in program.graph.nodes if n.op == "call_function" and n.target == portable]
     swapped, kept, notes, done = [], [], [], set()
     for node in nodes:

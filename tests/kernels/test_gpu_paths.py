@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from infopt.kernels import w4a16
 from infopt.kernels.norms import layer_norm, layer_norm_torch, rms_norm, rms_norm_torch
 from infopt.kernels.w4a16 import W4A16Linear, use_w4a16_kernels, w4a16_linear, w4a16_linear_torch
 from infopt.quantize.int4_config import GPTQConfig, RTNConfig
@@ -43,7 +44,7 @@ def test_direct_launch_op_and_reference_agree(dtype, M):
     with torch.inference_mode():
         first = w4a16_linear(x, *args)  # through Triton's launcher and the autotuner
         direct = w4a16_linear(x, *args)  # the remembered compiled kernel (kernels/launcher.py)
-        through_op = torch.ops.infopt.w4a16_linear(x, *args)
+        through_op = w4a16.registered()(x, *args)
     reference = w4a16_linear_torch(x.cpu(), *[a.cpu() if isinstance(a, torch.Tensor) else a for a in args])
     # split-K tiles add their parts atomically, in no fixed order: the paths agree to rounding, not bit for bit
     for out in (first, direct, through_op):
@@ -66,7 +67,7 @@ def test_aoti_package_embeds_the_kernel_and_runs_without_infopt(tmp_path):
     x = torch.randn(8, 256, device="cuda", dtype=torch.float16)
     batch = torch.export.Dim("batch", min=1, max=64)
     program = torch.export.export(model, (x,), dynamic_shapes=({0: batch},))
-    assert any(n.target == torch.ops.infopt.w4a16_linear.default for n in program.graph.nodes)
+    assert any(n.target == w4a16.registered().default for n in program.graph.nodes)
     path = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "mlp.pt2"))
     torch.save(x.cpu(), tmp_path / "x.pt")
     with torch.inference_mode():

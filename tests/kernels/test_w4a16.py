@@ -172,7 +172,7 @@ def test_reference_is_int4_linear_in_fp32():
 def test_op_passes_opcheck():
     args = case(3, 24, 96, 32, torch.bfloat16, bias=True, act_order=True)
     assert torch.equal(w4a16_linear(*args), w4a16_linear_torch(*args))
-    torch.library.opcheck(torch.ops.infopt.w4a16_linear.default, tuple(args))
+    torch.library.opcheck(w4a16.registered().default, tuple(args))
 
 
 def test_direct_launch_only_for_eager_cuda_tensors_without_gradients():
@@ -232,6 +232,6 @@ def test_op_exports_as_one_node():
     module = Quantized(args).eval()
     program = torch.export.export(module, (args[0],))
     targets = [n.target for n in program.graph.nodes if n.op == "call_function"]
-    assert targets.count(torch.ops.infopt.w4a16_linear.default) == 1
+    assert targets.count(w4a16.registered().default) == 1
     x = torch.randn(4, 96).half()
     assert torch.equal(program.module()(x), module(x))

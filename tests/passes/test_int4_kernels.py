@@ -6,6 +6,7 @@ from torch import nn
 
 from infopt.core.registry import PassContext
 from infopt.core.target import get_target
+from infopt.kernels import w4a16
 from infopt.passes.fx.int4_kernels import PASS
 from infopt.quantize.int4_format import Int4Linear, Int4Weight, grid, quantize_codes, replace_module
 from tests.passes.helpers import capture, ops
@@ -87,7 +88,7 @@ def test_weights_are_rewritten_into_the_kernel_layout(tmp_path):
     art = capture(model, "x:float32[batch,96]")
     outcome = run(art, "h100", tmp_path)
     program = outcome.artifact.obj
-    nodes = [n for n in program.graph.nodes if n.op == "call_function" and n.target == torch.ops.infopt.w4a16_linear.default]
+    nodes = [n for n in program.graph.nodes if n.op == "call_function" and n.target == w4a16.registered().default]
     for node, layer in zip(nodes, (model[1], model[3], model[5])):
         store, key = lifted_store(program, node.args[1])
         qweight = store[key]
