@@ -28,8 +28,8 @@ may take from registers where it was dequantized. The bias is added in fp32 by t
 Tiles, groups per loop step, splits, warps and stages are autotuned per ``(M bucket, N, K)``: one
 set of configs for ``M <= 16`` (decoding; ``BLOCK_M = 16``, the tensor core's least) and one above.
 
-**Calls.** ``torch.ops.infopt.w4a16_linear`` (defined on first use, :func:`registered`) is a ``triton_op``: ``torch.compile`` and AOTInductor
-see the Triton kernel itself and put it into the compiled code (no call back into Python at run
+**Calls.** ``torch.ops.infopt.w4a16_linear`` (defined on first use, :func:`registered`) is a ``triton_op``:
+``torch.compile`` and AOTInductor see the Triton kernel itself and put it into the compiled code (no call back into Python at run
 time). On eager CUDA tensors :func:`w4a16_linear` skips the dispatcher and launches directly, a
 repeat call through the compiled kernel its first call got (:mod:`infopt.kernels.launcher`); the op
 checks nothing per call beyond what torch does, so shapes are checked once, where the weight is put
