@@ -54,7 +54,6 @@ before it (``input_scale``) is refused.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
 from dataclasses import dataclass
@@ -65,6 +64,7 @@ import torch
 from torch import nn
 
 from infopt.core.errors import UsageError
+from infopt.core.safetensors_file import write_safetensors
 from infopt.exporters.staging import staged_output
 from infopt.quantize.int4_format import MAXQ, Int4Weight, int4_layers, unpack_int4
 
@@ -325,14 +325,28 @@ def _model_config(model: nn.Module, config: Mapping[str, Any] | None) -> dict[st
 
 
 def _dense_tensors(model: nn.Module, layers: Mapping[str, Int4Weight]) -> dict[str, torch.Tensor]:
-    """Every state-dict entry outside the quantized layers under its own name, floats in fp16."""
+    """Every state-dict entry outside the quantized layers under its own name, as the model holds it (written in
+    fp16 if floating), but a head tied to the embedding: transformers and vLLM tie it again on load (the config's
+    ``tie_word_embeddings``), and a second copy of the table was a quarter of Qwen2.5-0.5B's checkpoint."""
     tensors = {}
+    tied = _tied_head(model)
     for key, value in model.state_dict().items():
-        if key.rpartition(".")[0] in layers:
+        if key.rpartition(".")[0] in layers or key == tied:
             continue
-        value = value.detach().cpu()
-        tensors[key] = (value.to(torch.float16) if value.is_floating_point() else value).contiguous().clone()
+        tensors[key] = value.detach()
     return tensors
+
+
+def _tied_head(model: nn.Module) -> str | None:
+    """The state-dict key of ``model``'s output embedding where it is the input embedding's table, else None."""
+    config = getattr(model, "config", None)
+    try:
+        head, table = model.get_output_embeddings(), model.get_input_embeddings()
+    except (AttributeError, NotImplementedError):
+        return None
+    if not getattr(config, "tie_word_embeddings", False) or head is None or table is None or head.weight is not table.weight:
+        return None
+    return next((f"{name}.weight" for name, module in model.named_modules() if module is head), None)
 
 
 def _is_checkpoint(path: Path) -> bool:
@@ -347,8 +361,6 @@ def _is_checkpoint(path: Path) -> bool:
 def _write(model: nn.Module, out: Path, tensors: dict[str, torch.Tensor], layers: Mapping[str, Int4Weight],
            quant_config: dict[str, Any], config: Mapping[str, Any] | None, source_dir: Path | str | None,
            force: bool) -> Path:
-    from safetensors.torch import save_file
-
     config = _model_config(model, config)
     config["quantization_config"] = quant_config
     for name in layers:
@@ -358,20 +370,11 @@ def _write(model: nn.Module, out: Path, tensors: dict[str, torch.Tensor], layers
     tensors.update(_dense_tensors(model, layers))
     sources = _source_files(source_dir)
     with staged_output(out, force, is_ours=_is_checkpoint) as stage:
-        save_file(tensors, str(stage / WEIGHTS_FILE), metadata={"format": "pt"})
-        _readable(stage / WEIGHTS_FILE)
+        write_safetensors(stage / WEIGHTS_FILE, tensors, {"format": "pt"}, floats=torch.float16)
         (stage / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         for path in sources:
             shutil.copy2(path, stage / path.name)
     return out
-
-
-def _readable(path: Path) -> None:
-    """Give ``path`` the mode a file written here gets (safetensors writes its file readable by its owner alone,
-    which a server running as another user cannot load)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    path.chmod(0o666 & ~mask)
 
 
 def _source_files(source_dir: Path | str | None) -> list[Path]:

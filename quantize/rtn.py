@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from infopt.core.memory import drop_file_pages, file_mappings
 from infopt.quantize.int4_config import RTNConfig
 from infopt.quantize.int4_format import Int4Weight, grid, quantize_codes, searched_grid
 from infopt.quantize.int4_methods import Int4Method, Quantized, register
@@ -45,11 +46,14 @@ its codes computed while it sits in the CPU's cache, instead of each step passin
 
 
 def rtn_quantize(weight: torch.Tensor, group_size: int, symmetric: bool,
-                 input_scale: torch.Tensor | None = None, search: bool = True) -> Int4Weight:
+                 input_scale: torch.Tensor | None = None, search: bool = True, read_only_file: bool = False) -> Int4Weight:
     """RTN of ``weight`` ``[N, K]`` (already multiplied by ``input_scale`` if there is one), on the searched
     grid (``search``) or the plain min/max one. A bf16/fp16 weight is widened to float32 a block of rows at a
-    time, never whole."""
+    time, never whole. With ``read_only_file`` (a weight mapping a file that nothing wrote to, such as the ONNX
+    head's tied table, 545 MB at Qwen2.5-0.5B's shape) each block's pages are handed back once it is rounded, so the
+    whole table is never resident; never for a weight changed in place (its changes would be lost)."""
     weight = weight.detach()
+    mappings = file_mappings() if read_only_file else []
     rows, cols = weight.shape
     codes = torch.empty(weight.shape, dtype=torch.uint8, device=weight.device)
     scales = torch.empty(rows, cols // group_size, dtype=torch.float32, device=weight.device)
@@ -60,6 +64,7 @@ def rtn_quantize(weight: torch.Tensor, group_size: int, symmetric: bool,
         wide = weight[block].float()
         scales[block], zeros[block] = group_grid(wide, group_size, symmetric, search)
         codes[block] = group_codes(wide, scales[block], zeros[block], group_size)
+        drop_file_pages(weight[block], mappings)
     return Int4Weight.from_codes(codes.cpu(), scales.cpu(), zeros.cpu(), group_size, symmetric,
                                  input_scale=None if input_scale is None else input_scale.cpu())
 

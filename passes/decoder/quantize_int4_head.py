@@ -71,7 +71,7 @@ def run(artifact: Artifact, options: QuantizeInt4HeadOptions, context: PassConte
                                                  f"{rows.shape[1]} inputs"],
                                QuantizeInt4HeadDetails(head=named[-1], shape=list(rows.shape)))
         context.say(f"the output head ({named[-1]}) to INT4")
-        packed = rtn_quantize(rows, size, symmetric=False)
+        packed = rtn_quantize(rows, size, symmetric=False, read_only_file=True)  # the table as the file holds it
         nbits = replace_with_nbits(model.graph, node, node.inputs[0], packed.qweight.numpy(), packed.scales.numpy(),
                                    packed.zeros.numpy(), None, size, options.accuracy_level, named[-1])
         notes = [f"the output head ({named[-1]}, {rows.shape[0]} x {rows.shape[1]}) to INT4 by RTN, group size {size}: "

@@ -74,11 +74,13 @@ def quantize(model: nn.Module, symmetric: bool, act_order: bool = False, seed: i
     return model.eval()
 
 
-def tiny_llama(symmetric: bool, act_order: bool = False, zero_group: bool = False) -> nn.Module:
-    """A 2-layer Llama (hidden 64, intermediate 128, vocab 128); ``zero_group`` zeroes one row group."""
+def tiny_llama(symmetric: bool, act_order: bool = False, zero_group: bool = False, tied: bool = False) -> nn.Module:
+    """A 2-layer Llama (hidden 64, intermediate 128, vocab 128); ``zero_group`` zeroes one row group; ``tied``
+    ties its head to the embedding."""
     torch.manual_seed(0)
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, vocab_size=128,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=tied)
     model = transformers.LlamaForCausalLM(config)
     if zero_group:
         with torch.no_grad():
@@ -427,4 +429,22 @@ def test_transformers_loads_bert(tmp_path, method):
     ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want, got = model(ids).last_hidden_state, loaded(ids).last_hidden_state
+    assert torch.allclose(got, want, atol=2e-2 * want.abs().max().item(), rtol=0)
+
+
+@needs_consumer
+def test_a_tied_head_is_written_once_and_transformers_ties_it_again(tmp_path):
+    from safetensors import safe_open
+
+    model = tiny_llama(symmetric=True, tied=True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    out = write_gptq_checkpoint(model, tmp_path / "ckpt")
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        assert "lm_head.weight" not in keys and f.get_tensor("model.embed_tokens.weight").dtype == torch.float16
+    loaded = load_with_transformers(out, transformers.AutoModelForCausalLM)
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+    ids = torch.randint(0, 128, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want, got = model(ids).logits, loaded(ids).logits
     assert torch.allclose(got, want, atol=2e-2 * want.abs().max().item(), rtol=0)
