@@ -343,6 +343,11 @@ def test_a_sweep_takes_a_causal_lm_as_text_generation_cells_and_a_missed_budget_
     verdict = manifest["validation"]["verdict"]
     assert verdict["passed"] is False and [c["name"] for c in verdict["checks"] if not c["passed"]] == ["top1"]
     assert verdict["reasons"][0].startswith("top1 ") and "< 0.999" in verdict["reasons"][0]
+    # infopt validate judges it again under the budget it was built with, not the recipe's default (top1 >= 0.8)
+    proc = run_cli("validate", "sweeps/lm/lm/cpu-int4-auto", "--json", cwd=trained, timeout=600)
+    judged = json.loads(proc.stdout)
+    assert proc.returncode == 1 and judged["generation"]["budgets"].startswith("top1 >= 0.999"), proc.stdout[-2000:]
+    assert [c["name"] for c in judged["verdict"]["checks"] if not c["passed"]] == ["top1"]
     assert manifest["validation"]["generation"]["quantization"]["method"] == "rtn"  # no --calib
     assert math.isfinite(manifest["validation"]["generation"]["teacher_forced"]["ppl"])
 

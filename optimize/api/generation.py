@@ -418,14 +418,17 @@ def _random_ids(vocab: int, special: set[int], count: int, length: int) -> list[
 
 def validate_generation(root: Path, manifest, result: dict[str, Any]) -> dict[str, Any]:
     """``infopt validate`` of a text-generation output whose files match its manifest: its GenAI folder judged
-    again by the task's evaluator on the stored prompts and held-out text, against the recipe's budgets, and
-    TTFT and TPOT timed again."""
+    again by the task's evaluator on the stored prompts and held-out text, against the budgets the build was judged
+    under (the recipe's, with the build's ``--max-drift`` in their place: its verdict's limits), and TTFT and TPOT
+    timed again."""
     samples_file = root / evaluator.SAMPLES_FILE
     if not samples_file.is_file():
         raise UsageError(f"{root} holds no {evaluator.SAMPLES_FILE}: it was built before text-generation builds "
                          "stored what they are judged on", where=str(root), fix="rebuild it with this infopt")
     recipe = Recipe.from_json(manifest.recipe)
-    budgets = evaluator.with_max_drift(recipe.validation.generation, None)
+    built = {c.get("name"): c.get("limit") for c in manifest.validation.verdict.checks if isinstance(c, dict)}
+    drift = ",".join(f"{metric}={built[metric]}" for metric in evaluator.METRICS if built.get(metric) is not None)
+    budgets = evaluator.with_max_drift(recipe.validation.generation, drift or None)
     folder = root / manifest.artifacts.get("onnxruntime-genai")
     config = json.loads((folder / "genai_config.json").read_text())["model"]
     samples = evaluator.GenerationSamples.load(samples_file)
