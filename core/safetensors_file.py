@@ -23,23 +23,21 @@ DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torc
 def write_safetensors(path: Path | str, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None,
                       floats: torch.dtype | None = None) -> int:
     """Write ``tensors`` (floating-point ones cast to ``floats`` where given) to ``path``; returns its bytes."""
-    def dtype_of(t: torch.Tensor) -> torch.dtype:
-        return floats if floats is not None and t.is_floating_point() else t.dtype
-
+    dtypes = {name: floats if floats is not None and t.is_floating_point() else t.dtype for name, t in tensors.items()}
     header: dict = {"__metadata__": dict(metadata)} if metadata else {}
     offset = 0
     for name, t in tensors.items():
-        if dtype_of(t) not in DTYPES:
-            raise ValueError(f"{name}: safetensors has no {dtype_of(t)}")
-        size = t.numel() * dtype_of(t).itemsize
-        header[name] = {"dtype": DTYPES[dtype_of(t)], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        if dtypes[name] not in DTYPES:
+            raise ValueError(f"{name}: safetensors has no {dtypes[name]}")
+        size = t.numel() * dtypes[name].itemsize
+        header[name] = {"dtype": DTYPES[dtypes[name]], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
         offset += size
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(text)) + text)
-        for t in tensors.values():
-            data = t.detach().to("cpu", dtype_of(t)).contiguous().reshape(-1)
+        for name, t in tensors.items():
+            data = t.detach().to("cpu", dtypes[name]).contiguous().reshape(-1)
             if data.numel():
                 f.write(memoryview(data.view(torch.uint8).numpy()))
             del data

@@ -88,8 +88,8 @@ JUDGED_PARAMETERS = 2.5e8
 more, on a share of them (this over its parameters): of the greedy check's :data:`NEW_TOKENS` (at least
 :data:`MIN_NEW_TOKENS`) and of the held-out sequences (whole, at least :data:`MIN_FORCED_TOKENS` tokens), the
 report giving top-1 agreement's 95 % interval. On 2 cores (2026-11-28) the reference and the judging took 47 s of
-a 94 s build at Qwen2.5-1.5B's shape in float32, and at Qwen2.5-0.5B's, judged on every sample, 17 s of 41 s (og's
-4 s opening of the folder included): per judged token, the model's cost"""
+a 94 s build at Qwen2.5-1.5B's shape in float32, and 17 s of 41 s at Qwen2.5-0.5B's judged on every sample (4 s of
+it opening the folder): each judged token costs what a token of the model does"""
 MIN_NEW_TOKENS = 8
 MIN_FORCED_TOKENS = 256
 LM_INPUTS = ("input_ids:int64[batch,seq]", "attention_mask:int64[batch,seq]")
