@@ -13,12 +13,20 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
+import sys
 import threading
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterable, Iterator
 
 _SAME_AS: dict[tuple, tuple] = {}
 """a placed file's signature -> the signature its source had when it was placed"""
 _LOCK = threading.Lock()
+_KNOWN: dict[tuple, str] = {}
+"""a file's signature -> its sha256, hashed ahead (:func:`hashed_ahead`) while the signature held"""
+_HASHER = ("import hashlib, sys\nd = hashlib.sha256()\nwith open(sys.argv[1], 'rb') as f:\n"
+           "    for chunk in iter(lambda: f.read(1 << 20), b''):\n        d.update(chunk)\nprint(d.hexdigest())")
 
 
 def hash_into(digest, path: Path) -> None:
@@ -67,3 +75,37 @@ def move_file(src: Path, dst: Path) -> Path:
             _SAME_AS[moved] = key
     return Path(dst)
 
+
+
+def known_sha256(key: tuple) -> str | None:
+    """The sha256 hashed ahead for the file whose signature (or origin) is ``key``, if any."""
+    with _LOCK:
+        return _KNOWN.get(key)
+
+
+@contextmanager
+def hashed_ahead(paths: Iterable[Path]) -> Iterator[None]:
+    """Hash ``paths`` in child processes while the block runs, for the manifest's file table to take.
+
+    A text-generation build's folder is judged next: ``onnxruntime_genai`` holds the GIL while it opens a model and
+    prepacks its weights on one core, so a thread could not hash meanwhile, a process can (2 GB of float32 at
+    Qwen2.5-0.5B's shape: 2 s). Leaving the block waits for the hashes (nothing is timed beside them); a digest is
+    kept only where the file's signature was the same before and after. Leaving on an error stops them."""
+    started = []
+    for path in paths:
+        before = signature(path)
+        child = subprocess.Popen([sys.executable, "-c", _HASHER, str(path)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, text=True)
+        started.append((path, before, child))
+    try:
+        yield
+    except BaseException:
+        for _, _, child in started:
+            child.kill()
+            child.wait()
+        raise
+    for path, before, child in started:
+        digest = child.communicate()[0].strip()
+        if child.returncode == 0 and len(digest) == 64 and os.path.exists(path) and signature(path) == before:
+            with _LOCK:
+                _KNOWN[before] = digest

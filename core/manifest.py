@@ -16,7 +16,7 @@ import numpy as np
 
 from infopt.core.errors import UsageError
 from infopt.core.file_hash import hash_into as _hash_into
-from infopt.core.file_hash import origin, sha256
+from infopt.core.file_hash import known_sha256, origin, sha256
 from infopt.core.manifest_schema import FileEntry, Manifest, check_read
 
 MANIFEST = "manifest.json"
@@ -73,8 +73,10 @@ def file_table(root: Path, skip: tuple[str, ...] = UNLISTED) -> dict[str, dict[s
     groups: dict[tuple, Path] = {}  # the files placed as copies of one another (file_hash.copy_file), hashed once
     for rel, path in files:
         groups.setdefault(origins[rel], path)
-    with ThreadPoolExecutor(max_workers=min(len(groups), os.cpu_count() or 1) or 1) as pool:
-        digests = dict(zip(groups, pool.map(sha256, groups.values())))
+    digests = {key: digest for key in groups if (digest := known_sha256(key)) is not None}
+    todo = {key: path for key, path in groups.items() if key not in digests}
+    with ThreadPoolExecutor(max_workers=min(len(todo), os.cpu_count() or 1) or 1) as pool:
+        digests.update(zip(todo, pool.map(sha256, todo.values())))
     return {rel: {"bytes": path.stat().st_size, "sha256": digests[origins[rel]]} for rel, path in files}
 
 

@@ -34,3 +34,32 @@ def test_a_dtype_safetensors_cannot_hold_is_refused_before_anything_is_written(t
     with pytest.raises(ValueError, match="complex"):
         write_safetensors(tmp_path / "c.safetensors", {"z": torch.zeros(2, dtype=torch.complex64)})
     assert not (tmp_path / "c.safetensors").exists()
+
+
+def test_deferred_tensors_are_made_in_turn_and_blocks_cast_across_their_boundaries(tmp_path, monkeypatch):
+    import infopt.core.safetensors_file as module
+
+    monkeypatch.setattr(module, "BLOCK_ELEMENTS", 5)  # 13 elements: blocks of 5, 5 and 3
+    made = []
+    big = torch.randn(13, dtype=torch.float32)
+
+    def make(name, value):
+        def run():
+            made.append(name)
+            return value
+        return run
+
+    tensors = {"first": module.Deferred((2, 3), torch.int32, make("first", torch.arange(6, dtype=torch.int32).reshape(2, 3))),
+               "big": big, "last": module.Deferred((4,), torch.float32, make("last", torch.ones(4)))}
+    write_safetensors(tmp_path / "d.safetensors", tensors, floats=torch.float16)
+    assert made == ["first", "last"]
+    with safe_open(str(tmp_path / "d.safetensors"), "pt") as f:
+        assert torch.equal(f.get_tensor("first"), torch.arange(6, dtype=torch.int32).reshape(2, 3))
+        assert torch.equal(f.get_tensor("big"), big.half()) and torch.equal(f.get_tensor("last"), torch.ones(4).half())
+
+
+def test_a_deferred_tensor_made_other_than_declared_is_an_error(tmp_path):
+    from infopt.core.safetensors_file import Deferred
+
+    with pytest.raises(ValueError, match="declared torch.int32 \\[3\\] and made torch.int32 \\[4\\]"):
+        write_safetensors(tmp_path / "e.safetensors", {"x": Deferred((3,), torch.int32, lambda: torch.zeros(4, dtype=torch.int32))})

@@ -36,9 +36,11 @@ from infopt.api.emit import base_manifest, source_info, write_output
 from infopt.api.provenance import call_text
 from infopt.core.artifact import Artifact
 from infopt.core.errors import BuildError, EnvironmentProblem, UsageError, ValidationFailed, first_line
+from infopt.core.file_hash import hashed_ahead
 from infopt.core.inputspec import InputSpec
 from infopt.core.manifest import data_sha256
 from infopt.core.memory import older_objects_frozen
+from infopt.core.memory import release as release_memory
 from infopt.core.pipeline import Pipeline
 from infopt.core.recipe import Recipe, load_recipe, recipes_for
 from infopt.core.registry import BuildSettings
@@ -46,6 +48,7 @@ from infopt.core.step_times import StepTimes
 from infopt.core.target import get_target
 from infopt.core.work_folders import work_folder
 from infopt.exporters import genai_folder as genai
+from infopt.exporters.int4_checkpoint import CheckpointSource
 from infopt.exporters.kv_decoder import KvDecoder, cache_layout, context_length, decoder_outputs
 from infopt.exporters.staging import check_output, claim_output, staged_output
 from infopt.passes.fx.quantize_int4 import Int4Details
@@ -90,6 +93,8 @@ more, on a share of them (this over its parameters): of the greedy check's :data
 report giving top-1 agreement's 95 % interval. On 2 cores (2026-11-28) the reference and the judging took 47 s of
 a 94 s build at Qwen2.5-1.5B's shape in float32, and 17 s of 41 s at Qwen2.5-0.5B's judged on every sample (4 s of
 it opening the folder): each judged token costs what a token of the model does"""
+HASH_AHEAD = 64 << 20
+"""the folder's files of at least this many bytes are hashed for the manifest while it is judged (``file_hash``)"""
 MIN_NEW_TOKENS = 8
 MIN_FORCED_TOKENS = 256
 LM_INPUTS = ("input_ids:int64[batch,seq]", "attention_mask:int64[batch,seq]")
@@ -199,10 +204,16 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
         # the passes export and write
         origin_of = in_background(source_info, folder, "hf-folder")
         final = pipeline.run(source.pop())
+        checkpoint = final.products.get(CheckpointSource)
+        if checkpoint is not None:  # written now and its module let go: it held about 0.5 GB through the judging
+            with times.step("vllm_checkpoint"):
+                final.products[CheckpointSource] = checkpoint.write_ahead(Path(work) / "vllm-checkpoint")
+                del checkpoint
+                release_memory(0)
         decoder: KvDecoder = final.products[KvDecoder]
         prepared = final.products[genai.GenaiFolder].path
         with generation.opened(prepared):  # the folder opened once, for the judging and the timing
-            with times.step("validation"):
+            with times.step("validation"), hashed_ahead(p for p in prepared.iterdir() if p.stat().st_size >= HASH_AHEAD):
                 say(f"generating {new_tokens} tokens from {len(prompts)} prompts with onnxruntime_genai; teacher-forced "
                     f"logits on {len(held_out)} held-out sequences")
                 try:

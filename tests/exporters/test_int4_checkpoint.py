@@ -270,6 +270,30 @@ def test_vllm_emitter_writes_the_checkpoint_the_pass_handed_on_and_nothing_witho
     assert torch.equal(unpack_gptq(tensors, prefix, "gptq"), expected_weight(int4_layers(model)[prefix]))
 
 
+
+def test_a_checkpoint_written_ahead_lets_its_module_go_and_the_emitter_copies_it_whole(tmp_path):
+    """A text-generation build writes the checkpoint before it judges its folder, then frees the module."""
+    import gc
+    import weakref
+
+    from infopt.exporters.servers import registered
+    from infopt.runtime import backends
+
+    model = tiny_llama(symmetric=False, act_order=True)
+    source = CheckpointSource(model, checkpoint_format(model, "gptq"), None)
+    ahead = source.write_ahead(tmp_path / "work" / "ckpt")
+    held = weakref.ref(model)
+    del model, source
+    gc.collect()
+    assert ahead.module is None and held() is None
+    job = servers_job(tmp_path / "stage", backends.for_file("model.onnx"), {CheckpointSource: ahead})
+    folder = next(e for e in registered() if e.name == "vllm").write(job)
+    written = sorted(p.name for p in (tmp_path / "work" / "ckpt").iterdir())
+    assert sorted(p.name for p in folder.iterdir()) == written and "model.safetensors" in written
+    for name in written:
+        assert (folder / name).read_bytes() == (tmp_path / "work" / "ckpt" / name).read_bytes(), name
+
+
 def servers_job(stage, backend, products):
     from infopt.core.inputspec import InputSpec
     from infopt.exporters.servers import EmitJob
