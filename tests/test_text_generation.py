@@ -291,11 +291,14 @@ def test_a_decoder_stored_as_external_data_is_fused_and_packed_too(decoders, tmp
     low, high = forced["top1_interval"]
     assert 0 <= low <= forced["top1"] <= high <= 1 and high - low > 0
     assert any("judged on a share of the samples" in note for note in manifest["validation"]["notes"])
-    # the tensors' file placed twice (model/ and the moved GenAI folder) is hashed once, and rightly
-    files = read_manifest(result.output_dir).files
-    for rel in ("model/model.onnx.data", "servers/onnxruntime-genai/model.onnx.data"):
-        assert files[rel].sha256 == sha256(result.output_dir / rel)
-    assert verify_files(result.output_dir, files) == []
+    # the weights stored once: the GenAI folder's model is the output's model (no model/ copy), its tensors' file
+    # hashed while the folder was judged, and rightly
+    written = read_manifest(result.output_dir)
+    assert written.artifacts.model == "servers/onnxruntime-genai/model.onnx"
+    assert not (result.output_dir / "model").exists() and not any(rel.startswith("model/") for rel in written.files)
+    rel = "servers/onnxruntime-genai/model.onnx.data"
+    assert written.files[rel].sha256 == sha256(result.output_dir / rel)
+    assert verify_files(result.output_dir, written.files) == []
     genai = result.output_dir / "servers" / "onnxruntime-genai"
     graph = onnx.load(str(genai / "model.onnx"), load_external_data=False).graph
     assert (genai / "model.onnx.data").stat().st_size > (genai / "model.onnx").stat().st_size

@@ -286,8 +286,8 @@ def test_validate_judges_a_generation_folder_again_from_what_the_build_stored(tr
     # on the stored reference, finds logits other than the source model's (its greedy tokens may still agree)
     swapped = trained / "swapped"
     shutil.copytree(trained / "fp32", swapped)
-    for rel in ("model/model.onnx", "servers/onnxruntime-genai/model.onnx"):
-        shutil.copyfile(trained / "int4" / rel, swapped / rel)
+    rel = "servers/onnxruntime-genai/model.onnx"  # the output's model (artifacts.model): no model/ copy
+    shutil.copyfile(trained / "int4" / rel, swapped / rel)
     proc = run_cli("validate", "swapped", cwd=trained, timeout=600)
     assert proc.returncode == 1 and "files CHANGED" in proc.stdout and "model.onnx" in proc.stdout, proc.stdout
     judged = evaluate(swapped / "servers" / "onnxruntime-genai", GenerationSamples.load(swapped / SAMPLES_FILE),

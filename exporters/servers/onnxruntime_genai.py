@@ -19,8 +19,8 @@ def emit(job: EmitJob) -> Path | None:
     if prepared is None:
         return None
     target = job.stage / "servers" / "onnxruntime-genai"
-    # moved, not copied: the build's judging and timing are done with it, and ``model/`` holds the build's copy
-    # (a rename keeps the files' signatures, so the manifest hashes that copy's bytes once for both)
+    # moved, not copied: the build's judging and timing are done with it, and its model is the output's model
+    # (the manifest's ``artifacts.model``: the weights are stored once)
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(prepared.path, target)
     return target

@@ -93,6 +93,8 @@ more, on a share of them (this over its parameters): of the greedy check's :data
 report giving top-1 agreement's 95 % interval. On 2 cores (2026-11-28) the reference and the judging took 47 s of
 a 94 s build at Qwen2.5-1.5B's shape in float32, and 17 s of 41 s at Qwen2.5-0.5B's judged on every sample (4 s of
 it opening the folder): each judged token costs what a token of the model does"""
+GENAI_SERVER = "servers/onnxruntime-genai"
+"""where the GenAI folder is emitted (``exporters/servers/onnxruntime_genai.py``); its model is the output's model"""
 HASH_AHEAD = 64 << 20
 """the folder's files of at least this many bytes are hashed for the manifest while it is judged (``file_hash``)"""
 MIN_NEW_TOKENS = 8
@@ -267,8 +269,10 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
             manifest = base_manifest(name, origin, machine, recipe, final.spec, decoder_outputs(decoder.layout),
                                      final.lineage, validation, candidates=[],
                                      selection="one candidate: the decoder for ONNX Runtime GenAI", provenance=record)
+            # the GenAI folder's model is the output's model (no model/ copy of the weights) where it is emitted
+            genai_emitted = recipe.emit is None or "onnxruntime-genai" in recipe.emit
             typed = write_output(stage, manifest, final.path, final.spec, "cpu", recipe.emit, products=final.products,
-                                 times=times)
+                                 times=times, model_in=f"{GENAI_SERVER}/{final.path.name}" if genai_emitted else None)
     return BuildResult(name, out, typed, out / typed.artifacts.get("onnxruntime-genai"))
 
 
