@@ -25,8 +25,8 @@ _SAME_AS: dict[tuple, tuple] = {}
 _LOCK = threading.Lock()
 _KNOWN: dict[tuple, str] = {}
 """a file's signature -> its sha256, hashed ahead (:func:`hashed_ahead`) while the signature held"""
-_HASHER = ("import hashlib, sys\nd = hashlib.sha256()\nwith open(sys.argv[1], 'rb') as f:\n"
-           "    for chunk in iter(lambda: f.read(1 << 20), b''):\n        d.update(chunk)\nprint(d.hexdigest())")
+_HASHER = "import sys; from infopt.core.file_hash import sha256; print(sha256(sys.argv[1]))"
+"""a child's program: this module's own :func:`sha256` (the import takes 0.08 s)"""
 
 
 def hash_into(digest, path: Path) -> None:
@@ -74,7 +74,6 @@ def move_file(src: Path, dst: Path) -> Path:
         with _LOCK:
             _SAME_AS[moved] = key
     return Path(dst)
-
 
 
 def known_sha256(key: tuple) -> str | None:

@@ -295,8 +295,6 @@ class CheckpointSource:
         """Write the checkpoint to ``folder`` now (a work folder) and return the source that copies it from there:
         a text-generation build lets the quantized module go before it judges its folder (at Qwen2.5-0.5B's shape
         the module held about 0.5 GB through the judging, the build's peak)."""
-        if self.written is not None:
-            return self
         write_checkpoint(self.module, folder, self.format, source_dir=self.source_dir)
         return CheckpointSource(None, self.format, self.source_dir, Path(folder))
 

@@ -13,12 +13,15 @@ from pathlib import Path
 from infopt.exporters.genai_folder import GenaiFolder
 from infopt.exporters.servers.emitter import EmitJob, ServerEmitter, register
 
+FOLDER = "servers/onnxruntime-genai"
+"""where the folder goes in the output; its model is the output's model (the manifest's ``artifacts.model``)"""
+
 
 def emit(job: EmitJob) -> Path | None:
     prepared: GenaiFolder | None = job.products.get(GenaiFolder)
     if prepared is None:
         return None
-    target = job.stage / "servers" / "onnxruntime-genai"
+    target = job.stage / FOLDER
     # moved, not copied: the build's judging and timing are done with it, and its model is the output's model
     # (the manifest's ``artifacts.model``: the weights are stored once)
     target.parent.mkdir(parents=True, exist_ok=True)

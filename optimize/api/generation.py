@@ -50,6 +50,7 @@ from infopt.core.work_folders import work_folder
 from infopt.exporters import genai_folder as genai
 from infopt.exporters.int4_checkpoint import CheckpointSource
 from infopt.exporters.kv_decoder import KvDecoder, cache_layout, context_length, decoder_outputs
+from infopt.exporters.servers import onnxruntime_genai as genai_server
 from infopt.exporters.staging import check_output, claim_output, staged_output
 from infopt.passes.fx.quantize_int4 import Int4Details
 from infopt.passes.lower.onnx_int4 import BLOCK_SIZES
@@ -93,8 +94,6 @@ more, on a share of them (this over its parameters): of the greedy check's :data
 report giving top-1 agreement's 95 % interval. On 2 cores (2026-11-28) the reference and the judging took 47 s of
 a 94 s build at Qwen2.5-1.5B's shape in float32, and 17 s of 41 s at Qwen2.5-0.5B's judged on every sample (4 s of
 it opening the folder): each judged token costs what a token of the model does"""
-GENAI_SERVER = "servers/onnxruntime-genai"
-"""where the GenAI folder is emitted (``exporters/servers/onnxruntime_genai.py``); its model is the output's model"""
 HASH_AHEAD = 64 << 20
 """the folder's files of at least this many bytes are hashed for the manifest while it is judged (``file_hash``)"""
 MIN_NEW_TOKENS = 8
@@ -215,7 +214,8 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
         decoder: KvDecoder = final.products[KvDecoder]
         prepared = final.products[genai.GenaiFolder].path
         with generation.opened(prepared):  # the folder opened once, for the judging and the timing
-            with times.step("validation"), hashed_ahead(p for p in prepared.iterdir() if p.stat().st_size >= HASH_AHEAD):
+            # the hashes are waited for after the judging's step, before the timing
+            with hashed_ahead(p for p in prepared.iterdir() if p.stat().st_size >= HASH_AHEAD), times.step("validation"):
                 say(f"generating {new_tokens} tokens from {len(prompts)} prompts with onnxruntime_genai; teacher-forced "
                     f"logits on {len(held_out)} held-out sequences")
                 try:
@@ -272,7 +272,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
             # the GenAI folder's model is the output's model (no model/ copy of the weights) where it is emitted
             genai_emitted = recipe.emit is None or "onnxruntime-genai" in recipe.emit
             typed = write_output(stage, manifest, final.path, final.spec, "cpu", recipe.emit, products=final.products,
-                                 times=times, model_in=f"{GENAI_SERVER}/{final.path.name}" if genai_emitted else None)
+                                 times=times, model_in=f"{genai_server.FOLDER}/{final.path.name}" if genai_emitted else None)
     return BuildResult(name, out, typed, out / typed.artifacts.get("onnxruntime-genai"))
 
 
