@@ -3,7 +3,8 @@ need and how large is what it writes, beside ONNX Runtime GenAI's model builder 
 
 Each model is a folder with a real model's config (``tests/checkpoints.py``: Qwen2.5-0.5B, Qwen2.5-1.5B,
 Qwen2.5-3B, Llama-3.1-8B) and random bf16 weights, written shard by shard without building the model in
-memory, beside a small byte-level BPE tokenizer. Each build runs as a user runs it, in its own process:
+memory, beside a small byte-level BPE tokenizer. Each build runs as a user runs it, in its own process, once
+what was written before it is on disk (``os.sync``):
 
 - ``infopt build FOLDER --task text-generation [--int4]`` (INT4: RTN, no calibration, as the builder's int4
   is; no drift budget, random weights agreeing little);
@@ -104,6 +105,10 @@ def build(model: Path, work: Path, tool: str, precision: str, limit_s: float) ->
                    "-p", precision, "-e", "cpu", "-c", str(work / "hf-cache")]
         folder = out
     print(f"building {tool} {precision} of {model.name}", flush=True)
+    # every build starts with nothing left to write back: the checkpoint just written, or the build before's GBs
+    # of output, flushed to disk during the next build slowed it (the first build, infopt's fp32 at 0.5B, took 37 s where
+    # the same build by hand took 27-31 s)
+    os.sync()
     # infopt's cache folder empty, as on a user's first build of the model (a rebuild reuses the ONNX export)
     row = run_measured(command, limit_s, {**os.environ, "INFOPT_CACHE_DIR": str(work / f"cache-{precision}")})
     row.update({"tool": tool, "precision": precision, "folder": folder if row["code"] == 0 else None,

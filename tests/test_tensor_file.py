@@ -80,3 +80,45 @@ def test_a_failure_leaves_no_half_written_tensors_file(tmp_path, monkeypatch):
             tensors.add(model.graph, a * 2, "twice")
             raise RuntimeError("packing failed")
     assert not dst.exists() and not dst.with_name("model.onnx.data").exists()
+
+
+def test_a_rewrite_that_adds_no_tensor_takes_the_work_file_over_and_gives_it_back(tmp_path, monkeypatch):
+    """``take_over``: a graph-only rewrite moves the source's tensors' file rather than copying it, offsets kept; a
+    rewrite not kept (ONNX Runtime refused it) or that failed gives it back; one that adds a tensor, or leaves more
+    than :data:`~infopt.core.tensor_file.UNREAD_SHARE` of the file unread, copies as before."""
+    monkeypatch.setattr(tensor_file, "INLINE_BYTES", 1024)
+    copied = []
+    monkeypatch.setattr(tensor_file, "_copy_range", lambda *a: copied.append(a))
+    source, a, b = two_matmuls(tmp_path)
+    data = source.parent / "model.onnx.data"
+    before = data.read_bytes()
+    model = load_graph(source)
+    dst = tmp_path / "out" / "model.onnx"
+    with TensorFile(model, source, dst, take_over=True) as tensors:
+        model.graph.node[2].op_type = "Sub"  # the graph changes, no tensor does
+        saved = tensors.save()
+    assert tensors.taken_from == data and not data.exists() and copied == []
+    assert tensors.data_path.read_bytes() == before
+    x = np.random.default_rng(1).standard_normal((2, 256)).astype(np.float32)
+    got = ort.InferenceSession(str(saved), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, x @ a - x @ b, rtol=1e-4, atol=1e-3)
+    tensors.give_back()
+    assert data.read_bytes() == before and not tensors.data_path.exists()
+    # a failure after the file was taken gives it back too
+    model = load_graph(source)
+    with pytest.raises(RuntimeError, match="after saving"):
+        with TensorFile(model, source, dst, take_over=True) as tensors:
+            tensors.save()
+            raise RuntimeError("after saving")
+    assert data.read_bytes() == before and not tensors.data_path.exists()
+    # a tensor dropped (half the file unread) or one added: copied, the source's file left where it is
+    for rewrite in ("drop", "add"):
+        model = load_graph(source)
+        with TensorFile(model, source, dst, take_over=True) as tensors:
+            if rewrite == "drop":
+                model.graph.node[1].input[1] = "a"
+                drop_initializers(model.graph, {"b"})
+            else:
+                tensors.add(model.graph, a * 2, "twice")
+            tensors.save()
+        assert tensors.taken_from is None and data.read_bytes() == before and copied

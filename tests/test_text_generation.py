@@ -279,6 +279,8 @@ def test_a_decoder_stored_as_external_data_is_fused_and_packed_too(decoders, tmp
 
     monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 10_000)
     monkeypatch.setattr(tensor_file, "INLINE_BYTES", 1024)  # fuse_decoder streams the tensors from file to file
+    copied = []
+    monkeypatch.setattr(tensor_file, "_copy_range", lambda *a, real=tensor_file._copy_range: (copied.append(a[3]), real(*a)))
     monkeypatch.setattr(generation_api, "JUDGED_PARAMETERS", 1000)  # judged on a share, as a model past 0.5B is
     folder = decoder(decoders, "llama")
     result = build_generation(folder, output=tmp_path / "external", val=decoders / "prompts.txt")
@@ -306,9 +308,33 @@ def test_a_decoder_stored_as_external_data_is_fused_and_packed_too(decoders, tmp
     ops = [n.op_type for n in graph.node]
     assert "SkipSimplifiedLayerNormalization" in ops and ops.count("MatMul") == LAYERS * 4 + 1, sorted(ops)
     assert all(n.input[1] == "" for n in graph.node if n.op_type == "GroupQueryAttention")  # packed QKV
+    # the projections packed as the stamped decoder was written (per layer query/key/value, and gate/up), so the
+    # fusions change only the graph and take the export's tensors' file over: the weights written once
+    exported = next(p for p in manifest["passes"] if p["name"] == "onnx_export")
+    assert exported["details"]["packed"] == 2 * LAYERS and f"x{2 * LAYERS}" in " ".join(exported["notes"])
     fused = next(p for p in manifest["passes"] if p["name"] == "fuse_decoder")
-    packed = 2 * LAYERS  # per layer query/key/value, and gate/up
-    assert f"projections packed x{packed}" in " ".join(fused["notes"]) and fused["details"]["rewrites"]["projections packed"] == packed
+    rewrites = fused["details"]["rewrites"]
+    assert "projections packed" not in rewrites and rewrites["attention ops taking packed QKV"] == LAYERS
+    assert copied == []  # no tensor copied from file to file
+
+
+@pytest.mark.slow
+def test_fusions_onnx_runtime_refuses_leave_the_export_and_its_tensors_file_as_they_were(decoders, tmp_path, monkeypatch):
+    """fuse_decoder takes the export's tensors' file over (nothing to copy); where ONNX Runtime then refuses the fused
+    graph, the file goes back and the folder is the export's, judged and passing."""
+    import infopt.core.tensor_file as tensor_file
+    import infopt.passes.decoder.fuse_decoder as fuse_decoder
+    import infopt.passes.lower.onnx_export as onnx_export
+    from infopt.api.generation import build_generation
+
+    monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 10_000)
+    monkeypatch.setattr(tensor_file, "INLINE_BYTES", 1024)
+    monkeypatch.setattr(fuse_decoder, "onnxruntime_refuses", lambda *a, **k: "a refusal for the test")
+    result = build_generation(decoder(decoders, "llama"), output=tmp_path / "refused", val=decoders / "prompts.txt")
+    manifest = json.loads((result.output_dir / "manifest.json").read_text())
+    fused = next(p for p in manifest["passes"] if p["name"] == "fuse_decoder")
+    assert fused["details"]["refused"] == "a refusal for the test" and manifest["validation"]["verdict"]["passed"]
+    assert manifest["validation"]["generation"]["greedy"]["equal"] == 4
 
 
 def test_the_rotary_goes_inside_the_attention_op_only_where_a_table_of_positions_holds_it():

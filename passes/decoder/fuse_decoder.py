@@ -4,7 +4,9 @@ Runtime's own decoders.
 - dims named as ONNX Runtime GenAI names them (``batch_size``, ``sequence_length``, ...);
 - RMSNorm (with its residual add) as ONNX Runtime's fused norm ops (``passes/onnx/transformer_fusion.py``);
 - sibling projections (query/key/value, gate/up; float or ``MatMulNBits``) packed into one MatMul each
-  (``passes/onnx/fuse_matmuls.py``);
+  (``passes/onnx/fuse_matmuls.py``), where the export has not packed them as it wrote a stamped decoder
+  (``passes/lower/onnx_pack.py``): then the rewrites change only the graph, and the export's tensors' file is
+  taken over rather than copied (``core/tensor_file.py``);
 - the Reshape chains between the projections and the attention collapsed, and the attention fed the packed
   query/key/value (``passes/decoder/plumbing.py``).
 
@@ -48,8 +50,11 @@ def run(artifact: Artifact, options: PassOptions, context: PassContext) -> PassO
     with quiet_third_party():
         model, counts = transformer_fusion.fuse_norms_and_rotary(source)
     dst = context.workdir / "decoder-fused" / "model.onnx"
-    # tensors kept beside the graph stay in their file: the packs are written as they are made, the rest copied
-    with tensor_store(model, source, dst) as tensors:
+    # tensors kept beside the graph stay in their file: the packs are written as they are made, the rest copied; or,
+    # where the export packed the projections as it wrote them and nothing is added, its file is moved here (a
+    # text-generation build runs one candidate, and no pass reads a work file after the next one)
+    work_file = source.resolve().is_relative_to(context.workdir.resolve())
+    with tensor_store(model, source, dst, take_over=work_file) as tensors:
         fired = {k: v for k, v in counts.items() if v}
         rewrites = {"reshape chains collapsed": plumbing.collapse_reshapes(model),
                     "projections packed": fuse_matmuls.fuse(model, tensors) + fuse_matmuls.fuse_nbits(model, tensors)}
@@ -62,6 +67,7 @@ def run(artifact: Artifact, options: PassOptions, context: PassContext) -> PassO
     release_memory()  # the graph's protobuf, before ONNX Runtime loads the fused model to check it
     refused = onnxruntime_refuses(fused, optimize=True)
     if refused:
+        tensors.give_back()
         return PassOutcome(artifact, False, [f"fusions not applied: ONNX Runtime refuses the fused graph ({refused[:200]})"],
                            FuseDecoderDetails(refused=refused[:500]))
     notes = ["fused as ONNX Runtime's ops: " + ", ".join(f"{k} x{v}" for k, v in fired.items())] if fired else []

@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import Field
 
 from infopt.core.artifact import Artifact
-from infopt.core.onnx_graph import save_ir
+from infopt.core.onnx_graph import SCOPES, save_ir
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.passes.lower.onnx_int4 import replace_with_nbits
 from infopt.quantize.int4_format import HEAD_NAMES
@@ -52,7 +52,7 @@ def run(artifact: Artifact, options: QuantizeInt4HeadOptions, context: PassConte
               if node.op_type == "MatMulNBits" and "block_size" in node.attributes]
     group_size = max(blocks) if blocks else options.group_size
     for node in list(model.graph):
-        scopes = node.metadata_props.get("pkg.torch.onnx.name_scopes", "")
+        scopes = node.metadata_props.get(SCOPES, "")
         named = [s.strip(" '\"") for s in scopes.strip("[]").split(",")][:-1]
         weight = node.inputs[1] if node.op_type == "MatMul" and len(node.inputs) == 2 else None
         if not named or named[-1].split(".")[-1] not in HEAD_NAMES or weight is None:

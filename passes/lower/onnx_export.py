@@ -15,6 +15,7 @@ from __future__ import annotations
 import shutil
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from pydantic import Field
 
@@ -23,6 +24,7 @@ from infopt.core.cache import content_key, store, stored
 from infopt.core.errors import BuildError, CaptureError
 from infopt.core.logs import quiet_third_party
 from infopt.core.manifest import EXTERNAL_DATA_BYTES
+from infopt.core.onnx_graph import save_ir_beside
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.exporters import kv_attention
 from infopt.exporters.layer_probe import PROBE_LAYERS, LayerStamp
@@ -41,9 +43,18 @@ class OnnxExportOptions(PassOptions):
                                           "its weights, these options and the exporter's versions)")
 
 
+class Exported(NamedTuple):
+    """What :func:`export_onnx` made besides the file."""
+
+    matmul_nbits: int
+    """MatMulNBits nodes (INT4 layers) emitted"""
+    packed: int = 0
+    """groups of sibling projections packed into one MatMul as a stamped decoder was written"""
+
+
 def export_onnx(program, path: Path, input_names, output_names, opset: int = 20, optimize: bool = True,
-                int4_accuracy_level: int = 0, stamp: LayerStamp | None = None) -> int:
-    """Export, save, check and infer shapes; returns the number of MatMulNBits nodes emitted.
+                int4_accuracy_level: int = 0, stamp: LayerStamp | None = None) -> Exported:
+    """Export, save, check and infer shapes.
 
     Exporter chatter is kept off the user's terminal. infopt's own ops are translated by the
     ``custom_translation_table``: the INT4 layer, and a KV decoder's fused attention. With ``stamp``, the
@@ -58,6 +69,7 @@ def export_onnx(program, path: Path, input_names, output_names, opset: int = 20,
                                          optimize=optimize and stamp is None, verbose=False,
                                          custom_translation_table={**translation_table(), **kv_attention.translation_table()})
         big = sum(t.numel() * t.element_size() for t in program.state_dict.values()) > EXTERNAL_DATA_BYTES
+        packed = 0
         if stamp is not None:
             big = big or stamp.layers > PROBE_LAYERS
             graph = onnx_program.model.graph
@@ -66,16 +78,19 @@ def export_onnx(program, path: Path, input_names, output_names, opset: int = 20,
             if optimize:
                 onnx_program.optimize()
             onnx_stamp.stamp(onnx_program.model.graph, stamp, tensors)
-            onnx_stamp.restore_weights(onnx_program.model, tensors)
+            packed = onnx_stamp.restore_weights(onnx_program.model, tensors)
         matmul_nbits = lower_int4_nodes(onnx_program.model, int4_accuracy_level)
-        onnx_program.save(str(path), external_data=big)
+        if big:
+            save_ir_beside(onnx_program.model, path)
+        else:
+            onnx_program.save(str(path))
     try:
         onnx.checker.check_model(str(path), full_check=True)
         onnx.shape_inference.infer_shapes_path(str(path), str(path))
     except Exception as exc:  # noqa: BLE001 - checker raises several types
         raise BuildError(f"the exported ONNX model fails onnx.checker: {str(exc).splitlines()[0]}",
                          where=str(path), fix="report the model; try --recipe with another opset") from exc
-    return matmul_nbits
+    return Exported(matmul_nbits, packed)
 
 
 def rename_dims(path: Path, spec) -> dict[str, str]:
@@ -125,7 +140,7 @@ def run(artifact: Artifact, options: OnnxExportOptions, context: PassContext) ->
         details = ExportDetails.model_validate({**meta["details"], "cached": True})
         return PassOutcome(artifact.derive("onnx", path=path, obj=None), True, list(meta["notes"]), details)
     matmul_nbits = export_onnx(artifact.obj, path, artifact.spec.names, artifact.output_names, options.opset,
-                               options.optimize, options.int4_accuracy_level)
+                               options.optimize, options.int4_accuracy_level).matmul_nbits
     renamed = rename_dims(path, artifact.spec)
     model = onnx.load(str(path), load_external_data=False)
     notes = [f"opset {options.opset}, {len(model.graph.node)} nodes", *([stamp_failed] if stamp_failed else [])]
@@ -148,13 +163,17 @@ def _stamped(artifact: Artifact, stamp: LayerStamp, path: Path, options: OnnxExp
     import onnx
 
     context.say(f"exporting the decoder's first {PROBE_LAYERS} layers to ONNX and stamping them for {stamp.layers}")
-    matmul_nbits = export_onnx(artifact.obj, path, stamp.input_names, stamp.output_names, options.opset,
-                               options.optimize, options.int4_accuracy_level, stamp)
+    exported = export_onnx(artifact.obj, path, stamp.input_names, stamp.output_names, options.opset,
+                           options.optimize, options.int4_accuracy_level, stamp)
+    matmul_nbits = exported.matmul_nbits
     renamed = rename_dims(path, artifact.spec)
     model = onnx.load(str(path), load_external_data=False)
     notes = [f"opset {options.opset}, {len(model.graph.node)} nodes: the first {PROBE_LAYERS} layers exported, "
              f"the second stamped for the other {stamp.layers - PROBE_LAYERS}"]
-    details = ExportDetails(stamped_layers=stamp.layers - PROBE_LAYERS)
+    if exported.packed:
+        notes.append(f"sibling projections (query/key/value, gate/up) packed into one MatMul each as written "
+                     f"x{exported.packed}")
+    details = ExportDetails(stamped_layers=stamp.layers - PROBE_LAYERS, packed=exported.packed or None)
     if matmul_nbits:
         notes.append(f"{matmul_nbits} INT4 layers as MatMulNBits (accuracy_level {options.int4_accuracy_level})")
         details.matmul_nbits = matmul_nbits
@@ -186,6 +205,8 @@ class ExportDetails(PassDetails):
     """What ``onnx_export`` records: the INT4 layers exported as MatMulNBits, when there are any."""
 
     matmul_nbits: int | None = None
+    packed: int | None = None
+    """groups of sibling projections packed into one MatMul as the stamped decoder was written (``onnx_pack.py``)"""
     stamped_layers: int | None = None
     """the decoder's layers stamped from its second (``capture_kv_decoder``'s probe) rather than exported"""
     cached: bool | None = None

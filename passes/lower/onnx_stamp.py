@@ -10,8 +10,9 @@
    ``past_key_values.<i>`` and its own weights, and writes ``present.<i>``; the nodes after the layers read the
    last copy. The first layer's nodes must match the template node for node, else the model is not stamped;
 3. :func:`restore_weights`: the inputs become initializers again, each stamped layer's read from the model
-   (no copy), and a weight whose only reader is a ``Transpose`` is stored transposed, computed when the file is
-   written (the exporter's optimizer folds those too).
+   (no copy); sibling projections (query/key/value, gate/up) packed into one MatMul each (``onnx_pack.py``), and a
+   weight whose only reader is a ``Transpose`` is stored transposed, both computed when the file is written (the
+   exporter's optimizer folds those too).
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import re
 from typing import Any
 
 from infopt.core.errors import CaptureError
+from infopt.core.onnx_graph import SCOPES
 from infopt.exporters import kv_decoder
 from infopt.exporters.layer_probe import PROBE_LAYERS, LayerStamp
-
-SCOPES = "pkg.torch.onnx.name_scopes"
+from infopt.passes.lower.onnx_pack import pack_projections
 
 
 def hide_weights(graph, names) -> dict[str, Any]:
@@ -37,9 +38,10 @@ def hide_weights(graph, names) -> dict[str, Any]:
     return tensors
 
 
-def restore_weights(model, tensors: dict[str, Any]) -> None:
-    """The hidden weights back as initializers (those still read); then single-reader transposes folded, and what
-    the optimizer folds from small weights (Gemma's ``1 + weight`` of a norm)."""
+def restore_weights(model, tensors: dict[str, Any]) -> int:
+    """The hidden weights back as initializers (those still read); then sibling projections packed
+    (``onnx_pack.py``), single-reader transposes folded, and what the optimizer folds from small weights (Gemma's
+    ``1 + weight`` of a norm). Returns how many groups of projections were packed."""
     from onnxscript.optimizer import fold_constants, remove_unused_nodes
 
     graph = model.graph
@@ -48,9 +50,11 @@ def restore_weights(model, tensors: dict[str, Any]) -> None:
         if value.uses():
             value.const_value = tensors[value.name]
             graph.register_initializer(value)
+    packed = pack_projections(graph)
     _fold_transposes(graph)
     fold_constants(model)
     remove_unused_nodes(model)
+    return packed
 
 
 def _fold_transposes(graph) -> None:

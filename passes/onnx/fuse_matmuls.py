@@ -18,12 +18,10 @@ import numpy as np
 
 from infopt.core import onnx_graph
 from infopt.core.artifact import Artifact
-from infopt.core.onnx_graph import drop_initializers
+from infopt.core.onnx_graph import SCOPES, drop_initializers
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.core.tensor_file import InMemoryTensors
 from infopt.passes.onnx.checks import check_for_onnxruntime
-
-SCOPES = "pkg.torch.onnx.name_scopes"
 
 
 def siblings(model) -> list[tuple[list, list]]:
@@ -56,16 +54,6 @@ def siblings(model) -> list[tuple[list, list]]:
     return groups
 
 
-def _joined_scope(mms) -> str:
-    names = [onnx_graph.module_path(mm) for mm in mms]
-    if not all(names):
-        return ""
-    prefix = names[0].rsplit(".", 1)[0] + "." if "." in names[0] else ""
-    if all(n.startswith(prefix) for n in names):
-        return prefix + "+".join(n[len(prefix):] for n in names)
-    return "+".join(names)
-
-
 def fuse(model, tensors: InMemoryTensors | None = None) -> int:
     """Fuse every sibling group of ``model`` (an ``onnx.ModelProto``) in place; returns how many groups. ``tensors``
     reads the weights and writes the packed ones (a :class:`~infopt.core.tensor_file.TensorFile` for a model whose
@@ -87,7 +75,7 @@ def fuse(model, tensors: InMemoryTensors | None = None) -> int:
         tensors.add(graph, np.concatenate(weights, axis=1), f"{head}_fused_weight")
         del weights
         nodes = [helper.make_node("MatMul", [mms[0].input[0], f"{head}_fused_weight"], [f"{head}_fused_out"], name=f"{head}_fused")]
-        scope = _joined_scope(mms)
+        scope = onnx_graph.joined_modules([onnx_graph.module_path(mm) for mm in mms])
         if scope:
             nodes[0].metadata_props.add(key=SCOPES, value=str([scope, "matmul"]))
         split_input, outs = nodes[0].output[0], [mm.output[0] for mm in mms]
