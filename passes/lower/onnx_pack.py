@@ -38,8 +38,8 @@ class _Member:
 
 def pack_projections(graph) -> int:
     """Pack every group of two or more MatMuls on one activation whose weights are single-use ``Transpose``\\ s of
-    2-D initializers of one dtype and width, each with a 1-D initializer bias added (or none of them), in place;
-    returns how many groups."""
+    2-D initializers of one dtype and width, each with a 1-D initializer bias of one dtype added (or none of them),
+    none of them writing a graph output, in place; returns how many groups."""
     groups: dict[Any, list[_Member]] = {}
     outputs = set(graph.outputs)
     for node in graph:
@@ -50,7 +50,7 @@ def pack_projections(graph) -> int:
     for members in groups.values():
         weights = [m.weight.const_value for m in members]
         if (len(members) < 2 or len({w.dtype for w in weights}) != 1 or len({w.shape[1] for w in weights}) != 1
-                or len({m.bias is None for m in members}) != 1):
+                or len({m.bias.const_value.dtype if m.bias is not None else None for m in members}) != 1):
             continue
         _pack(graph, members)
         packed += 1
@@ -76,9 +76,9 @@ def _member(node, outputs) -> _Member | None:
         add = users[0][0]
         bias = next((v for v in add.inputs if v is not out), None)
         if (bias is not None and bias.is_initializer() and bias.const_value is not None and len(bias.uses()) == 1
-                and len(bias.const_value.shape) == 1 and add.outputs[0] not in outputs):
+                and len(bias.const_value.shape) == 1):
             member.add, member.bias = add, bias
-    return member
+    return None if member.output in outputs else member  # a graph output keeps its node
 
 
 def _perm(node):
@@ -103,7 +103,8 @@ def _pack(graph, members: list[_Member]) -> None:
                      metadata_props={SCOPES: str([scope, "matmul"])} if scope else None)]
     if members[0].bias is not None:
         joined = np.concatenate([m.bias.const_value.numpy() for m in members])
-        bias = ir.Value(name=f"{name}_bias", shape=ir.Shape(joined.shape), type=ir.TensorType(dtype),
+        bias = ir.Value(name=f"{name}_bias", shape=ir.Shape(joined.shape),
+                        type=ir.TensorType(members[0].bias.const_value.dtype),
                         const_value=ir.tensor(joined))
         graph.register_initializer(bias)
         nodes.append(ir.Node("", "Add", [nodes[0].outputs[0], bias], name=f"{name}_add"))
