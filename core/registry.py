@@ -92,6 +92,12 @@ class PassContext:
         if self.progress is not None:
             self.progress(text)
 
+    def in_work_folder(self, path: Path) -> bool:
+        """Whether ``path`` is a file of this build's work folder (an earlier pass's output), which a text-generation
+        build's passes may move rather than copy: it runs one candidate, and no pass reads a work file after the
+        next one."""
+        return Path(path).resolve().is_relative_to(self.workdir.resolve())
+
 
 @dataclass
 class PassOutcome:

@@ -51,10 +51,8 @@ def run(artifact: Artifact, options: PassOptions, context: PassContext) -> PassO
         model, counts = transformer_fusion.fuse_norms_and_rotary(source)
     dst = context.workdir / "decoder-fused" / "model.onnx"
     # tensors kept beside the graph stay in their file: the packs are written as they are made, the rest copied; or,
-    # where the export packed the projections as it wrote them and nothing is added, its file is moved here (a
-    # text-generation build runs one candidate, and no pass reads a work file after the next one)
-    work_file = source.resolve().is_relative_to(context.workdir.resolve())
-    with tensor_store(model, source, dst, take_over=work_file) as tensors:
+    # where the export packed the projections as it wrote them and nothing is added, its file is moved here
+    with tensor_store(model, source, dst, take_over=context.in_work_folder(source)) as tensors:
         fired = {k: v for k, v in counts.items() if v}
         rewrites = {"reshape chains collapsed": plumbing.collapse_reshapes(model),
                     "projections packed": fuse_matmuls.fuse(model, tensors) + fuse_matmuls.fuse_nbits(model, tensors)}

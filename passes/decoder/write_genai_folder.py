@@ -41,10 +41,9 @@ def run(artifact: Artifact, options: GenaiFolderOptions, context: PassContext) -
     threads = options.threads or physical_cores()
     config = genai.genai_config(decoder.config, decoder.layout, decoder.context, decoder.source, threads=threads,
                                 share_buffer=decoder.fused)
-    # the decoder's tensors moved out of the pass before's work file (6 GB of float32 at 1.5B, 3-8 s to copy): a
-    # text-generation build runs one candidate, and no pass reads a work file after the next one
-    moved = artifact.path.resolve().is_relative_to(context.workdir.resolve())
-    folder = genai.write_folder(context.workdir / "genai", artifact.path, config, decoder.source, move=moved)
+    # the decoder's tensors moved out of the pass before's work file (6 GB of float32 at 1.5B, 3-8 s to copy)
+    folder = genai.write_folder(context.workdir / "genai", artifact.path, config, decoder.source,
+                                move=context.in_work_folder(artifact.path))
     result = artifact.derive("onnx", path=folder / config["model"]["decoder"]["filename"])
     result.products[genai.GenaiFolder] = genai.GenaiFolder(folder)
     notes = [f"the decoder runs {threads} intra-op thread{'s' if threads > 1 else ''} (this machine's physical cores "
