@@ -139,9 +139,9 @@ _SPARES: list[tuple[subprocess.Popen, Any]] = []
 """workers started ahead (:func:`prestart`), each already importing what its backend needs"""
 
 
-def _spawn(imports: Sequence[str]) -> tuple[subprocess.Popen, Any]:
+def _spawn(imports: Sequence[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, Any]:
     stderr = tempfile.TemporaryFile("w+b")
-    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    env = {**os.environ, **(env or {}), "PYTHONFAULTHANDLER": "1"}
     # Inductor's cache in infopt's folder, as the build's compile keeps it, not torchinductor_<user> in $TMPDIR
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir("inductor")))
     process = subprocess.Popen([sys.executable, "-m", "infopt.runtime.worker_main", *imports],
@@ -167,7 +167,118 @@ def discard_spares() -> None:
 atexit.register(discard_spares)
 
 
-class WorkerRunner(Runner):
+CRASH_FIX = ("this runtime's native code crashed on this machine: try another --backend, or report the lines above "
+             "with `infopt doctor`'s output")
+
+
+def huge_pages_env() -> dict[str, str]:
+    """The environment a worker that allocates a model's weights at once starts with: glibc's ``malloc`` asks for
+    transparent huge pages on its large mappings (``glibc.malloc.hugetlb=1``, glibc 2.35 on; older ones ignore it)
+    where the kernel leaves them to ``madvise``. Opening a Qwen2.5-1.5B-shaped float32 GenAI folder (6.2 GB of
+    weights repacked) took 9.6-12.4 s without it here, 6.6-7.0 s with it; decode times within noise."""
+    tunables = [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":") if t and not t.startswith("glibc.malloc.hugetlb=")]
+    return {"GLIBC_TUNABLES": ":".join([*tunables, "glibc.malloc.hugetlb=1"])}
+
+
+class Worker:
+    """A worker process (``python -m infopt.runtime.worker_main``) answering calls; its death is a
+    :class:`RunnerCrashed` saying why, its memory watched while it works (the module doc)."""
+
+    crash_fix = CRASH_FIX
+
+    def __init__(self, imports: Sequence[str] = (), env: dict[str, str] | None = None, fix: str | None = None):
+        self._process, self._stderr = _spawn(tuple(imports), env)
+        self._watch, self._stopped = MemoryWatch(self._process.pid), None
+        if fix is not None:
+            self.crash_fix = fix
+
+    def call(self, function: Callable, *args, doing: str, **kwargs):
+        """``function(*args, **kwargs)`` in the worker (a module-level function, imported there by name), its value
+        sent back; ``doing`` says what for, should the worker die meanwhile. An exception there is raised here as
+        a RuntimeError with its message (its type's name first but for a RuntimeError)."""
+        return self._ask(("call", function.__module__, function.__qualname__, args, kwargs), doing)
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def dead(self) -> bool:
+        """Whether the worker process has ended (a crash, or ``close``)."""
+        return self._process.poll() is not None
+
+    def _ask(self, message: tuple, doing: str):
+        process = self._process
+        if process.poll() is not None:
+            raise self._crashed(doing)
+        try:
+            pickle.dump(message, process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            process.stdin.flush()
+            self._await_answer()
+            status, *value = pickle.load(process.stdout)
+        except (EOFError, BrokenPipeError, pickle.UnpicklingError, OSError):
+            raise self._crashed(doing) from None
+        if status == "error":
+            error_type, text = value
+            raise RuntimeError(text if error_type == "RuntimeError" else f"{error_type}: {text}")
+        return value[0]
+
+    def _await_answer(self) -> None:
+        """Wait until the worker's answer starts to arrive, reading its memory meanwhile; a worker that must stop
+        for memory is killed here (its pipe then ends, and the caller reports why): one already past its cap or the
+        machine's reserve as the call starts, too, whatever the call's length."""
+        channel = self._process.stdout.fileno()
+        reason = self._watch.verdict()
+        while reason is None and not select.select([channel], [], [], WATCH_S)[0]:
+            reason = self._watch.verdict()
+        if reason is not None:
+            self._stopped = reason
+            self._process.kill()
+
+    def _crashed(self, doing: str) -> RunnerCrashed:
+        if self._stopped is not None:
+            self._process.wait()
+            stopped = RunnerCrashed(f"the process {doing} was stopped for memory: {self._stopped}; infopt stopped it "
+                                 "before the kernel's OOM killer would pick a process",
+                                 fix="build on a machine with more memory, or with smaller batches (--batch-sizes, "
+                                     f"--dim); {MEMORY_ENV} caps a worker on a shared machine")
+            stopped.word = "out of memory"
+            return stopped
+        try:
+            code = self._process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            code = self._process.wait()
+        self._stderr.seek(0)
+        lines = [line for line in self._stderr.read().decode("utf-8", "replace").splitlines()
+                 if line.strip() and not line.startswith("Extension modules:")]  # faulthandler's list of C modules
+        tail = "\n".join(lines)[-STDERR_TAIL:].strip()
+        return RunnerCrashed(f"the process {doing} ended with {describe_exit(code)}"
+                             + (f"; its last output:\n{tail}" if tail else ""),
+                             fix=self.crash_fix)
+
+    def close(self) -> None:
+        """Tell the worker to end, without waiting for it (its torch takes about a second to tear down); once."""
+        if self._stderr.closed:
+            return
+        if self._process.poll() is None:
+            try:
+                pickle.dump(("close",), self._process.stdin)
+                self._process.stdin.close()
+            except OSError:
+                self._process.kill()
+        self._stderr.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the pipes may be gone already
+            pass
+
+
+class WorkerRunner(Worker, Runner):
     """The runner ``runtime.backend.runner_for_file`` would open for ``path``, opened and run in a worker process."""
 
     kind = "worker"
@@ -195,74 +306,3 @@ class WorkerRunner(Runner):
         """Seconds one run takes, measured in the worker (``validators.timing``'s clock signature; ``fn`` is not
         called here: the worker runs its own model)."""
         return self._ask(("time", feed), f"timing {self.path.name}")
-
-    @property
-    def dead(self) -> bool:
-        """Whether the worker process has ended (a crash, or ``close``)."""
-        return self._process.poll() is not None
-
-    def _ask(self, message: tuple, doing: str):
-        process = self._process
-        if process.poll() is not None:
-            raise self._crashed(doing)
-        try:
-            pickle.dump(message, process.stdin, protocol=pickle.HIGHEST_PROTOCOL)
-            process.stdin.flush()
-            self._await_answer()
-            status, *value = pickle.load(process.stdout)
-        except (EOFError, BrokenPipeError, pickle.UnpicklingError, OSError):
-            raise self._crashed(doing) from None
-        if status == "error":
-            error_type, text = value
-            raise RuntimeError(f"{error_type}: {text}")
-        return value[0]
-
-    def _await_answer(self) -> None:
-        """Wait until the worker's answer starts to arrive, reading its memory meanwhile; a worker that must stop
-        for memory is killed here (its pipe then ends, and the caller reports why)."""
-        channel = self._process.stdout.fileno()
-        while not select.select([channel], [], [], WATCH_S)[0]:
-            reason = self._watch.verdict()
-            if reason is not None:
-                self._stopped = reason
-                self._process.kill()
-                return
-
-    def _crashed(self, doing: str) -> RunnerCrashed:
-        if self._stopped is not None:
-            self._process.wait()
-            stopped = RunnerCrashed(f"the process {doing} was stopped for memory: {self._stopped}; infopt stopped it "
-                                 "before the kernel's OOM killer would pick a process",
-                                 fix="build on a machine with more memory, or with smaller batches (--batch-sizes, "
-                                     f"--dim); {MEMORY_ENV} caps a worker on a shared machine")
-            stopped.word = "out of memory"
-            return stopped
-        try:
-            code = self._process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            code = self._process.wait()
-        self._stderr.seek(0)
-        lines = [line for line in self._stderr.read().decode("utf-8", "replace").splitlines()
-                 if line.strip() and not line.startswith("Extension modules:")]  # faulthandler's list of C modules
-        tail = "\n".join(lines)[-STDERR_TAIL:].strip()
-        return RunnerCrashed(f"the process {doing} ended with {describe_exit(code)}"
-                             + (f"; its last output:\n{tail}" if tail else ""),
-                             fix="this runtime's native code crashed on this machine: try another --backend, or "
-                                 "report the lines above with `infopt doctor`'s output")
-
-    def close(self) -> None:
-        """Tell the worker to end, without waiting for it (its torch takes about a second to tear down)."""
-        if self._process.poll() is None:
-            try:
-                pickle.dump(("close",), self._process.stdin)
-                self._process.stdin.close()
-            except OSError:
-                self._process.kill()
-        self._stderr.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - at interpreter exit the pipes may be gone already
-            pass

@@ -1,6 +1,7 @@
 """The worker process of ``runtime/worker.py``: ``python -m infopt.runtime.worker_main``, spoken to over its
-stdin and stdout by a :class:`~infopt.runtime.worker.WorkerRunner`. It opens one model with the backend's own
-``open_runner``, then answers ``run`` and ``time`` requests until ``close`` or the end of its input."""
+stdin and stdout by a :class:`~infopt.runtime.worker.WorkerRunner`, which opens one model with the backend's own
+``open_runner`` and sends ``run`` and ``time`` requests, or by a :class:`~infopt.runtime.worker.Worker`, which sends
+``call`` requests (a function by module and name, its arguments), until ``close`` or the end of its input."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from infopt.runtime.clocks import cuda_timer, host_timer
 
 
 def _serve(channel_in, channel_out) -> None:
-    """The worker's loop: open the model, then answer ``run`` and ``time`` requests until ``close`` or EOF."""
+    """The worker's loop: answer ``open``, ``run``, ``time`` and ``call`` requests until ``close`` or EOF."""
     runner = None
     while True:
         try:
@@ -34,6 +35,9 @@ def _serve(channel_in, channel_out) -> None:
                           else backends.runner_for_file(path, names, outputs, threads, device=device, **options))
                 backend = backends.for_runner(runner)
                 answer = (runner.kind, runner.device, backend.describe(runner) if backend else runner.kind)
+            elif verb == "call":  # a module-level function by name: ``Worker.call``
+                _, module, name, args, kwargs = message
+                answer = getattr(importlib.import_module(module), name)(*args, **kwargs)
             elif verb == "run":
                 answer = runner.run(message[1])
             else:

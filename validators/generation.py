@@ -7,6 +7,8 @@
   batch sizes, as p50/p99 over repeated runs, with tokens per second.
 - :func:`teacher_forced`: each position's logits from the folder for held-out text fed whole, and
   :func:`agreement` of those with the FP32 model's: per-token top-1 agreement and both perplexities.
+- :func:`judging_worker`: a worker process that runs these on the folder for a build or ``infopt validate``
+  (:func:`hold_open` first), so a crash in ONNX Runtime GenAI's native code is a failed check with its reason.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 
 from infopt.core.errors import UsageError
 from infopt.core.threads import thread_cap
+from infopt.runtime.worker import Worker, huge_pages_env
 
 RUNS = 5
 """timed runs per row at most (a TTFT row's runs are its samples; a TPOT row's each give a sample per token)"""
@@ -90,6 +93,25 @@ def opened(folder: Path):
         yield
     finally:
         _OPENED.pop(key, None)
+
+
+def hold_open(folder: Path) -> None:
+    """Open the folder's model now and keep it for every later call in this process: a judging worker's first
+    call (:func:`judging_worker`)."""
+    import onnxruntime_genai as og
+
+    _OPENED[Path(folder).resolve()] = None
+    open_folder(og, folder)
+
+
+def judging_worker() -> Worker:
+    """A worker process for the functions here on a GenAI folder (``Worker.call``: :func:`hold_open`, then the
+    judging and the timing), ONNX Runtime GenAI imported as it starts. Its native code can end the process that
+    runs it; there, that ends the worker, and the check fails saying with which signal. Started with huge-page
+    ``malloc`` (``runtime.worker.huge_pages_env``): opening a large decoder repacks all its weights."""
+    return Worker(("onnxruntime_genai", "infopt.validators.generation_eval"), env=huge_pages_env(),
+                  fix="ONNX Runtime GenAI's native code crashed on this folder: report the lines above with "
+                      "`infopt doctor`'s output; build --task logits meanwhile")
 
 
 def open_folder(og, folder: Path):

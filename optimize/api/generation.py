@@ -60,6 +60,7 @@ from infopt.quantize.int4_config import Int4Config
 from infopt.report.markdown import top1_text
 from infopt.runtime.loading import load_model
 from infopt.runtime.memory_estimate import check_fits
+from infopt.runtime.worker import RunnerCrashed, Worker
 from infopt.validators import generation
 from infopt.validators import generation_eval as evaluator
 
@@ -181,7 +182,8 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                 "calibration": None if calib is None else str(calib), "budget": evaluator.describe(budgets),
                 "candidates": [{"recipe": recipe.name, "backend": recipe.backend, "precision": recipe.precision,
                                 "passes": [step.name for step in recipe.passes], "skipped": None}]}
-    with claim_output(out, force), work_folder("generation") as work:
+    # the judging's process (ONNX Runtime GenAI is native code), started now: it imports while the passes run
+    with claim_output(out, force), work_folder("generation") as work, generation.judging_worker() as judge:
         with times.step("reference"):  # the model's answers, before any pass rounds its weights in place
             vocab, context = cache_layout(lm).vocab, context_length(lm.config)
             bos, eos, pad = genai.special_tokens(lm.config, vocab, folder)
@@ -213,27 +215,30 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                 release_memory(0)
         decoder: KvDecoder = final.products[KvDecoder]
         prepared = final.products[genai.GenaiFolder].path
-        with generation.opened(prepared):  # the folder opened once, for the judging and the timing
-            # the hashes are waited for after the judging's step, before the timing
-            with hashed_ahead(p for p in prepared.iterdir() if p.stat().st_size >= HASH_AHEAD), times.step("validation"):
-                say(f"generating {new_tokens} tokens from {len(prompts)} prompts with onnxruntime_genai; teacher-forced "
-                    f"logits on {len(held_out)} held-out sequences")
-                try:
-                    judged = evaluator.evaluate(prepared, samples, budgets)
-                except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
-                    raise BuildError(f"onnxruntime_genai could not generate from the folder: {first_line(exc)}",
-                                     where=str(folder), fix="report the model's family; build --task logits meanwhile") from exc
-            greedy = judged["greedy"]
-            if budgets.greedy_equal and greedy["equal"] != greedy["prompts"]:
-                first = greedy["differences"][0]
-                raise ValidationFailed(f"the ONNX Runtime GenAI folder's greedy tokens differ from transformers' generate "
-                                       f"on {greedy['prompts'] - greedy['equal']} of {greedy['prompts']} prompts (prompt "
-                                       f"{first['prompt']} first differs at token {first['at_token']})",
-                                       fix="report the model's family; build --task logits meanwhile")
-            with times.step("latency"):
-                budget = TIMING_SHARE * (time.perf_counter() - times.started)
-                say(f"timing TTFT and TPOT (about {budget:.0f} s)")
-                timing = time_folder(prepared, decoder.layout.vocab, decoder.context, budget, every_row=False)
+        # the folder opened once in the judging's process, for the judging and the timing;
+        # the hashes are waited for after the judging's step, before the timing
+        with hashed_ahead(p for p in prepared.iterdir() if p.stat().st_size >= HASH_AHEAD), times.step("validation"):
+            say(f"generating {new_tokens} tokens from {len(prompts)} prompts with onnxruntime_genai; teacher-forced "
+                f"logits on {len(held_out)} held-out sequences")
+            try:
+                judge.call(generation.hold_open, prepared, doing="opening the GenAI folder with onnxruntime_genai")
+                judged = judge.call(evaluator.evaluate, prepared, samples, budgets,
+                                    doing="generating from the GenAI folder with onnxruntime_genai")
+            except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
+                raise BuildError(f"onnxruntime_genai could not generate from the folder: {first_line(exc)}",
+                                 where=str(folder), fix="report the model's family; build --task logits meanwhile") from exc
+        greedy = judged["greedy"]
+        if budgets.greedy_equal and greedy["equal"] != greedy["prompts"]:
+            first = greedy["differences"][0]
+            raise ValidationFailed(f"the ONNX Runtime GenAI folder's greedy tokens differ from transformers' generate "
+                                   f"on {greedy['prompts'] - greedy['equal']} of {greedy['prompts']} prompts (prompt "
+                                   f"{first['prompt']} first differs at token {first['at_token']})",
+                                   fix="report the model's family; build --task logits meanwhile")
+        with times.step("latency"):
+            budget = TIMING_SHARE * (time.perf_counter() - times.started)
+            say(f"timing TTFT and TPOT (about {budget:.0f} s)")
+            timing = time_folder(prepared, decoder.layout.vocab, decoder.context, budget, every_row=False, worker=judge)
+        judge.close()  # its decoder's memory given back before the output is written
         for row in timing["tpot"]:
             row["usd_per_million_tokens"] = generation.usd_per_million(machine.price_per_hour, row["tokens_per_s"])
         forced_budgets = evaluator.describe(budgets, forced_only=True)
@@ -302,12 +307,15 @@ def is_task_recipe(recipe: str | Path) -> bool:
 
 
 def time_folder(folder: Path, vocab: int, context: int, budget_s: float = generation.BUDGET_S,
-                every_row: bool = True) -> dict:
+                every_row: bool = True, worker: Worker | None = None) -> dict:
     """TTFT at the prompt lengths the context holds and TPOT at :data:`TPOT_BATCHES`, from the folder, in about
-    ``budget_s`` (each row once however long that takes, or without ``every_row`` the rows that fit it)."""
+    ``budget_s`` (each row once however long that takes, or without ``every_row`` the rows that fit it); in
+    ``worker`` (``generation.judging_worker``) where given, else here."""
     lengths = [n for n in TTFT_PROMPTS if n + NEW_TOKENS <= context] or [max(1, context - NEW_TOKENS)]
-    return generation.time_generation(folder, vocab, lengths, list(TPOT_BATCHES), NEW_TOKENS, budget_s=budget_s,
-                                      every_row=every_row)
+    args, options = (folder, vocab, lengths, list(TPOT_BATCHES), NEW_TOKENS), {"budget_s": budget_s, "every_row": every_row}
+    if worker is None:
+        return generation.time_generation(*args, **options)
+    return worker.call(generation.time_generation, *args, doing="timing the GenAI folder with onnxruntime_genai", **options)
 
 
 def generation_passes() -> set[str]:
@@ -447,13 +455,19 @@ def validate_generation(root: Path, manifest, result: dict[str, Any]) -> dict[st
     folder = root / manifest.artifacts.get("onnxruntime-genai")
     config = json.loads((folder / "genai_config.json").read_text())["model"]
     samples = evaluator.GenerationSamples.load(samples_file)
-    with generation.opened(folder):
-        try:
-            judged = evaluator.evaluate(folder, samples, budgets)
-        except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
-            raise UsageError(f"onnxruntime_genai cannot generate from {folder}: {first_line(exc)}", where=str(folder),
-                             fix="rebuild the output") from exc
-        timing = time_folder(folder, config["vocab_size"], config["context_length"])
+    try:
+        with generation.judging_worker() as judge:  # ONNX Runtime GenAI's native code runs there
+            try:
+                judge.call(generation.hold_open, folder, doing="opening the GenAI folder with onnxruntime_genai")
+                judged = judge.call(evaluator.evaluate, folder, samples, budgets,
+                                    doing="generating from the GenAI folder with onnxruntime_genai")
+            except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
+                raise UsageError(f"onnxruntime_genai cannot generate from {folder}: {first_line(exc)}",
+                                 where=str(folder), fix="rebuild the output") from exc
+            timing = time_folder(folder, config["vocab_size"], config["context_length"], worker=judge)
+    except RunnerCrashed as exc:  # its native code ended the worker that ran it: a failed check, as for other models
+        result["verdict"] = {"passed": False, "reasons": [f"the model crashed: {exc}"], "checks": []}
+        return result
     result.update({"generation": {"greedy": judged["greedy"], "teacher_forced": judged["teacher_forced"], **timing,
                                   "budgets": evaluator.describe(budgets)},
                    "verdict": judged["verdict"]})
