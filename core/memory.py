@@ -23,6 +23,19 @@ from contextlib import contextmanager
 LARGE_BYTES = 1 << 30
 """below this resident size, releasing is not worth a garbage collection"""
 
+TENSOR_HUGE_PAGES = "THP_MEM_ALLOC_ENABLE"
+"""torch's switch for transparent huge pages under its CPU tensors of 2 MB and more (read once, at the first such
+allocation)"""
+
+
+def huge_pages_for_tensors() -> None:
+    """Ask torch, before it allocates, to back its large CPU tensors with transparent huge pages (unless
+    ``THP_MEM_ALLOC_ENABLE`` is set already: ``0`` turns it off). A build writes gigabytes of fresh tensors (a
+    checkpoint widened to float32, an export's packed weights), and a page fault per 4 KB page was a large part of
+    that: on 2 cores (2026-11-28), three Qwen2.5-0.5B-shaped float32 builds took 25-32 s with it, 29-36 s without,
+    two at 1.5B 61-65 s against 69-70 s, the peak memory the same."""
+    os.environ.setdefault(TENSOR_HUGE_PAGES, "1")
+
 
 def resident_bytes() -> int:
     """This process's resident memory (Linux ``/proc/self/statm``; 0 where it cannot be read)."""

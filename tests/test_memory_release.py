@@ -57,3 +57,19 @@ def test_a_build_leaves_older_objects_out_of_collections_and_hands_the_collector
         gc.collect()
         assert gone() is None
     assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.parametrize("preset,want", [(None, "1"), ("0", "0")])
+def test_the_command_line_asks_torch_for_huge_pages_unless_told_otherwise(preset, want):
+    import os
+    import subprocess
+    import sys
+
+    from infopt.core.memory import TENSOR_HUGE_PAGES
+
+    env = {k: v for k, v in os.environ.items() if k != TENSOR_HUGE_PAGES}
+    if preset is not None:
+        env[TENSOR_HUGE_PAGES] = preset
+    script = f"import os, infopt.cli; print(os.environ.get({TENSOR_HUGE_PAGES!r}))"
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == want
