@@ -288,8 +288,9 @@ def test_a_decoder_stored_as_external_data_is_fused_and_packed_too(decoders, tmp
     judged = manifest["validation"]["generation"]
     assert judged["greedy"]["equal"] == 4 and judged["greedy"]["new_tokens"] == generation_api.MIN_NEW_TOKENS
     forced = judged["teacher_forced"]
-    # the test's few --val lines hold fewer tokens than the floor, so every one is judged
-    assert f"{forced['sequences']} of {forced['sequences']} held-out sequences" in " ".join(manifest["validation"]["notes"])
+    # a float32 build has no teacher-forced budget (its greedy tokens must be equal): its figures are reported on
+    # the model's share of the --val lines alone, here one of the four
+    assert forced["sequences"] == 1 and "1 of 4 held-out sequences" in " ".join(manifest["validation"]["notes"])
     low, high = forced["top1_interval"]
     assert 0 <= low <= forced["top1"] <= high <= 1 and high - low > 0
     assert any("judged on a share of the samples" in note for note in manifest["validation"]["notes"])

@@ -99,6 +99,9 @@ HASH_AHEAD = 64 << 20
 """the folder's files of at least this many bytes are hashed for the manifest while it is judged (``file_hash``)"""
 MIN_NEW_TOKENS = 8
 MIN_FORCED_TOKENS = 256
+"""the held-out tokens a teacher-forced budget (``top1``, ``ppl_delta``) is judged on at least. Where no such budget
+judges the build (float32: its greedy tokens must equal the model's), the figures are reported on the model's share
+of the sequences alone, at least one"""
 LM_INPUTS = ("input_ids:int64[batch,seq]", "attention_mask:int64[batch,seq]")
 """what the causal LM takes before its decoder is captured (INT4 calibrates on them)"""
 
@@ -192,7 +195,8 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
             held_out, held_source = _held_out(val, folder, vocab, special, context)
             parameters = sum(p.numel() for p in lm.parameters())
             new_tokens, offered = judged_tokens(parameters), len(held_out)
-            held_out = judged_sequences(held_out, parameters)
+            held_out = judged_sequences(held_out, parameters,
+                                        MIN_FORCED_TOKENS if evaluator.describe(budgets, forced_only=True) else 0)
             say(f"the model's greedy tokens on {len(prompts)} prompts and its logits on {len(held_out)} held-out "
                 f"sequences in {reference_dtype}, the reference")
             samples = evaluator.GenerationSamples.from_model(lm, prompts, prompt_source, held_out, held_source,
@@ -394,11 +398,11 @@ def judged_tokens(parameters: int) -> int:
     return min(NEW_TOKENS, max(MIN_NEW_TOKENS, round(NEW_TOKENS * judged_share(parameters))))
 
 
-def judged_sequences(sequences: list[list[int]], parameters: int) -> list[list[int]]:
+def judged_sequences(sequences: list[list[int]], parameters: int, floor: int = MIN_FORCED_TOKENS) -> list[list[int]]:
     """The first held-out ``sequences`` that hold the model's share of their tokens (:data:`JUDGED_PARAMETERS`),
-    at least :data:`MIN_FORCED_TOKENS` where there are that many."""
+    at least ``floor`` tokens where there are that many, and one sequence."""
     total = sum(len(s) for s in sequences)
-    wanted = max(MIN_FORCED_TOKENS, judged_share(parameters) * total)
+    wanted = max(floor, judged_share(parameters) * total, 1)
     kept, tokens = [], 0
     for sequence in sequences:
         if tokens >= wanted:

@@ -20,6 +20,11 @@ def test_a_small_model_is_judged_on_every_sample_and_a_large_one_on_a_share_abov
     assert sum(map(len, judged_sequences(sequences, int(70e9)))) == MIN_FORCED_TOKENS  # the floor
     few = [[1] * 10] * 3
     assert judged_sequences(few, int(70e9)) == few  # fewer than the floor: all of them
+    random_ids = [[1] * 64] * 8  # no --val: 8 sequences of random ids
+    assert len(judged_sequences(random_ids, int(1.5e9))) == 4  # the floor: 256 tokens
+    # no teacher-forced budget (a float32 build): the share alone, 86 of 512 tokens, and never no sequence
+    assert len(judged_sequences(random_ids, int(1.5e9), floor=0)) == 2
+    assert len(judged_sequences(random_ids, int(70e9), floor=0)) == 1
 
 
 @pytest.mark.parametrize("share,count", [(1.0, 256), (0.0, 50), (0.5, 100), (0.1465, 512)])
