@@ -138,6 +138,12 @@ def evaluate(folder: Path, samples: GenerationSamples, budgets: GenerationBudget
             "verdict": {"passed": not reasons, "reasons": reasons, "checks": checks}}
 
 
+def evaluate_in(worker, folder: Path, samples: GenerationSamples, budgets: GenerationBudgets) -> dict:
+    """:func:`evaluate` in ``worker`` (``generation.judging_worker``), the folder opened there first."""
+    worker.call(generation.hold_open, folder, doing="opening the GenAI folder with onnxruntime_genai")
+    return worker.call(evaluate, folder, samples, budgets, doing="generating from the GenAI folder with onnxruntime_genai")
+
+
 def _reason(check: dict) -> str:
     if check["name"] == "greedy_tokens_equal":
         return (f"greedy tokens equal on {check['measured']} of {check['limit']} prompts: the folder generates other "

@@ -225,9 +225,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
             say(f"generating {new_tokens} tokens from {len(prompts)} prompts with onnxruntime_genai; teacher-forced "
                 f"logits on {len(held_out)} held-out sequences")
             try:
-                judge.call(generation.hold_open, prepared, doing="opening the GenAI folder with onnxruntime_genai")
-                judged = judge.call(evaluator.evaluate, prepared, samples, budgets,
-                                    doing="generating from the GenAI folder with onnxruntime_genai")
+                judged = evaluator.evaluate_in(judge, prepared, samples, budgets)
             except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
                 raise BuildError(f"onnxruntime_genai could not generate from the folder: {first_line(exc)}",
                                  where=str(folder), fix="report the model's family; build --task logits meanwhile") from exc
@@ -462,9 +460,7 @@ def validate_generation(root: Path, manifest, result: dict[str, Any]) -> dict[st
     try:
         with generation.judging_worker() as judge:  # ONNX Runtime GenAI's native code runs there
             try:
-                judge.call(generation.hold_open, folder, doing="opening the GenAI folder with onnxruntime_genai")
-                judged = judge.call(evaluator.evaluate, folder, samples, budgets,
-                                    doing="generating from the GenAI folder with onnxruntime_genai")
+                judged = evaluator.evaluate_in(judge, folder, samples, budgets)
             except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
                 raise UsageError(f"onnxruntime_genai cannot generate from {folder}: {first_line(exc)}",
                                  where=str(folder), fix="rebuild the output") from exc
