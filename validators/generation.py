@@ -349,6 +349,20 @@ def token_seconds(og, model, ids: np.ndarray, new_tokens: int) -> list[float]:
     return steps
 
 
+def held_first_token_seconds(folder: Path, ids: np.ndarray) -> float:
+    """:func:`first_token_seconds` of the folder this process holds open (:func:`hold_open`): a worker's call."""
+    import onnxruntime_genai as og
+
+    return first_token_seconds(og, open_folder(og, folder), ids)
+
+
+def held_per_token_seconds(folder: Path, ids: np.ndarray, new_tokens: int) -> float:
+    """:func:`per_token_seconds` of the folder this process holds open (:func:`hold_open`): a worker's call."""
+    import onnxruntime_genai as og
+
+    return per_token_seconds(og, open_folder(og, folder), ids, new_tokens)
+
+
 def per_token_seconds(og, model, ids: np.ndarray, new_tokens: int) -> float:
     """TPOT of one generation: the mean of :func:`token_seconds`."""
     steps = token_seconds(og, model, ids, new_tokens)

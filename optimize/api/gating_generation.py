@@ -1,7 +1,9 @@
 """The release gate's judge for text-generation builds: a candidate GenAI folder against a baseline's.
 
 The gate (``gating.py``) takes the same steps for every build; this judge measures what they ask the
-text-generation way. Both folders are run by ``onnxruntime_genai``, the runtime that serves them. As for every
+text-generation way. Both folders are run by ``onnxruntime_genai``, the runtime that serves them, each in a worker
+process of its own (``generation.judging_worker``): a crash in its native code is the gate's failed ``runtime``
+check, not the end of the job. As for every
 build, the candidate is first held to its own reference, then to the baseline:
 
 0. the candidate's folder against the FP32 source model's answers its build stored
@@ -30,6 +32,7 @@ import numpy as np
 
 from infopt.core.errors import UsageError
 from infopt.core.recipe import Recipe
+from infopt.runtime.worker import Worker
 from infopt.validators import generation, generation_eval
 from infopt.validators.gate_config import GateConfig
 from infopt.validators.gate_result import GateCheck, GateResult
@@ -67,6 +70,9 @@ class GenerationJudge:
         self.same_source = same_source
         self.folders: tuple[Path, Path] | None = None
         self.configs: list[dict] = []
+        self.workers: dict[str, Worker] = {}
+        """each folder's judging worker (``generation.judging_worker``): ONNX Runtime GenAI's native code runs
+        there, so a crash is the gate's failed ``runtime`` check"""
 
     def accuracy(self, result: GateResult, config: GateConfig, cand, base, val: str | Path | None, max_val_samples: int,
                  say: Callable[[str], Any]) -> None:
@@ -76,14 +82,17 @@ class GenerationJudge:
             raise UsageError("a text-generation build is gated against another text-generation build; one of the two "
                              "is not", fix="pass two outputs of `infopt build ... --task text-generation`")
         cand_dir, base_dir = self.folders = folder_of(cand.root, cand.manifest), folder_of(base.root, base.manifest)
-        _reference_checks(result, cand.root, cand.manifest, cand_dir, say)
+        for name, folder in (("candidate", cand_dir), ("baseline", base_dir)):
+            self.workers[name] = generation.judging_worker()
+            self.workers[name].call(generation.hold_open, folder, doing=f"opening the {name}'s GenAI folder")
+        _reference_checks(result, cand.root, cand.manifest, cand_dir, self.workers["candidate"], say)
         self.configs = [json.loads((d / "genai_config.json").read_text())["model"] for d in (cand_dir, base_dir)]
         vocab = self.configs[0]["vocab_size"]
         context = min(c["context_length"] for c in self.configs)
         sequences, source = _sequences(val, cand_dir, vocab, min(TOKENS, context - 1))
         say(f"teacher-forced logits of {len(sequences)} sequences from both folders")
-        found = generation.agreement_of(*generation.teacher_forced_figures(base_dir, sequences),
-                                        *generation.teacher_forced_figures(cand_dir, sequences))
+        found = generation.agreement_of(*self._forced("baseline", base_dir, sequences),
+                                        *self._forced("candidate", cand_dir, sequences))
         result.measurements.setdefault("generation", {})["teacher_forced"] = {**found, "against": "baseline",
                                                                               "source": source}
         top1 = config.baseline.min_top1
@@ -101,18 +110,23 @@ class GenerationJudge:
                                        + ("" if text else "; on random token ids (pass --val text to gate it)")))
         result.notes.append("text-generation builds: both folders run by onnxruntime_genai")
 
-    def latency(self, result: GateResult, config: GateConfig, cand, base, say: Callable[[str], Any]) -> None:
-        import onnxruntime_genai as og
+    def _forced(self, name: str, folder: Path, sequences: list[list[int]]):
+        return self.workers[name].call(generation.teacher_forced_figures, folder, sequences,
+                                       doing=f"teacher-forcing the {name}'s GenAI folder")
 
+    def latency(self, result: GateResult, config: GateConfig, cand, base, say: Callable[[str], Any]) -> None:
         vocab = self.configs[0]["vocab_size"]
         context = min(c["context_length"] for c in self.configs)
-        _latency(result, config, og, *self.folders, vocab, context, say)
+        _latency(result, config, self.workers, *self.folders, vocab, context, say)
 
     def close(self) -> None:
         self.folders = None
+        for worker in self.workers.values():
+            worker.close()
+        self.workers = {}
 
 
-def _reference_checks(result: GateResult, root: Path, manifest, folder: Path, say) -> None:
+def _reference_checks(result: GateResult, root: Path, manifest, folder: Path, worker: Worker, say) -> None:
     """The candidate against its own stored reference, under its recipe's budgets (the ``reference`` checks)."""
     stored = root / generation_eval.SAMPLES_FILE
     if not stored.is_file():
@@ -121,7 +135,7 @@ def _reference_checks(result: GateResult, root: Path, manifest, folder: Path, sa
         return
     say("the candidate against its stored reference (the FP32 source model's answers)")
     budgets = generation_eval.with_max_drift(Recipe.from_json(manifest.recipe).validation.generation, None)
-    judged = generation_eval.evaluate(folder, generation_eval.GenerationSamples.load(stored), budgets)
+    judged = generation_eval.evaluate_in(worker, folder, generation_eval.GenerationSamples.load(stored), budgets)
     result.measurements["generation"] = {"reference": {"greedy": judged["greedy"],
                                                        "teacher_forced": judged["teacher_forced"]}}
     for check in judged["verdict"]["checks"]:
@@ -139,19 +153,22 @@ def _sequences(val, folder: Path, vocab: int, length: int) -> tuple[list[list[in
     return generation.text_ids(val, folder, "--val", SEQUENCES, length, min_tokens=2), str(val)
 
 
-def _latency(result: GateResult, config: GateConfig, og, cand_dir: Path, base_dir: Path, vocab: int, context: int,
-             say) -> None:
+def _latency(result: GateResult, config: GateConfig, workers: dict[str, Worker], cand_dir: Path, base_dir: Path,
+             vocab: int, context: int, say) -> None:
+    """TTFT and TPOT of both folders side by side, each timed in its worker (the pipe is not in the figures)."""
     lat = config.latency
-    models = {"candidate": generation.open_folder(og, cand_dir), "baseline": generation.open_folder(og, base_dir)}
+    folders = {"candidate": cand_dir, "baseline": base_dir}
     rng = np.random.default_rng(0)
     ttft_len = min(TTFT_PROMPT, context - 1)
     tpot_len = min(TPOT_PROMPT, context - NEW_TOKENS)
 
     def ttft(name):
-        return lambda feed: generation.first_token_seconds(og, models[name], feed["ids"])
+        return lambda feed: workers[name].call(generation.held_first_token_seconds, folders[name], feed["ids"],
+                                               doing=f"timing the {name}'s first token")
 
     def tpot(name):  # the decode steps' whole time: a block then needs few generations to last long enough
-        return lambda feed: generation.per_token_seconds(og, models[name], feed["ids"], NEW_TOKENS) * STEPS
+        return lambda feed: workers[name].call(generation.held_per_token_seconds, folders[name], feed["ids"], NEW_TOKENS,
+                                               doing=f"timing the {name}'s tokens") * STEPS
 
     runs = [("TTFT", ttft, {1: {"ids": rng.integers(1, vocab, size=(1, ttft_len)).astype(np.int32)}}),
             ("TPOT", tpot, {b: {"ids": rng.integers(1, vocab, size=(b, tpot_len)).astype(np.int32)}

@@ -41,7 +41,7 @@ def test_huge_pages_join_the_tunables_already_set(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_judging_worker_stopped_for_memory_fails_the_build_cleanly_and_validate_says_so(tmp_path):
+def test_a_judging_worker_stopped_for_memory_fails_the_build_cleanly_and_validate_and_gate_say_so(tmp_path):
     from tests.test_text_generation import decoder
 
     decoder(tmp_path, "llama")
@@ -53,6 +53,10 @@ def test_a_judging_worker_stopped_for_memory_fails_the_build_cleanly_and_validat
     verdict = json.loads(proc.stdout)["verdict"]
     assert verdict["passed"] is False and "opening the GenAI folder" in verdict["reasons"][0]
     assert "was stopped for memory" in verdict["reasons"][0] and "INFOPT_WORKER_MEMORY=20M" in verdict["reasons"][0]
+    proc = run_cli("gate", "dist/tiny-llama", "--baseline", "dist/tiny-llama", "--json", cwd=tmp_path, env=capped)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    runtime = next(c for c in json.loads(proc.stdout)["checks"] if c["group"] == "runtime")
+    assert runtime["passed"] is False and "opening the candidate's GenAI folder was stopped for memory" in runtime["detail"]
     proc = run_cli("build", "tiny-llama", "--task", "text-generation", "-o", "capped", cwd=tmp_path, timeout=600,
                    env=capped)
     assert_clean_failure(proc, 3, "opening the GenAI folder with onnxruntime_genai was stopped for memory",
