@@ -108,7 +108,7 @@ class GenerationJudge:
                                        f"<= {ppl:g}" if text else "not gated", found["ppl_delta"] <= ppl if text else None,
                                        f"perplexity {found['ppl']:.4g} vs {found['ppl_reference']:.4g}"
                                        + ("" if text else "; on random token ids (pass --val text to gate it)")))
-        result.notes.append("text-generation builds: both folders run by onnxruntime_genai")
+        result.notes.append("text-generation builds: both folders run by onnxruntime_genai, each in a worker process of its own")
 
     def _forced(self, name: str, folder: Path, sequences: list[list[int]]):
         return self.workers[name].call(generation.teacher_forced_figures, folder, sequences,
