@@ -167,6 +167,8 @@ def discard_spares() -> None:
 atexit.register(discard_spares)
 
 
+MEMORY_FIX = (f"build on a machine with more memory, or with smaller batches (--batch-sizes, --dim); {MEMORY_ENV} caps "
+              "a worker on a shared machine")
 CRASH_FIX = ("this runtime's native code crashed on this machine: try another --backend, or report the lines above "
              "with `infopt doctor`'s output")
 
@@ -185,12 +187,16 @@ class Worker:
     :class:`RunnerCrashed` saying why, its memory watched while it works (the module doc)."""
 
     crash_fix = CRASH_FIX
+    memory_fix = MEMORY_FIX
 
-    def __init__(self, imports: Sequence[str] = (), env: dict[str, str] | None = None, fix: str | None = None):
+    def __init__(self, imports: Sequence[str] = (), env: dict[str, str] | None = None, fix: str | None = None,
+                 memory_fix: str | None = None):
         self._process, self._stderr = _spawn(tuple(imports), env)
         self._watch, self._stopped = MemoryWatch(self._process.pid), None
         if fix is not None:
             self.crash_fix = fix
+        if memory_fix is not None:
+            self.memory_fix = memory_fix
 
     def call(self, function: Callable, *args, doing: str, **kwargs):
         """``function(*args, **kwargs)`` in the worker (a module-level function, imported there by name), its value
@@ -242,8 +248,7 @@ class Worker:
             self._process.wait()
             stopped = RunnerCrashed(f"the process {doing} was stopped for memory: {self._stopped}; infopt stopped it "
                                  "before the kernel's OOM killer would pick a process",
-                                 fix="build on a machine with more memory, or with smaller batches (--batch-sizes, "
-                                     f"--dim); {MEMORY_ENV} caps a worker on a shared machine")
+                                 fix=self.memory_fix)
             stopped.word = "out of memory"
             return stopped
         try:

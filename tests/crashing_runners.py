@@ -94,7 +94,7 @@ class Growing(Runner):
         held = []
         for _ in range(64):
             held.append(np.ones(2**26, np.uint8))
-            time.sleep(0.02)
+            time.sleep(0.05)  # the parent reads its memory every 0.1 s: two steps a read
         return [np.asarray(feed[n]) * 2 for n in self.input_names]
 
 

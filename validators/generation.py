@@ -111,7 +111,9 @@ def judging_worker() -> Worker:
     ``malloc`` (``runtime.worker.huge_pages_env``): opening a large decoder repacks all its weights."""
     return Worker(("onnxruntime_genai", "infopt.validators.generation_eval"), env=huge_pages_env(),
                   fix="ONNX Runtime GenAI's native code crashed on this folder: report the lines above with "
-                      "`infopt doctor`'s output; build --task logits meanwhile")
+                      "`infopt doctor`'s output; build --task logits meanwhile",
+                  memory_fix="judge it on a machine with more memory, or build a smaller precision (--int4 holds about "
+                             "an eighth of float32's weights); INFOPT_WORKER_MEMORY caps a worker on a shared machine")
 
 
 def open_folder(og, folder: Path):

@@ -60,4 +60,4 @@ def test_a_judging_worker_stopped_for_memory_fails_the_build_cleanly_and_validat
     proc = run_cli("build", "tiny-llama", "--task", "text-generation", "-o", "capped", cwd=tmp_path, timeout=600,
                    env=capped)
     assert_clean_failure(proc, 3, "opening the GenAI folder with onnxruntime_genai was stopped for memory",
-                         out=tmp_path / "capped")
+                         "build a smaller precision (--int4", out=tmp_path / "capped")
