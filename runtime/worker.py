@@ -177,7 +177,8 @@ def huge_pages_env() -> dict[str, str]:
     """The environment a worker that allocates a model's weights at once starts with: glibc's ``malloc`` asks for
     transparent huge pages on its large mappings (``glibc.malloc.hugetlb=1``, glibc 2.35 on; older ones ignore it)
     where the kernel leaves them to ``madvise``. Opening a Qwen2.5-1.5B-shaped float32 GenAI folder (6.2 GB of
-    weights repacked) took 9.6-12.4 s without it here, 6.6-7.0 s with it; decode times within noise."""
+    weights repacked) took 8.2-12.4 s without it here, 7.0-7.5 s with it (four opens each); decode times within
+    noise."""
     tunables = [t for t in os.environ.get("GLIBC_TUNABLES", "").split(":") if t and not t.startswith("glibc.malloc.hugetlb=")]
     return {"GLIBC_TUNABLES": ":".join([*tunables, "glibc.malloc.hugetlb=1"])}
 
@@ -186,17 +187,12 @@ class Worker:
     """A worker process (``python -m infopt.runtime.worker_main``) answering calls; its death is a
     :class:`RunnerCrashed` saying why, its memory watched while it works (the module doc)."""
 
-    crash_fix = CRASH_FIX
-    memory_fix = MEMORY_FIX
-
-    def __init__(self, imports: Sequence[str] = (), env: dict[str, str] | None = None, fix: str | None = None,
-                 memory_fix: str | None = None):
-        self._process, self._stderr = _spawn(tuple(imports), env)
+    def __init__(self, imports: Sequence[str] = (), env: dict[str, str] | None = None, fix: str = CRASH_FIX,
+                 memory_fix: str = MEMORY_FIX, spawned: tuple[subprocess.Popen, Any] | None = None):
+        """``spawned``: a process :func:`prestart` started (its imports and ``env`` its own)."""
+        self._process, self._stderr = spawned or _spawn(tuple(imports), env)
         self._watch, self._stopped = MemoryWatch(self._process.pid), None
-        if fix is not None:
-            self.crash_fix = fix
-        if memory_fix is not None:
-            self.memory_fix = memory_fix
+        self.crash_fix, self.memory_fix = fix, memory_fix
 
     def call(self, function: Callable, *args, doing: str, **kwargs):
         """``function(*args, **kwargs)`` in the worker (a module-level function, imported there by name), its value
@@ -294,8 +290,7 @@ class WorkerRunner(Worker, Runner):
         self.path = Path(path)
         self.input_names = tuple(input_names)
         self.output_names = tuple(output_names)
-        self._process, self._stderr = _SPARES.pop(0) if _SPARES else _spawn(())
-        self._watch, self._stopped = MemoryWatch(self._process.pid), None
+        super().__init__(spawned=_SPARES.pop(0) if _SPARES else None)
         # the worker calls the same ``open_runner`` (a plugin's, a test's), imported by name with this process's
         # import path; one it cannot name (a lambda) is found there by the file's suffix
         where = (opener.__module__, opener.__qualname__) if opener is not None else ("", "")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,19 +79,8 @@ def text_ids(path: str | Path, folder: Path, flag: str, lines_kept: int, tokens:
 
 
 _OPENED: dict[Path, Any] = {}
-"""folders opened by :func:`opened`, whose model every function here reuses until its block ends"""
-
-
-@contextmanager
-def opened(folder: Path):
-    """A block in which the folder's ``onnxruntime_genai.Model``, once opened, is kept: the greedy check, the
-    teacher-forced figures and the timing in it share it (opening a large decoder takes seconds, and memory)."""
-    key = Path(folder).resolve()
-    _OPENED[key] = None
-    try:
-        yield
-    finally:
-        _OPENED.pop(key, None)
+"""folders held open by :func:`hold_open`, whose model every function here reuses for the process's life (opening
+a large decoder takes seconds, and memory)"""
 
 
 def hold_open(folder: Path) -> None:

@@ -239,7 +239,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
         with times.step("latency"):
             budget = TIMING_SHARE * (time.perf_counter() - times.started)
             say(f"timing TTFT and TPOT (about {budget:.0f} s)")
-            timing = time_folder(prepared, decoder.layout.vocab, decoder.context, budget, every_row=False, worker=judge)
+            timing = time_folder(judge, prepared, decoder.layout.vocab, decoder.context, budget, every_row=False)
         judge.close()  # its decoder's memory given back before the output is written
         for row in timing["tpot"]:
             row["usd_per_million_tokens"] = generation.usd_per_million(machine.price_per_hour, row["tokens_per_s"])
@@ -308,16 +308,14 @@ def is_task_recipe(recipe: str | Path) -> bool:
         return False
 
 
-def time_folder(folder: Path, vocab: int, context: int, budget_s: float = generation.BUDGET_S,
-                every_row: bool = True, worker: Worker | None = None) -> dict:
-    """TTFT at the prompt lengths the context holds and TPOT at :data:`TPOT_BATCHES`, from the folder, in about
-    ``budget_s`` (each row once however long that takes, or without ``every_row`` the rows that fit it); in
-    ``worker`` (``generation.judging_worker``) where given, else here."""
+def time_folder(worker: Worker, folder: Path, vocab: int, context: int, budget_s: float = generation.BUDGET_S,
+                every_row: bool = True) -> dict:
+    """TTFT at the prompt lengths the context holds and TPOT at :data:`TPOT_BATCHES`, from the folder held open in
+    ``worker`` (``generation.judging_worker``), in about ``budget_s`` (each row once however long that takes, or
+    without ``every_row`` the rows that fit it)."""
     lengths = [n for n in TTFT_PROMPTS if n + NEW_TOKENS <= context] or [max(1, context - NEW_TOKENS)]
-    args, options = (folder, vocab, lengths, list(TPOT_BATCHES), NEW_TOKENS), {"budget_s": budget_s, "every_row": every_row}
-    if worker is None:
-        return generation.time_generation(*args, **options)
-    return worker.call(generation.time_generation, *args, doing="timing the GenAI folder with onnxruntime_genai", **options)
+    return worker.call(generation.time_generation, folder, vocab, lengths, list(TPOT_BATCHES), NEW_TOKENS,
+                       budget_s=budget_s, every_row=every_row, doing="timing the GenAI folder with onnxruntime_genai")
 
 
 def generation_passes() -> set[str]:
@@ -464,7 +462,7 @@ def validate_generation(root: Path, manifest, result: dict[str, Any]) -> dict[st
             except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
                 raise UsageError(f"onnxruntime_genai cannot generate from {folder}: {first_line(exc)}",
                                  where=str(folder), fix="rebuild the output") from exc
-            timing = time_folder(folder, config["vocab_size"], config["context_length"], worker=judge)
+            timing = time_folder(judge, folder, config["vocab_size"], config["context_length"])
     except RunnerCrashed as exc:  # its native code ended the worker that ran it: a failed check, as for other models
         result["verdict"] = {"passed": False, "reasons": [f"the model crashed: {exc}"], "checks": []}
         return result
