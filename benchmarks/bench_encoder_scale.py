@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_scale import infopt_steps, run_measured  # noqa: E402
+from benchmarks.bench_scale import infopt_steps, judging_share, run_measured  # noqa: E402
 from benchmarks.common import RESULTS, environment, publish  # noqa: E402
 
 INFOPT = Path(sys.executable).with_name("infopt")
@@ -123,7 +123,8 @@ def main() -> None:
                      + (f"{file_bytes(work / 'bare' / 'optimized.onnx') / 1e6:.0f}" if bare["code"] == 0 else "-")
                      + " | |")
         lines += ["", f"wall ratio infopt / bare: {mine['wall_s'] / bare['wall_s']:.2f}x; peak RSS ratio: "
-                      f"{mine['peak_rss'] / bare['peak_rss']:.2f}x; checkpoint {weights / 1e9:.2f} GB fp32", ""]
+                      f"{mine['peak_rss'] / bare['peak_rss']:.2f}x; checkpoint {weights / 1e9:.2f} GB fp32; infopt's "
+                      f"validation, latency and curve: {judging_share(work / 'dist')} of its steps", ""]
         if manifest:
             lines += ["Candidates: " + "; ".join(f"{c['recipe']} {c['status']}" + (f" ({c['reason']})" if c['reason'] else "")
                                                  for c in manifest["candidates"]), ""]

@@ -93,6 +93,20 @@ def infopt_steps(out: Path) -> str:
     return ", ".join(f"{k} {v:.0f} s" for k, v in ranked[:5])
 
 
+JUDGING_STEPS = ("reference", "validation", "latency", "curve")
+"""the steps that judge and time the build (the issue's goal: at most a quarter of it)"""
+
+
+def judging_share(out: Path) -> str:
+    """What the judging steps took of the build, from its manifest: ``31 of 86 s (36 %)``."""
+    try:
+        timings = json.loads((out / "manifest.json").read_text())["timings"]
+    except (OSError, KeyError, ValueError):
+        return "-"
+    judged = sum(s["seconds"] for s in timings["steps"] if s["step"] in JUDGING_STEPS)
+    return f"{judged:.0f} of {timings['total_s']:.0f} s ({judged / timings['total_s']:.0%})"
+
+
 def build(model: Path, work: Path, tool: str, precision: str, limit_s: float) -> dict:
     out = work / f"{tool}-{precision}"
     if tool == "infopt":
@@ -113,7 +127,7 @@ def build(model: Path, work: Path, tool: str, precision: str, limit_s: float) ->
     row = run_measured(command, limit_s, {**os.environ, "INFOPT_CACHE_DIR": str(work / f"cache-{precision}")})
     row.update({"tool": tool, "precision": precision, "folder": folder if row["code"] == 0 else None,
                 "bytes": model_bytes(folder) if row["code"] == 0 else None,
-                "steps": infopt_steps(out) if tool == "infopt" else "-"})
+                "steps": f"{infopt_steps(out)}; judging {judging_share(out)}" if tool == "infopt" else "-"})
     print(f"  {row['status']}, {row['wall_s']:.0f} s, peak {row['peak_rss'] / 1e9:.1f} GB", flush=True)
     return row
 

@@ -51,6 +51,10 @@ MIN_LATENCY_RUNS = 4
 block for four blocks, two ABBA trials, the fewest that give a ratio to eager with a confidence interval.
 A fast model's rows take many more within ``seconds``; a slow one's are bound by the build's timing
 budget (``validators/timing_budget.py``)."""
+MIN_TRIAL_RUNS = 2
+"""...and where each run is so slow that those four would take over twice a row's share of the budget, this
+many: one ABBA trial, whose ratio to eager is given with its confidence (50 %). BERT-large at batch 8 runs
+2.4 s here: four runs of eager and of the candidate took 24 s of a 97 s build."""
 
 
 class LatencyConfig(_Strict):

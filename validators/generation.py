@@ -360,7 +360,8 @@ def per_token_seconds(og, model, ids: np.ndarray, new_tokens: int) -> float:
 
 
 def time_generation(folder: Path, vocab: int, prompt_lengths: list[int], batch_sizes: list[int],
-                    new_tokens: int = 16, seed: int = 0, budget_s: float = BUDGET_S, every_row: bool = True) -> dict:
+                    new_tokens: int = 16, seed: int = 0, budget_s: float = BUDGET_S, every_row: bool = True,
+                    warm: bool = False) -> dict:
     """TTFT per prompt length (batch 1) and TPOT per batch size (after a prompt of ``TPOT_PROMPT_TOKENS``, or
     the shortest TTFT prompt where that is shorter), from the folder.
 
@@ -370,7 +371,7 @@ def time_generation(folder: Path, vocab: int, prompt_lengths: list[int], batch_s
     runs, the rows with the fewest first, while ``budget_s`` (counted from the first timed run) lasts (at most
     :data:`RUNS` a row). Without ``every_row``, a row whose one run is predicted past what is left of the budget
     is left out, and ``left_out`` says which and its prediction. Each row says its runs and samples, the figures'
-    footing."""
+    footing. ``warm``: the folder has just generated in this process (the build's judging), so no warm-up run."""
     import onnxruntime_genai as og
 
     model = open_folder(og, folder)
@@ -380,7 +381,8 @@ def time_generation(folder: Path, vocab: int, prompt_lengths: list[int], batch_s
         return rng.integers(1, vocab, size=(batch, length)).astype(np.int32)
 
     tpot_prompt = min(TPOT_PROMPT_TOKENS, prompt_lengths[0])
-    first_token_seconds(og, model, prompt(1, prompt_lengths[0]))  # warm-up: the session allocates on its first call
+    if not warm:  # warm-up: the session allocates on its first call
+        first_token_seconds(og, model, prompt(1, prompt_lengths[0]))
     rows = [("ttft", n, lambda n=n: [first_token_seconds(og, model, prompt(1, n))]) for n in prompt_lengths]
     rows += [("tpot", b, lambda b=b: token_seconds(og, model, prompt(b, tpot_prompt), new_tokens)) for b in batch_sizes]
     samples: dict[int, list[float]] = {}
@@ -430,4 +432,4 @@ def time_generation(folder: Path, vocab: int, prompt_lengths: list[int], batch_s
     tpot = [{"batch": rows[i][1], **vars(summary[i]), "tokens_per_s": rows[i][1] * 1e3 / summary[i].p50_ms}
             for i in timed if rows[i][0] == "tpot"]
     return {"ttft": ttft, "tpot": tpot, "new_tokens": new_tokens, "tpot_prompt_tokens": tpot_prompt,
-            "budget_s": budget_s, "left_out": left_out}
+            "budget_s": budget_s, "left_out": left_out, **({"warmed_by_judging": True} if warm else {})}

@@ -30,6 +30,9 @@ budget (``seconds``), each block also ends once its share of the budget is spent
 single runs outlast their share stops once the whole budget is spent and ``min_iterations`` runs are in.
 With ``drop_slower``, a runner (not the baseline) whose first block took more than that many times the
 fastest other runner's stops being timed after it: it has lost, and :attr:`Timings.dropped` says so.
+Where each run is slow, a budget's least runs can fall to one ABBA trial (``least_slow``), the ratio's
+confidence saying what that is worth, and a feed the runners have just run at the same shapes (the build's
+validation) is timed without a warm-up (``warmed``).
 The baseline runs as long as any runner it is compared with.
 
 **Choosing.** :func:`choose` takes the ratios and picks the runner with the lowest geometric mean ratio
@@ -232,14 +235,19 @@ def measure(runners: dict[str, Callable[[dict], object]], feeds: dict[int, dict[
             warmup_s: float = WARMUP_S, min_block_s: float = MIN_BLOCK_S, baseline: str | None = None,
             confidence: float = 0.95, drop_slower: float | None = None, devices: dict[str, str] | None = None,
             timer: Timer | None = None, progress: Callable[[str], None] | None = None,
-            clocks: dict[str, Timer] | None = None) -> Timings:
+            clocks: dict[str, Timer] | None = None, warmed: dict[int, float] | None = None,
+            least_slow: int | None = None) -> Timings:
     """Time every runner (name -> callable taking a feed) at every batch size in ``feeds`` by the module's
     protocol. ``iterations`` runs per runner split into ``blocks`` (each raised to last ``min_block_s``);
     ``devices`` names the runners that run on ``cuda`` (timed with CUDA events; the rest on the host
     clock), ``timer(fn, feed)`` replaces both, and ``clocks`` replaces them for the runners it names (a worker
     process's runner, timed where it runs: ``Runner.clock``). ``tolerance`` 0 never stops early; ``seconds`` bounds each
     runner's time per batch size (at least ``min_iterations`` runs); ``baseline`` names the runner the others'
-    ratios are taken to; ``drop_slower`` stops a runner that lost clearly after its first block."""
+    ratios are taken to; ``drop_slower`` stops a runner that lost clearly after its first block. ``warmed`` maps
+    the batch sizes whose feed every runner has just run (the build's validation, at the same shapes) to the
+    seconds one run took there: where that is at least ``warmup_s``, no warm-up runs there. With ``seconds`` and
+    ``least_slow``, a runner whose first block shows that ``min_iterations`` runs would take over twice
+    ``seconds`` keeps at least ``least_slow`` runs instead (2: one ABBA trial, its ratio's confidence 50 %)."""
     names = list(runners)
     sizes = _block_sizes(iterations, blocks)
     floor = -(-min_iterations // len(sizes))  # runs every block keeps under a time budget
@@ -247,8 +255,10 @@ def measure(runners: dict[str, Callable[[dict], object]], feeds: dict[int, dict[
               for n in names}
     found = Timings([])
     for batch, feed in feeds.items():
-        runs = {n: _block_runs(_warm(runners[n], feed, warmup, min_warmup, warmup_s, clocks[n]), 1, min_block_s)
-                for n in names}
+        warm = (warmed or {}).get(batch, 0.0) < warmup_s  # a feed the runners just ran slowly needs no warm-up
+        runs = {n: _block_runs(_warm(runners[n], feed, warmup, min_warmup, warmup_s, clocks[n]) if warm else [], 1,
+                               min_block_s) for n in names}
+        least = dict.fromkeys(names, min_iterations)
         times: dict[str, list[float]] = {n: [] for n in names}
         medians: dict[str, dict[int, float]] = {n: {} for n in names}
         spent = {n: 0.0 for n in names}
@@ -266,10 +276,12 @@ def measure(runners: dict[str, Callable[[dict], object]], feeds: dict[int, dict[
                 spent[name] += time.perf_counter() - start
                 times[name] += block
                 medians[name][k] = float(np.median(block))
+                if k == 0 and least_slow and seconds is not None and medians[name][0] * min_iterations > 2 * seconds:
+                    least[name] = min(min_iterations, least_slow)
             if k == 0 and drop_slower:
                 _drop_losers(active, medians, baseline, drop_slower, found.dropped)
             # a runner slower than its blocks' share: done once the budget is spent and the least runs are in
-            active = [n for n in active if seconds is None or spent[n] < seconds or len(times[n]) < min_iterations]
+            active = [n for n in active if seconds is None or spent[n] < seconds or len(times[n]) < least[n]]
             if k + 1 >= MIN_BLOCKS and (baseline is None or (k + 1) % 2 == 0):
                 active = [n for n in active if not median_pinned(times[n], tolerance)]
             if baseline is not None and any(n != baseline for n in active):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from infopt.core.errors import UsageError
 from infopt.core.sample_inputs import id_high, random_feed
 from infopt.quantize.calib_data import load_calibration
@@ -64,6 +66,11 @@ def validation_batches(spec, val, max_samples, module, calib=None, reader=None, 
         return calib.held_out, f"{calib.source} (held out of calibration)"
     high = id_high(module)
     return [random_feed(spec, seed=seed, int_high=high) for seed in range(random_batches)], "random"
+
+
+def same_shapes(a: dict, b: dict) -> bool:
+    """Whether two feeds have the same inputs at the same shapes (a runner that ran one is warm for the other)."""
+    return a.keys() == b.keys() and all(np.shape(a[k]) == np.shape(b[k]) for k in a)
 
 
 def latency_feeds(spec, recipe, module):

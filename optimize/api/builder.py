@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from infopt.api import candidates as cand
 from infopt.api import flags, provenance, task_choice
-from infopt.api.build_inputs import latency_feeds, random_batch_count, raw_reader, validation_batches
+from infopt.api.build_inputs import latency_feeds, random_batch_count, raw_reader, same_shapes, validation_batches
 from infopt.api.build_notes import noise_notes, pass_notes, server_engine, shipped_precision
 from infopt.api.build_result import BuildResult, load  # noqa: F401 - load: infopt.load
 from infopt.api.curve import measure_curve
@@ -26,7 +26,7 @@ from infopt.core.inputspec import InputSpec, parse_dim
 from infopt.core.manifest import data_sha256, model_bytes, read_manifest
 from infopt.core.memory import older_objects_frozen
 from infopt.core.pipeline import Pipeline, SharedPrefixes
-from infopt.core.recipe import MIN_LATENCY_RUNS, Recipe, load_recipe, recipes_for
+from infopt.core.recipe import MIN_LATENCY_RUNS, MIN_TRIAL_RUNS, Recipe, load_recipe, recipes_for
 from infopt.core.registry import BuildSettings
 from infopt.core.sample_inputs import capture_feed, id_high, random_feed
 from infopt.core.step_times import StepTimes
@@ -386,7 +386,9 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
     max_batch = spec.dims[spec.batch_symbol].max if spec.batch_symbol else 1
     batches = list(split_batches(batches, spec, max_batch))
     with ctx.times.step("validation"):  # the eager outputs every candidate is judged against, and INT8 chooses by
+        began = time.perf_counter()
         ref_out = drift_mod.run_all(reference, batches)
+        eager_run_s = (time.perf_counter() - began) / max(1, len(batches))
     candidates = _build_candidates(work, artifact, recipes, target, console, ctx.calib, ctx.budget, batches, checked_on,
                                    ctx.allow_partial, ctx.times, ref_out, ctx.settings, loaded.module)
     built = [c for c in candidates if c.status == "built"]
@@ -410,11 +412,14 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
             eager = gpu_eager_runner(loaded, spec, target) or reference
             feeds = latency_feeds(spec, built[0].recipe, loaded.module)
             row_s = clock.latency_row_s(lat_cfg.seconds, 1 + len(built), len(feeds))
+            # the feeds the validation ran every runner at (same shapes): warm, each run taking about eager's time
+            warmed = {b: eager_run_s for b, feed in feeds.items() if any(same_shapes(feed, v) for v in batches)}
 
             def time_each(built):
                 runners = {"eager": eager.run, **{c.label: c.runner.run for c in built}}
                 return timing.measure(runners, feeds, warmup=lat_cfg.warmup, iterations=lat_cfg.iterations,
                                       seconds=row_s, min_iterations=MIN_LATENCY_RUNS, min_warmup=1, baseline="eager",
+                                      warmed=warmed, least_slow=MIN_TRIAL_RUNS,
                                       drop_slower=timing.DROP_SLOWER,
                                       devices={"eager": eager.device, **{c.label: c.runner.device for c in built}},
                                       clocks=timing.worker_clocks(**{c.label: c.runner for c in built}))
@@ -437,9 +442,13 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
     budget_notes = []
     if row_s < lat_cfg.seconds or untimed:
         budget_notes.append(f"timed within a budget of {clock.describe()}: {row_s:.1f} s per latency row, each at least "
-                     f"{MIN_LATENCY_RUNS} runs however long they lasted" + (
+                     f"{MIN_LATENCY_RUNS} runs however long they lasted ({MIN_TRIAL_RUNS}, one ABBA trial, where "
+                     f"{MIN_LATENCY_RUNS} would take over twice the row's time)" + (
                          f"; the curve left out batch {', '.join(map(str, untimed))}: its predicted time did not fit "
                          "what the latency step left" if untimed else ""))
+    if slow_warm := [b for b, run_s in warmed.items() if run_s >= timing.WARMUP_S]:
+        budget_notes.append(f"batch {', '.join(map(str, slow_warm))} timed without warm-up runs: the validation had just "
+                            "run every runner there at the same shapes")
     if ends:
         notes.append("ran at the ends of its dim ranges (" + "; ".join(where for where, _, _ in ends)
                      + ") with the output shapes eager gives")

@@ -113,7 +113,8 @@ def generation_section(manifest: Manifest) -> Section | None:
     notes = [f"timed with onnxruntime_genai from servers/onnxruntime-genai/: TTFT is the prompt's pass and the first "
              f"token picked; TPOT each of the next {gen['new_tokens'] - 1} tokens after a {gen['tpot_prompt_tokens']}-token "
              "prompt; "
-             f"{_span(r['runs'] for r in gen['ttft'] + gen['tpot'])} timed runs per row after one warm-up"
+             f"{_span(r['runs'] for r in gen['ttft'] + gen['tpot'])} timed runs per row "
+             + ("after the judging's runs (no warm-up)" if gen.get("warmed_by_judging") else "after one warm-up")
              + (f" (within a budget of {gen['budget_s']:.1f} s: each row once, then more, the rows with the fewest "
                 "first)" if "budget_s" in gen else "")]
     if gen.get("left_out"):

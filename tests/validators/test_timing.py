@@ -64,6 +64,47 @@ def test_the_latency_steps_budget_times_a_slow_runner_in_fewer_runs_and_leaves_a
     assert stats["fast"].iterations == 50 == calls["fast"]  # its blocks end at their count long before the budget
 
 
+def test_a_runner_whose_least_runs_would_take_over_twice_its_budget_keeps_one_abba_trial():
+    """BERT-large at batch 8 (2.4 s a run, 2 s a row): with ``least_slow`` a runner whose first block shows its
+    MIN_LATENCY_RUNS runs would take over twice its seconds stops after one ABBA trial (two blocks of one run each,
+    beside the baseline's two), its ratio from that one trial with 50 % confidence; one that would not, and
+    every runner without ``least_slow``, keeps MIN_LATENCY_RUNS."""
+    from infopt.core.recipe import MIN_LATENCY_RUNS, MIN_TRIAL_RUNS
+
+    def sleeper(seconds):
+        return lambda feed: time.sleep(seconds)
+
+    runners = {"eager": sleeper(0.03), "cand": sleeper(0.03)}
+    found = measure(runners, {8: {}}, warmup=0, iterations=50, seconds=0.04, min_iterations=MIN_LATENCY_RUNS,
+                    tolerance=0, baseline="eager", least_slow=MIN_TRIAL_RUNS)
+    assert {s.runner: s.iterations for s in found.stats} == {"eager": 2, "cand": 2}
+    (ratio,) = found.ratios["cand"]
+    assert ratio.trials == 1 and ratio.confidence == 0.5
+    # 4 runs of 30 ms are 120 ms: not over twice a 70 ms budget, so the least runs stay 4
+    found = measure(runners, {8: {}}, warmup=0, iterations=50, seconds=0.07, min_iterations=MIN_LATENCY_RUNS,
+                    tolerance=0, baseline="eager", least_slow=MIN_TRIAL_RUNS)
+    assert {s.iterations for s in found.stats} == {MIN_LATENCY_RUNS}
+    found = measure(runners, {8: {}}, warmup=0, iterations=50, seconds=0.04, min_iterations=MIN_LATENCY_RUNS,
+                    tolerance=0, baseline="eager")
+    assert {s.iterations for s in found.stats} == {MIN_LATENCY_RUNS}
+
+
+def test_a_feed_the_runners_just_ran_slowly_is_timed_without_warm_up():
+    """``warmed``: the validation ran every runner at this feed's shapes, each run taking at least the warm-up's
+    time, so no warm-up run there; a quick one (or a batch not named) is warmed up as ever."""
+    runs = {1: 0, 8: 0}
+
+    def counting(feed):
+        runs[feed["batch"]] += 1
+
+    feeds = {1: {"batch": 1}, 8: {"batch": 8}}
+    measure({"only": counting}, feeds, warmup=3, iterations=2, min_warmup=1, min_block_s=0, warmed={8: 2.4})
+    assert runs == {1: 3 + 2, 8: 2}
+    runs.update({1: 0, 8: 0})
+    measure({"only": counting}, feeds, warmup=3, iterations=2, min_warmup=1, min_block_s=0, warmed={8: 0.001})
+    assert runs == {1: 3 + 2, 8: 3 + 2}
+
+
 def test_warm_up_stops_at_its_time_and_its_least_runs():
     runs = []
 

@@ -18,8 +18,8 @@ from infopt.validators.timing_budget import FLOOR_S, LATENCY_PART, SHARE, Timing
 def test_the_budget_is_a_share_of_the_build_with_a_floor_and_the_recipe_caps_each_row():
     quick, slow = TimingBudget.after(3.0), TimingBudget.after(600.0)
     assert quick.seconds == FLOOR_S and slow.seconds == pytest.approx(SHARE * 600)
-    assert quick.latency_row_s(2.0, runners=4, rows=2) == 2.0  # a quick build is timed as its recipe says
-    assert quick.latency_row_s(2.0, runners=6, rows=3) == pytest.approx(LATENCY_PART * FLOOR_S / 18)
+    assert quick.latency_row_s(2.0, runners=1, rows=2) == 2.0  # a quick build with one runner: as its recipe says
+    assert quick.latency_row_s(2.0, runners=4, rows=2) == pytest.approx(LATENCY_PART * FLOOR_S / 8)
     assert slow.latency_row_s(2.0, runners=4, rows=2) == 2.0  # the recipe's seconds stay the most a row takes
     assert slow.latency_row_s(60.0, runners=4, rows=2) == pytest.approx(LATENCY_PART * 120 / 8)
     assert slow.left_after(100.0) == pytest.approx(20.0) and slow.left_after(500.0) == 0.0
