@@ -98,6 +98,7 @@ def test_a_causal_lm_builds_a_genai_folder_that_generates_what_transformers_gene
     # every row ran at least once; a TPOT run gives a sample per token after the first
     assert all(1 <= r["runs"] == r["samples"] for r in generation["ttft"])
     assert all(r["samples"] == r["runs"] * 15 for r in generation["tpot"]) and generation["budget_s"] > 0
+    assert "timed runs per row after the judging's runs (no warm-up)" in (dist / "report.md").read_text()
     assert manifest["source"]["task"] == {"name": "text-generation", "judged_by": "greedy tokens equal"}
     assert manifest["artifacts"]["onnxruntime-genai"] == "servers/onnxruntime-genai"
     # the task's recipe ran on the pipeline: the manifest lists the passes the recipe names, each with its details
@@ -287,6 +288,9 @@ def test_a_decoder_stored_as_external_data_is_fused_and_packed_too(decoders, tmp
     manifest = json.loads((result.output_dir / "manifest.json").read_text())
     judged = manifest["validation"]["generation"]
     assert judged["greedy"]["equal"] == 4 and judged["greedy"]["new_tokens"] == generation_api.MIN_NEW_TOKENS
+    # its TPOT runs generate the same share of tokens, after no warm-up: the judging has just run the folder
+    assert judged["new_tokens"] == generation_api.MIN_NEW_TOKENS and judged["warmed_by_judging"] is True
+    assert all(r["samples"] == r["runs"] * (generation_api.MIN_NEW_TOKENS - 1) for r in judged["tpot"])
     forced = judged["teacher_forced"]
     # a float32 build has no teacher-forced budget (its greedy tokens must be equal): its figures are reported on
     # the model's share of the --val lines alone, here one of the four
