@@ -529,7 +529,7 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
             first = next(o for o in runnable if o.status == "built")
             try:
                 reason = cand.roof_probe(first, check_batches[0], artifact.spec, module, target,
-                                         time.perf_counter() - started) if check_batches else None
+                                         cand.build_seconds(first, time.perf_counter() - started)) if check_batches else None
             except RunnerCrashed as exc:
                 first.status, first.reason, reason = "failed", cand.crash_reason(exc), None
             if reason:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -139,12 +140,13 @@ def run(artifact: Artifact, options: OnnxExportOptions, context: PassContext) ->
             shutil.copyfile(folder / rel, context.workdir / rel)
         details = ExportDetails.model_validate({**meta["details"], "cached": True})
         return PassOutcome(artifact.derive("onnx", path=path, obj=None), True, list(meta["notes"]), details)
+    began = time.perf_counter()
     matmul_nbits = export_onnx(artifact.obj, path, artifact.spec.names, artifact.output_names, options.opset,
                                options.optimize, options.int4_accuracy_level).matmul_nbits
     renamed = rename_dims(path, artifact.spec)
     model = onnx.load(str(path), load_external_data=False)
     notes = [f"opset {options.opset}, {len(model.graph.node)} nodes", *([stamp_failed] if stamp_failed else [])]
-    details = ExportDetails()
+    details = ExportDetails(seconds=round(time.perf_counter() - began, 2))
     if matmul_nbits:
         notes.append(f"{matmul_nbits} INT4 layers as MatMulNBits (accuracy_level {options.int4_accuracy_level})")
         details.matmul_nbits = matmul_nbits
@@ -212,6 +214,9 @@ class ExportDetails(PassDetails):
     cached: bool | None = None
     """True when the file is an earlier build's identical export, from the cache (volatile: it says what the
     cache held, not what the model is; the file is the one a fresh export writes)"""
+    seconds: float | None = None
+    """what the export took where it ran; from the cache, what it took in the build that stored it (volatile): the
+    roof probe counts it, so a rebuild decides on the other candidates as the first build did"""
 
 
 PASS = Pass(

@@ -45,6 +45,27 @@ def test_a_rebuild_reuses_the_export_and_gets_the_same_bytes(tmp_path, monkeypat
     assert (entry / "exported.onnx").read_bytes() != b"damaged"
 
 
+def test_a_rebuild_from_the_cache_costs_the_roof_probe_what_the_first_build_did(tmp_path, monkeypatch):
+    """The export's seconds travel with the cache entry: a rebuild's first candidate is counted at what its first
+    build cost, so the roof probe (which runs only after a slow first candidate) decides on the others as it did
+    then, not on the seconds a copy from the cache took."""
+    from types import SimpleNamespace
+
+    from infopt.api.candidates import build_seconds
+
+    monkeypatch.setenv("INFOPT_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    model = Tiny().eval()
+    first = infopt.build(model, inputs=INPUT, output=tmp_path / "a", progress=False, batch_sizes=[1])
+    again = infopt.build(model, inputs=INPUT, output=tmp_path / "b", progress=False, batch_sizes=[1])
+    fresh, cached = first.manifest.pass_record("onnx_export"), again.manifest.pass_record("onnx_export")
+    assert not fresh.details.get("cached") and cached.details["cached"] is True
+    assert fresh.details["seconds"] > 0 and cached.details["seconds"] == fresh.details["seconds"]
+    lineage = [SimpleNamespace(details=d) for d in ({"seconds": 9.0}, cached.details, {"cached": True})]
+    assert build_seconds(SimpleNamespace(artifact=SimpleNamespace(lineage=lineage)), 2.0) == 2.0 + cached.details["seconds"]
+    assert build_seconds(SimpleNamespace(artifact=SimpleNamespace(lineage=lineage[:1])), 2.0) == 2.0
+
+
 def test_a_rebuild_reuses_the_aoti_package_and_it_runs(tmp_path, monkeypatch):
     import numpy as np
 
