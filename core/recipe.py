@@ -54,7 +54,8 @@ budget (``validators/timing_budget.py``)."""
 MIN_TRIAL_RUNS = 2
 """...and where each run is so slow that those four would take over twice a row's share of the budget, this
 many: one ABBA trial, whose ratio to eager is given with its confidence (50 %). BERT-large at batch 8 runs
-2.4 s here: four runs of eager and of the candidate took 24 s of a 97 s build."""
+2.4 s here: its latency step took 30 s of a 97 s build, most of it a warm-up and four runs each of eager and of
+the candidate at batch 8."""
 
 
 class LatencyConfig(_Strict):

@@ -16,14 +16,13 @@ from infopt.api.build_inputs import latency_feeds, random_batch_count, raw_reade
 from infopt.api.build_notes import noise_notes, pass_notes, server_engine, shipped_precision
 from infopt.api.build_result import BuildResult, load  # noqa: F401 - load: infopt.load
 from infopt.api.curve import measure_curve
-from infopt.api.emit import SAMPLES_FILE, base_manifest, read_samples, source_info, store_samples, write_output
-from infopt.api.generation import build_generation, validate_generation
-from infopt.api.provenance import call_text, check_files
-from infopt.api.signing import check_signature
+from infopt.api.emit import base_manifest, source_info, store_samples, write_output
+from infopt.api.generation import build_generation
+from infopt.api.provenance import call_text
 from infopt.core import progress as progress_display
 from infopt.core.errors import BuildError, EnvironmentProblem, InputSpecError, UsageError
 from infopt.core.inputspec import InputSpec, parse_dim
-from infopt.core.manifest import data_sha256, model_bytes, read_manifest
+from infopt.core.manifest import data_sha256, model_bytes
 from infopt.core.memory import older_objects_frozen
 from infopt.core.pipeline import Pipeline, SharedPrefixes
 from infopt.core.recipe import MIN_LATENCY_RUNS, MIN_TRIAL_RUNS, Recipe, load_recipe, recipes_for
@@ -39,7 +38,6 @@ from infopt.exporters.torch_export import user_frame
 from infopt.quantize.calib_data import load_calibration
 from infopt.quantize.sensitivity import Budget
 from infopt.runtime import backends, worker
-from infopt.runtime.backends import manifest_runner
 from infopt.runtime.backends.onnxruntime import OrtRunner
 from infopt.runtime.loading import check_against_onnx, from_module, load_model
 from infopt.runtime.memory_estimate import check_fits
@@ -210,7 +208,7 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
         require_precision=require_precision, served_batch_sizes=list(batch_sizes or []), batch_mix=mix or {},
         **flags.int4_settings(int4_method, group_size, act_order, int4_checkpoint),
         **flags.calibration_settings(calib_method, calib_percentile, calib_bins, smoothquant_alpha))
-    recipes = [_with_overrides(r, thresholds, batch_sizes, pass_options) for r in recipes]
+    recipes = [flags.with_overrides(r, thresholds, batch_sizes, pass_options) for r in recipes]
     for each in recipes:
         each.preflight(target_obj, calibration is not None, settings)
     if output:  # before any work: a folder that cannot be written fails in a second, not after the load
@@ -317,24 +315,6 @@ def _batch_mix(mix: dict[int, float] | None, batch_sizes) -> dict[int, float] | 
                          fix="the mix's sizes are the ones timed: drop --batch-sizes, or give the same sizes")
     total = sum(pairs.values())
     return {b: w / total for b, w in sorted(pairs.items())}
-
-
-def _with_overrides(recipe, thresholds, batch_sizes, pass_options=None):
-    """The recipe with the user's thresholds, served batch sizes and pass options."""
-    if not thresholds and not batch_sizes and not pass_options:
-        return recipe
-    data = recipe.with_pass_options(pass_options).to_json()
-    for key, value in (thresholds or {}).items():
-        if key == "max_p99_ms":
-            data["validation"]["latency"][key] = value
-        elif key in data["validation"]["drift"]:
-            data["validation"]["drift"][key] = value
-        else:
-            raise UsageError(f"unknown threshold {key!r}",
-                             fix=f"use one of: {', '.join(list(data['validation']['drift']) + ['max_p99_ms'])}")
-    if batch_sizes:
-        data["validation"]["latency"]["batch_sizes"] = list(batch_sizes)
-    return type(recipe).from_json(data)
 
 
 @dataclass
@@ -559,45 +539,3 @@ def _build_candidates(work, artifact, recipes, target, console, calib, budget, c
     cand.drop_duplicates(candidates)
     return candidates
 
-
-def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None,
-             batch_sizes: Sequence[int] | None = None, progress: bool | Any = True,
-             key: str | Path | None = None) -> dict[str, Any]:
-    """Re-check an output folder: file integrity against the manifest, drift of its model against
-    the stored reference outputs, latency, and the verdict against the recipe's thresholds. A text-generation
-    output is judged by its task's evaluator instead (``generation.validate_generation``)."""
-
-    root = Path(dist_dir)
-    manifest = read_manifest(root)
-    generates = manifest.recipe.get("task") == "text-generation" or "onnxruntime-genai" in manifest.artifacts
-    if generates and (thresholds or batch_sizes):
-        raise UsageError("a text-generation output is validated against its recipe's budgets (top-1 agreement, "
-                         "perplexity, greedy tokens); drift thresholds and --batch-sizes do not apply to it",
-                         where=str(root), fix="drop them")
-    recipe = None if generates else _with_overrides(Recipe.from_json(manifest.recipe), thresholds, batch_sizes)
-    spec = manifest.input_spec()
-    if key is not None:
-        check_signature(root, key)
-    _, problems = check_files(root, manifest)
-    result: dict[str, Any] = {"dist": str(root), "name": manifest.name, "integrity": problems or "ok"}
-    if problems:
-        result["verdict"] = {"passed": False, "reasons": [f"file check: {p}" for p in problems], "checks": []}
-        return result
-    if generates:
-        return validate_generation(root, manifest, result)
-    inputs, reference = read_samples(root, manifest)
-    feeds = latency_feeds(spec, recipe, None)
-    lat = recipe.validation.latency
-    try:
-        runner = manifest_runner(root, manifest, fenced=True)
-        drift = drift_mod.compare([reference], [runner.run(inputs)], manifest.output_names,
-                                  f"{SAMPLES_FILE} (stored at build)")
-        timings = timing.measure({"infopt": runner.run}, feeds, warmup=lat.warmup, iterations=lat.iterations,
-                                 devices={"infopt": runner.device}, seconds=lat.seconds, min_iterations=MIN_LATENCY_RUNS,
-                                 clocks=timing.worker_clocks(infopt=runner)).stats
-    except RunnerCrashed as exc:  # its native code ended the worker that ran it: a failed check, as a drift would be
-        result["verdict"] = {"passed": False, "reasons": [f"the model crashed: {exc}"], "checks": []}
-        return result
-    verdict = judge(recipe.validation, drift.worst, [t.p99_ms for t in timings])
-    result.update({"drift": drift.to_json(), "latency": [t.to_json() for t in timings], "verdict": verdict.to_json()})
-    return result

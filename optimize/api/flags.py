@@ -41,3 +41,21 @@ def calibration_settings(method, percentile, bins, alpha) -> dict[str, object]:
         raise UsageError(f"unknown --calib-method {method!r}", fix=f"use one of: {', '.join(calibrators.names())}")
     values = {"calib_method": method, "calib_percentile": percentile, "calib_bins": bins, "smoothquant_alpha": alpha}
     return {k: v for k, v in values.items() if v is not None}
+
+
+def with_overrides(recipe, thresholds, batch_sizes, pass_options=None):
+    """The recipe with the user's thresholds, served batch sizes and pass options."""
+    if not thresholds and not batch_sizes and not pass_options:
+        return recipe
+    data = recipe.with_pass_options(pass_options).to_json()
+    for key, value in (thresholds or {}).items():
+        if key == "max_p99_ms":
+            data["validation"]["latency"][key] = value
+        elif key in data["validation"]["drift"]:
+            data["validation"]["drift"][key] = value
+        else:
+            raise UsageError(f"unknown threshold {key!r}",
+                             fix=f"use one of: {', '.join(list(data['validation']['drift']) + ['max_p99_ms'])}")
+    if batch_sizes:
+        data["validation"]["latency"]["batch_sizes"] = list(batch_sizes)
+    return type(recipe).from_json(data)
