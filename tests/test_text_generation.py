@@ -123,6 +123,16 @@ def test_a_causal_lm_builds_a_genai_folder_that_generates_what_transformers_gene
         assert "Neg" not in ops
     if family == "llama":  # per layer one MatMul for query/key/value, one for gate/up, and o and down; and the head
         assert ops.count("MatMul") == LAYERS * 4 + 1
+    # a head tied to the embedding reads the lookup's table as stored (FusedMatMul, transB): no transpose of a
+    # weight left for ONNX Runtime to fold, a transposed copy, each time it opens the folder
+    tables = {t.name for t in graph.initializer}
+    heads = [n for n in graph.node if n.op_type == "FusedMatMul"]
+    assert not any(n.op_type == "Transpose" and n.input[0] in tables for n in graph.node)
+    if transformers.AutoConfig.from_pretrained(decoders / f"tiny-{family}").tie_word_embeddings:
+        assert len(heads) == 1 and any(n.op_type == "Gather" and n.input[0] == heads[0].input[1] for n in graph.node)
+        assert manifest["passes"][2]["details"]["rewrites"]["heads reading the embedding's table"] == 1
+    else:
+        assert not heads
     assert any(op in ops for op in ("SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization",
                                     "SkipLayerNormalization", "LayerNormalization"))
 

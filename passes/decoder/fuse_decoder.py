@@ -8,7 +8,8 @@ Runtime's own decoders.
   (``passes/lower/onnx_pack.py``): then the rewrites change only the graph, and the export's tensors' file is
   taken over rather than copied (``core/tensor_file.py``);
 - the Reshape chains between the projections and the attention collapsed, and the attention fed the packed
-  query/key/value (``passes/decoder/plumbing.py``).
+  query/key/value; a head tied to the embedding reading its table as stored (``FusedMatMul`` with ``transB``), not
+  a transpose ONNX Runtime would fold as it opens the model (``passes/decoder/plumbing.py``).
 
 The result must open in ONNX Runtime with every optimization; where it does not, the decoder goes on as
 exported and the note says why.
@@ -57,6 +58,7 @@ def run(artifact: Artifact, options: PassOptions, context: PassContext) -> PassO
         rewrites = {"reshape chains collapsed": plumbing.collapse_reshapes(model),
                     "projections packed": fuse_matmuls.fuse(model, tensors) + fuse_matmuls.fuse_nbits(model, tensors)}
         rewrites["attention ops taking packed QKV"] = plumbing.packed_attention_inputs(model)
+        rewrites["heads reading the embedding's table"] = plumbing.heads_read_tables(model)
         rewrites = {k: v for k, v in rewrites.items() if v}
         if not fired and not rewrites:
             return PassOutcome(artifact, False, ["no norm, projection or reshape pattern to fuse"], FuseDecoderDetails())

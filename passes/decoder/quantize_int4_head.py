@@ -2,12 +2,13 @@
 
 ``quantize_int4`` leaves the head (``lm_head``) in float, since its logits pick every token; in a small LM it
 is nonetheless the largest layer, read for every token, so this pass rounds it afterwards (RTN, asymmetric),
-as ONNX Runtime GenAI's builder does too. A head tied to the embedding (``MatMul(x, Transpose(embedding))``)
-is rounded from the embedding's table, and by default (``tied_embedding: shared``) the embedding's lookup then
-reads the same INT4 table: ``GatherBlockQuantized`` on the head's ``MatMulNBits`` weight, so the model stores
-the table once, in INT4, where it held it in fp32 beside an INT4 copy (Qwen2.5-0.5B's 151936 x 896 table is
-545 MB in fp32, 68 MB in INT4). ``tied_embedding: float`` keeps the lookup's fp32 table. The group size is the
-largest the other INT4 layers got (their ``MatMulNBits`` ``block_size``), else the option's.
+as ONNX Runtime GenAI's builder does too. A head tied to the embedding (``MatMul(x, Transpose(embedding))``, or
+``FusedMatMul(x, embedding, transB=1)`` as ``fuse_decoder`` writes it) is rounded from the embedding's table, and
+by default (``tied_embedding: shared``) the embedding's lookup then reads the same INT4 table:
+``GatherBlockQuantized`` on the head's ``MatMulNBits`` weight, so the model stores the table once, in INT4, where
+it held it in fp32 beside an INT4 copy (Qwen2.5-0.5B's 151936 x 896 table is 545 MB in fp32, 68 MB in INT4).
+``tied_embedding: float`` keeps the lookup's fp32 table. The group size is the largest the other INT4 layers got
+(their ``MatMulNBits`` ``block_size``), else the option's.
 """
 
 from __future__ import annotations
@@ -54,14 +55,18 @@ def run(artifact: Artifact, options: QuantizeInt4HeadOptions, context: PassConte
     for node in list(model.graph):
         scopes = node.metadata_props.get(SCOPES, "")
         named = [s.strip(" '\"") for s in scopes.strip("[]").split(",")][:-1]
-        weight = node.inputs[1] if node.op_type == "MatMul" and len(node.inputs) == 2 else None
+        weight = node.inputs[1] if node.op_type in ("MatMul", "FusedMatMul") and len(node.inputs) == 2 else None
         if not named or named[-1].split(".")[-1] not in HEAD_NAMES or weight is None:
             continue
         transpose = weight.producer()  # a head tied to the embedding: MatMul(x, Transpose(embedding))
-        if weight.const_value is not None:
-            rows = weight.const_value.numpy().T  # MatMul's [K, N] as the Linear's [N, K]
+        if node.op_type == "FusedMatMul":  # or the embedding's table read as stored (fuse_decoder)
+            if not _reads_transposed(node) or weight.const_value is None:
+                continue
+            rows, table, transpose = weight.const_value.numpy(), weight, None
+        elif weight.const_value is not None:
+            rows, table = weight.const_value.numpy().T, None  # MatMul's [K, N] as the Linear's [N, K]
         elif transpose is not None and transpose.op_type == "Transpose" and transpose.inputs[0].const_value is not None:
-            rows = transpose.inputs[0].const_value.numpy()
+            rows, table = transpose.inputs[0].const_value.numpy(), transpose.inputs[0]
         else:
             continue
         rows = torch.from_numpy(np.ascontiguousarray(rows)).float()
@@ -77,10 +82,9 @@ def run(artifact: Artifact, options: QuantizeInt4HeadOptions, context: PassConte
         notes = [f"the output head ({named[-1]}, {rows.shape[0]} x {rows.shape[1]}) to INT4 by RTN, group size {size}: "
                  "the largest layer of a small LM, read for every token"]
         embedding = None
-        if weight.const_value is None:  # tied: the lookup's table is the transpose's input
-            table = transpose.inputs[0]
-            if not weight.uses():
-                model.graph.remove(transpose, safe=True)
+        if transpose is not None and transpose.op_type == "Transpose" and not weight.uses():
+            model.graph.remove(transpose, safe=True)
+        if table is not None and table.uses():  # tied: the lookup reads the table too
             embedding = "float"
             if options.tied_embedding == "shared":
                 shared = share_table(model.graph, table, nbits, packed.scales.numpy(), packed.zeros.numpy(), size)
@@ -90,8 +94,8 @@ def run(artifact: Artifact, options: QuantizeInt4HeadOptions, context: PassConte
                                  "GatherBlockQuantized): one table, stored once")
             if not table.uses():
                 model.graph.initializers.pop(table.name, None)
-        elif not weight.uses():
-            model.graph.initializers.pop(weight.name, None)
+        elif not (table or weight).uses():
+            model.graph.initializers.pop((table or weight).name, None)
         (context.workdir / "head-int4").mkdir(parents=True, exist_ok=True)
         dst = save_ir(model, context.workdir / "head-int4" / "model.onnx")
         return PassOutcome(artifact.derive("onnx", path=dst), True, notes,
@@ -99,6 +103,14 @@ def run(artifact: Artifact, options: QuantizeInt4HeadOptions, context: PassConte
                                                    embedding=embedding))
     return PassOutcome(artifact, False, ["the output head is not a MatMul with a stored weight: left as it is"],
                        QuantizeInt4HeadDetails())
+
+
+def _reads_transposed(node) -> bool:
+    """A ``FusedMatMul`` that is a plain MatMul of ``x`` by its weight's transpose (``transB=1``, nothing else)."""
+    attributes = {name: attr.value for name, attr in node.attributes.items()}
+    return (node.domain == "com.microsoft" and attributes.get("transB") == 1 and not attributes.get("transA")
+            and attributes.get("alpha", 1.0) == 1.0 and not attributes.get("transBatchA")
+            and not attributes.get("transBatchB"))
 
 
 def share_table(graph, table, nbits, scales, zeros, group_size: int) -> int:
