@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from infopt.api.generation import JUDGED_PARAMETERS, MIN_FORCED_TOKENS, MIN_NEW_TOKENS, NEW_TOKENS, judged_sequences, judged_tokens
+from infopt.api.generation import (
+    JUDGED_PARAMETERS,
+    MIN_FORCED_TOKENS,
+    MIN_NEW_TOKENS,
+    NEW_TOKENS,
+    judged_sequences,
+    judged_tokens,
+    reported_sequences,
+)
 from infopt.validators.generation import agreement_of, wilson_interval
 
 
@@ -25,6 +33,15 @@ def test_a_small_model_is_judged_on_every_sample_and_a_large_one_on_a_share_abov
     # no teacher-forced budget (a float32 build): the share alone, 86 of 512 tokens, and never no sequence
     assert len(judged_sequences(random_ids, int(1.5e9), floor=0)) == 2
     assert len(judged_sequences(random_ids, int(70e9), floor=0)) == 1
+
+
+def test_figures_no_budget_judges_are_reported_on_one_sequence_past_the_judged_size():
+    """A float32 build is judged by its greedy tokens; its teacher-forced figures, each token a forward of the model in
+    torch and in the folder, are measured on every sequence of a small model and on the first alone past
+    JUDGED_PARAMETERS (at 1.5B with 32 --val lines, 768 tokens took 21 s of a 78 s build)."""
+    sequences = [[i] * 128 for i in range(32)]
+    assert reported_sequences(sequences, int(JUDGED_PARAMETERS)) == sequences
+    assert reported_sequences(sequences, int(1.5e9)) == [[0] * 128] and reported_sequences(sequences[:0], int(8e9)) == []
 
 
 @pytest.mark.parametrize("share,count", [(1.0, 256), (0.0, 50), (0.5, 100), (0.1465, 512)])
