@@ -292,7 +292,7 @@ def test_a_decoder_stored_as_external_data_is_fused_and_packed_too(decoders, tmp
     monkeypatch.setattr(tensor_file, "INLINE_BYTES", 1024)  # fuse_decoder streams the tensors from file to file
     copied = []
     monkeypatch.setattr(tensor_file, "_copy_range", lambda *a, real=tensor_file._copy_range: (copied.append(a[3]), real(*a)))
-    monkeypatch.setattr(generation_api, "JUDGED_PARAMETERS", 1000)  # judged on a share, as a model past 0.5B is
+    monkeypatch.setattr(generation_api, "JUDGED_PARAMETERS", 1000)  # judged on part of the samples, as a model past 0.1B is
     folder = decoder(decoders, "llama")
     result = build_generation(folder, output=tmp_path / "external", val=decoders / "prompts.txt")
     manifest = json.loads((result.output_dir / "manifest.json").read_text())

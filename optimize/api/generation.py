@@ -88,22 +88,23 @@ HELD_OUT_TOKENS = 128
 """the longest held-out sequence (longer lines are cut)"""
 CALIB_PASSAGES, CALIB_TOKENS = 128, 256
 """--calib lines read for INT4 GPTQ/AWQ, and the longest kept"""
-JUDGED_PARAMETERS = 2.5e8
+JUDGED_PARAMETERS = 1e8
 """models of up to this many parameters are judged on every sample. A larger one, whose every judged token costs
-more, on a share of them (this over its parameters): of the greedy check's :data:`NEW_TOKENS` (at least
-:data:`MIN_NEW_TOKENS`) and of the held-out sequences (whole, at least :data:`MIN_FORCED_TOKENS` tokens), the
-report giving top-1 agreement's 95 % interval. On 2 cores (2026-11-28) the reference and the judging took 47 s of
-a 94 s build at Qwen2.5-1.5B's shape in float32, and 17 s of 41 s at Qwen2.5-0.5B's judged on every sample (4 s of
-it opening the folder): each judged token costs what a token of the model does"""
+more, on a part of them: a share of the greedy check's :data:`NEW_TOKENS` (this over its parameters, at least
+:data:`MIN_NEW_TOKENS`) and the first held-out sequences that hold :data:`MIN_FORCED_TOKENS` tokens, the report
+giving top-1 agreement's 95 % interval. A teacher-forced token costs a forward of the model in the reference and one
+in the folder, as a token of the build's own work does, so a fixed count keeps the judging's part of the build
+about the same at every size. On 2 cores (2026-11-29), Qwen2.5-shaped INT4 builds with 40 --val lines of 128
+tokens: judged on 250M over the parameters of the tokens, at 1.5B 768 tokens, 28 of 74 s judging (38 %); on
+:data:`MIN_FORCED_TOKENS`, 16 of 69 s (23 %), and at 0.5B 8 of 34 s (23 %)"""
 HASH_AHEAD = 64 << 20
 """the folder's files of at least this many bytes are hashed for the manifest while it is judged (``file_hash``)"""
 MIN_NEW_TOKENS = 8
 MIN_FORCED_TOKENS = 256
-"""the held-out tokens a teacher-forced budget (``top1``, ``ppl_delta``) is judged on at least. Where no such budget
-judges the build (float32: its greedy tokens must equal the model's), the figures are reported on the first sequence
-alone for a model past :data:`JUDGED_PARAMETERS` (:func:`reported_sequences`): each of their tokens is a forward of
-the model in torch and in the folder, and at Qwen2.5-1.5B's float32 shape with ``--val`` the model's share, 768
-tokens, took 21 s of a 78 s build (reference 20 s, judging 23 s, 2026-11-29)"""
+"""the held-out tokens a teacher-forced budget (``top1``, ``ppl_delta``) judges a model past
+:data:`JUDGED_PARAMETERS` on. Where no such budget judges the build (float32: its greedy tokens must equal the
+model's), its figures are reported on the first sequence alone: at Qwen2.5-1.5B's float32 shape with ``--val``,
+768 tokens of them took 21 s of a 78 s build (2026-11-29)"""
 LM_INPUTS = ("input_ids:int64[batch,seq]", "attention_mask:int64[batch,seq]")
 """what the causal LM takes before its decoder is captured (INT4 calibrates on them)"""
 
@@ -197,8 +198,8 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
             held_out, held_source = _held_out(val, folder, vocab, special, context)
             parameters = sum(p.numel() for p in lm.parameters())
             new_tokens, offered = judged_tokens(parameters), len(held_out)
-            held_out = (judged_sequences(held_out, parameters) if evaluator.describe(budgets, forced_only=True)
-                        else reported_sequences(held_out, parameters))
+            held_out = judged_sequences(held_out, parameters,
+                                        MIN_FORCED_TOKENS if evaluator.describe(budgets, forced_only=True) else 0)
             say(f"the model's greedy tokens on {len(prompts)} prompts and its logits on {len(held_out)} held-out "
                 f"sequences in {reference_dtype}, the reference")
             samples = evaluator.GenerationSamples.from_model(lm, prompts, prompt_source, held_out, held_source,
@@ -402,23 +403,17 @@ def judged_tokens(parameters: int) -> int:
 
 
 def judged_sequences(sequences: list[list[int]], parameters: int, floor: int = MIN_FORCED_TOKENS) -> list[list[int]]:
-    """The first held-out ``sequences`` that hold the model's share of their tokens (:data:`JUDGED_PARAMETERS`),
-    at least ``floor`` tokens where there are that many, and one sequence."""
-    total = sum(len(s) for s in sequences)
-    wanted = max(floor, judged_share(parameters) * total, 1)
+    """The held-out ``sequences`` a model is judged on: all of them up to :data:`JUDGED_PARAMETERS`; past it the
+    first that hold ``floor`` tokens (all where they hold fewer), and one sequence however small ``floor`` is."""
+    if parameters <= JUDGED_PARAMETERS:
+        return sequences
     kept, tokens = [], 0
     for sequence in sequences:
-        if tokens >= wanted:
+        if kept and tokens >= floor:
             break
         kept.append(sequence)
         tokens += len(sequence)
     return kept
-
-
-def reported_sequences(sequences: list[list[int]], parameters: int) -> list[list[int]]:
-    """The held-out sequences figures no budget judges are measured on: all of them up to :data:`JUDGED_PARAMETERS`,
-    the first alone past it."""
-    return sequences if parameters <= JUDGED_PARAMETERS else sequences[:1]
 
 
 def judging_share_note(parameters: int, new_tokens: int, kept: int, offered: int, forced: dict) -> str:
