@@ -6,8 +6,9 @@ Qwen2.5-3B, Llama-3.1-8B) and random bf16 weights, written shard by shard withou
 memory, beside a small byte-level BPE tokenizer. Each build runs as a user runs it, in its own process, once
 what was written before it is on disk (``os.sync``):
 
-- ``infopt build FOLDER --task text-generation [--int4]`` (INT4: RTN, no calibration, as the builder's int4
-  is; no drift budget, random weights agreeing little);
+- ``infopt build FOLDER --task text-generation --val held-out.txt [--int4]``, as the README's example runs it
+  (``held-out.txt``: the test sentences six to a line, 40 lines of about 128 tokens; ``--val none`` leaves it out;
+  INT4: RTN, no calibration, as the builder's int4 is; no drift budget, random weights agreeing little);
 - ``python -m onnxruntime_genai.models.builder -i FOLDER -o OUT -p fp32|int4 -e cpu``.
 
 infopt runs with an empty cache folder, as a user's first build of a model does. For each: wall time, the peak
@@ -18,7 +19,7 @@ given infopt's intra-op thread count (``bench_generation.py``'s harness): TTFT o
 TPOT at batch 1 and 8. A build that fails or is killed is a row with its exit status.
 
     python benchmarks/bench_scale.py [--models qwen2.5-0.5b,qwen2.5-1.5b] [--precisions fp32,int4]
-                                     [--rounds 4] [--markdown benchmarks/results/scale.md]
+                                     [--rounds 4] [--val held-out|none|FILE] [--markdown benchmarks/results/scale.md]
 """
 
 from __future__ import annotations
@@ -107,10 +108,19 @@ def judging_share(out: Path) -> str:
     return f"{judged:.0f} of {timings['total_s']:.0f} s ({judged / timings['total_s']:.0%})"
 
 
-def build(model: Path, work: Path, tool: str, precision: str, limit_s: float) -> dict:
+def held_out_text(path: Path) -> Path:
+    """``path`` written with the test sentences six to a line: 40 lines of about 128 tokens through the tokenizer
+    ``tokenizer_for`` trains on them, longer than the judging's 128-token cut."""
+    sentences = [s.strip() for s in (ROOT / "tests" / "data" / "sentences.txt").read_text().splitlines() if s.strip()]
+    path.write_text("\n".join(" ".join(sentences[i:i + 6]) for i in range(0, 240, 6)) + "\n")
+    return path
+
+
+def build(model: Path, work: Path, tool: str, precision: str, limit_s: float, val: Path | None = None) -> dict:
     out = work / f"{tool}-{precision}"
     if tool == "infopt":
         command = [str(INFOPT), "build", str(model), "--task", "text-generation", "-o", str(out), "-q", "--force"]
+        command += ["--val", str(val)] if val is not None else []
         if precision == "int4":
             command += ["--int4", "--max-drift", "top1=0,ppl_delta=100"]
         folder = out / "servers" / "onnxruntime-genai"
@@ -162,6 +172,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--limit-s", type=float, default=3600.0, help="a build running longer is killed")
     parser.add_argument("--markdown", type=Path, default=RESULTS / "scale.md")
+    parser.add_argument("--val", default="held-out", help="infopt's --val: a .txt file, 'held-out' (the test "
+                                                           "sentences, 40 lines of about 128 tokens) or 'none'")
     args = parser.parse_args()
     from tests.test_text_generation import tokenizer_for
 
@@ -173,7 +185,9 @@ def main() -> None:
             model = work / name
             weights = write_checkpoint(CONFIGS[name], model)
             tokenizer_for(model)
-            rows = [build(model, work, tool, precision, args.limit_s)
+            val = (None if args.val == "none" else held_out_text(work / "held-out.txt") if args.val == "held-out"
+                   else Path(args.val).absolute())
+            rows = [build(model, work, tool, precision, args.limit_s, val)
                     for precision in args.precisions.split(",") for tool in args.tools.split(",")]
             timed(rows, work, args.rounds, CONFIGS[name]["vocab_size"])
             for r in rows:
@@ -186,7 +200,7 @@ def main() -> None:
                 if r["code"] != 0:
                     print(f"{r['tool']} {r['precision']} {r['status']}:\n{r['stderr']}", flush=True)
     text = "\n".join(["## Real sizes: text-generation builds against ONNX Runtime GenAI's builder (CPU)", "",
-                      "`python benchmarks/bench_scale.py`", "", *lines, "",
+                      f"`python benchmarks/bench_scale.py` (infopt's --val: {args.val})", "", *lines, "",
                       *(f"- {line}" for line in environment())])
     publish(text, args.markdown)
 
