@@ -7,7 +7,8 @@ memory, beside a small byte-level BPE tokenizer. Each build runs as a user runs 
 what was written before it is on disk (``os.sync``):
 
 - ``infopt build FOLDER --task text-generation --val held-out.txt [--int4]``, as the README's example runs it
-  (``held-out.txt``: the test sentences six to a line, 40 lines of about 128 tokens; ``--val none`` leaves it out;
+  (``held-out.txt``: the test sentences six to a line, 40 lines of 162-345 tokens, each cut to the judging's 128;
+  ``--val none`` leaves it out;
   INT4: RTN, no calibration, as the builder's int4 is; no drift budget, random weights agreeing little);
 - ``python -m onnxruntime_genai.models.builder -i FOLDER -o OUT -p fp32|int4 -e cpu``.
 
@@ -109,8 +110,8 @@ def judging_share(out: Path) -> str:
 
 
 def held_out_text(path: Path) -> Path:
-    """``path`` written with the test sentences six to a line: 40 lines of about 128 tokens through the tokenizer
-    ``tokenizer_for`` trains on them, longer than the judging's 128-token cut."""
+    """``path`` written with the test sentences six to a line: 40 lines of 162-345 tokens through the tokenizer
+    ``tokenizer_for`` trains on them, each longer than the judging's 128-token cut."""
     sentences = [s.strip() for s in (ROOT / "tests" / "data" / "sentences.txt").read_text().splitlines() if s.strip()]
     path.write_text("\n".join(" ".join(sentences[i:i + 6]) for i in range(0, 240, 6)) + "\n")
     return path
@@ -173,7 +174,7 @@ def main() -> None:
     parser.add_argument("--limit-s", type=float, default=3600.0, help="a build running longer is killed")
     parser.add_argument("--markdown", type=Path, default=RESULTS / "scale.md")
     parser.add_argument("--val", default="held-out", help="infopt's --val: a .txt file, 'held-out' (the test "
-                                                           "sentences, 40 lines of about 128 tokens) or 'none'")
+                                                           "sentences, 40 lines of 162-345 tokens) or 'none'")
     args = parser.parse_args()
     from tests.test_text_generation import tokenizer_for
 

@@ -94,8 +94,8 @@ more, on a part of them: a share of the greedy check's :data:`NEW_TOKENS` (this 
 :data:`MIN_NEW_TOKENS`) and the first held-out sequences that hold :data:`MIN_FORCED_TOKENS` tokens, the report
 giving top-1 agreement's 95 % interval. A teacher-forced token costs a forward of the model in the reference and one
 in the folder, as a token of the build's own work does, so a fixed count keeps the judging's part of the build
-about the same at every size. On 2 cores (2026-11-29), Qwen2.5-shaped INT4 builds with 40 --val lines of 128
-tokens: judged on 250M over the parameters of the tokens, at 1.5B 768 tokens, 28 of 74 s judging (38 %); on
+about the same at every size. On 2 cores (2026-11-29), Qwen2.5-shaped INT4 builds with 40 --val lines (each cut to
+128 tokens): judged on 250M over the parameters of the tokens, at 1.5B 768 tokens, 28 of 74 s judging (38 %); on
 :data:`MIN_FORCED_TOKENS`, 16 of 69 s (23 %), and at 0.5B 8 of 34 s (23 %)"""
 HASH_AHEAD = 64 << 20
 """the folder's files of at least this many bytes are hashed for the manifest while it is judged (``file_hash``)"""
@@ -242,7 +242,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
         with times.step("latency"):
             budget = TIMING_SHARE * (time.perf_counter() - times.started)
             say(f"timing TTFT and TPOT (about {budget:.0f} s)")
-            # a larger model's TPOT runs generate the greedy check's share of tokens (8 at 0.5B and up: 7 samples a
+            # a larger model's TPOT runs generate the greedy check's share of tokens (8 at 0.2B and up: 7 samples a
             # run, 8 tokens fewer at 0.22 s each at 1.5B in float32), after no warm-up: the judging has just run the
             # folder there
             timing = time_folder(judge, prepared, decoder.layout.vocab, decoder.context, budget, every_row=False,

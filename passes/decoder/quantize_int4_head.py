@@ -82,7 +82,7 @@ def run(artifact: Artifact, options: QuantizeInt4HeadOptions, context: PassConte
         notes = [f"the output head ({named[-1]}, {rows.shape[0]} x {rows.shape[1]}) to INT4 by RTN, group size {size}: "
                  "the largest layer of a small LM, read for every token"]
         embedding = None
-        if transpose is not None and transpose.op_type == "Transpose" and not weight.uses():
+        if transpose is not None and not weight.uses():  # the tied head's Transpose, read by nothing now
             model.graph.remove(transpose, safe=True)
         if table is not None and table.uses():  # tied: the lookup reads the table too
             embedding = "float"
