@@ -369,6 +369,8 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
         began = time.perf_counter()
         ref_out = drift_mod.run_all(reference, batches)
         eager_run_s = (time.perf_counter() - began) / max(1, len(batches))
+        # a --dim range the model itself cannot take is refused now, before any candidate's minutes of building
+        ends = range_ends(spec, reference, loaded.module)
     candidates = _build_candidates(work, artifact, recipes, target, console, ctx.calib, ctx.budget, batches, checked_on,
                                    ctx.allow_partial, ctx.times, ref_out, ctx.settings, loaded.module)
     built = [c for c in candidates if c.status == "built"]
@@ -377,7 +379,6 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
         status.start()
     try:
         with ctx.times.step("validation"):
-            ends = range_ends(spec, reference, loaded.module)
             for c in built:
                 c.drift = cand.run_candidate(c, lambda c=c: drift_mod.compare(
                     ref_out, drift_mod.run_all(c.runner, batches), tuple(o[0] for o in c.outputs), source))
