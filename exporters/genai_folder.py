@@ -88,10 +88,12 @@ def special_tokens(config: Any, vocab: int, source: Path) -> tuple[int, list[int
 
 
 def end_tokens(config: Any, vocab: int, source: Path) -> list[int]:
-    """The end-of-sequence ids generation stops at: the config's that the vocabulary holds, else the
-    tokenizer's (a config may name an id past the vocabulary, which no step can generate)."""
-    named = getattr(config, "eos_token_id", None)
-    ids = [i for i in (named if isinstance(named, (list, tuple)) else [named]) if _in_vocab(i, vocab) is not None]
+    """The end-of-sequence ids generation stops at: the config's and then those of the folder's
+    ``generation_config.json`` that the vocabulary holds (a chat model's config may name one end token and its
+    generation config the turn's end too, as Qwen2.5-Instruct's do), else the tokenizer's (a config may name an id
+    past the vocabulary, which no step can generate)."""
+    named = [*_listed(getattr(config, "eos_token_id", None)), *_listed(_generation_config(source).get("eos_token_id"))]
+    ids = list(dict.fromkeys(i for i in named if _in_vocab(i, vocab) is not None))
     if not ids:
         from transformers import AutoTokenizer
 
@@ -102,6 +104,19 @@ def end_tokens(config: Any, vocab: int, source: Path) -> list[int]:
                              fix="set eos_token_id in config.json (or the tokenizer's eos_token) to the id generation ends at")
         ids = [found]
     return [int(i) for i in ids]
+
+
+def _listed(value: Any) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _generation_config(source: Path) -> dict:
+    """The folder's ``generation_config.json`` (empty where it has none or it is not a JSON object)."""
+    try:
+        found = json.loads((source / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def _in_vocab(token: Any, vocab: int) -> int | None:

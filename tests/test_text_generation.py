@@ -221,6 +221,51 @@ def test_attention_stays_unfused_where_the_fused_op_would_not_compute_the_same()
 
 
 @pytest.mark.slow
+def test_a_chat_models_generation_config_changes_neither_the_reference_nor_where_the_folder_stops(decoders):
+    """A chat checkpoint's ``generation_config.json`` (Qwen2.5-Instruct's: sampling, a repetition penalty, the
+    turn's end token beside the config's) : transformers' ``generate(do_sample=False)`` still applies its penalty
+    and its end tokens, so a reference computed that way is not the argmax the folder decodes. The build judges
+    the folder against the argmax, and the folder stops at every end token the model names."""
+    import shutil
+
+    import torch
+
+    from infopt.validators.generation_eval import SAMPLES_FILE, GenerationSamples
+
+    chat = decoders / "tiny-chat"
+    if not chat.exists():
+        shutil.copytree(decoder(decoders, "llama"), chat)
+    lm = transformers.AutoModelForCausalLM.from_pretrained(chat).eval()
+    config_end = lm.config.eos_token_id
+    tokenizer = transformers.AutoTokenizer.from_pretrained(chat)
+    lines = (decoders / "prompts.txt").read_text().splitlines()
+    with torch.inference_mode():  # the token the model picks most often after the prompts: a second end token
+        picked = [t for line in lines for t in lm.generate(torch.tensor([tokenizer(line)["input_ids"][:32]]),
+                                                           do_sample=False, max_new_tokens=16)[0, 32:].tolist()]
+    turn_end = max(set(picked) - {config_end}, key=picked.count)
+    (chat / "generation_config.json").write_text(json.dumps({
+        "do_sample": True, "temperature": 0.7, "top_k": 20, "top_p": 0.8, "repetition_penalty": 1.1,
+        "bos_token_id": lm.config.bos_token_id, "eos_token_id": [config_end, turn_end]}))
+
+    proc = run_cli("build", "tiny-chat", "--task", "text-generation", "--val", "prompts.txt", "-q", cwd=decoders,
+                   timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    dist = decoders / "dist" / "tiny-chat"
+    manifest = json.loads((dist / "manifest.json").read_text())
+    assert manifest["validation"]["generation"]["greedy"]["equal"] == 4
+    folder = json.loads((dist / "servers" / "onnxruntime-genai" / "genai_config.json").read_text())
+    assert folder["model"]["eos_token_id"] == [config_end, turn_end]
+    # the reference is the argmax with the end tokens held off, which the checkpoint's settings would have changed
+    samples = GenerationSamples.load(dist / SAMPLES_FILE)
+    lm = transformers.AutoModelForCausalLM.from_pretrained(chat).eval()
+    with torch.inference_mode():
+        as_configured = [lm.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=16,
+                                     min_new_tokens=16)[0, len(prompt):].tolist() for prompt in samples.prompts]
+    assert as_configured != samples.reference_tokens
+    assert not any(turn_end in tokens for tokens in samples.reference_tokens)
+
+
+@pytest.mark.slow
 def test_the_python_api_builds_a_causal_lm_as_text_generation_by_default(decoders, tmp_path, capsys):
     import torch
 
@@ -287,6 +332,7 @@ def test_a_decoder_stored_as_external_data_is_fused_and_packed_too(decoders, tmp
     from infopt.api.generation import build_generation
     from infopt.core.file_hash import sha256
     from infopt.core.manifest import read_manifest, verify_files
+    from infopt.validators.generation_eval import SAMPLES_FILE, GenerationSamples
 
     monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 10_000)
     monkeypatch.setattr(tensor_file, "INLINE_BYTES", 1024)  # fuse_decoder streams the tensors from file to file
@@ -302,9 +348,14 @@ def test_a_decoder_stored_as_external_data_is_fused_and_packed_too(decoders, tmp
     assert judged["new_tokens"] == generation_api.MIN_NEW_TOKENS and judged["warmed_by_judging"] is True
     assert all(r["samples"] == r["runs"] * (generation_api.MIN_NEW_TOKENS - 1) for r in judged["tpot"])
     forced = judged["teacher_forced"]
-    # a float32 build has no teacher-forced budget (its greedy tokens must be equal): its figures are reported on
-    # the model's share of the --val lines alone, here one of the four
-    assert forced["sequences"] == 1 and "1 of 4 held-out sequences" in " ".join(manifest["validation"]["notes"])
+    # a float32 build has no teacher-forced budget (its greedy tokens must be equal): its figures are those of the
+    # greedy check's four prompts, from the logits of their prefill on the model and on the folder
+    notes = " ".join(manifest["validation"]["notes"])
+    assert forced["sequences"] == 4 and "the prompts' prefill for the teacher-forced figures" in notes
+    assert "from the greedy check's prompts (their prefill" in notes
+    samples = GenerationSamples.load(result.output_dir / SAMPLES_FILE)
+    assert samples.forced_on_prompts and samples.held_out == samples.prompts
+    assert forced["tokens"] == sum(len(p) for p in samples.prompts)
     low, high = forced["top1_interval"]
     assert 0 <= low <= forced["top1"] <= high <= 1 and high - low > 0
     assert any("judged on a share of the samples" in note for note in manifest["validation"]["notes"])

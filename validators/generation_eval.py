@@ -46,16 +46,25 @@ class GenerationSamples:
     """per held-out sequence, the FP32 model's negative log-likelihood of each next token"""
     prompt_source: str = ""
     held_out_source: str = ""
+    forced_on_prompts: bool = False
+    """the teacher-forced figures are the prompts' own: from the logits of the greedy check's prefill, on the model
+    and on the folder, no sequence run for them alone (``held_out`` is ``prompts``)"""
 
     @property
     def new_tokens(self) -> int:
         return len(self.reference_tokens[0]) if self.reference_tokens else 0
 
     @classmethod
-    def from_model(cls, lm, prompts: list[list[int]], prompt_source: str, held_out: list[list[int]],
-                   held_out_source: str, new_tokens: int) -> "GenerationSamples":
+    def from_model(cls, lm, prompts: list[list[int]], prompt_source: str, held_out: list[list[int]] | None,
+                   held_out_source: str, new_tokens: int, end_tokens: list[int] | None = None) -> "GenerationSamples":
+        """``end_tokens``: the ids the folder stops at (``genai_folder.end_tokens``), never picked before the last
+        new token, by the reference as by the folder. ``held_out`` None: the teacher-forced figures are the
+        prompts' own (:attr:`forced_on_prompts`)."""
+        if held_out is None:
+            tokens, top1, nlls = generation.greedy_eager_figures(lm, prompts, new_tokens, end_tokens)
+            return cls(prompts, tokens, prompts, top1, nlls, prompt_source, prompt_source, forced_on_prompts=True)
         top1, nlls = generation.eager_figures(lm, held_out)
-        return cls(prompts, generation.generate_eager(lm, prompts, new_tokens), held_out, top1, nlls,
+        return cls(prompts, generation.generate_eager(lm, prompts, new_tokens, end_tokens), held_out, top1, nlls,
                    prompt_source, held_out_source)
 
     def save(self, path: Path) -> int:
@@ -64,7 +73,8 @@ class GenerationSamples:
         np.savez(path, **_ragged("prompts", self.prompts), reference_tokens=np.asarray(self.reference_tokens, np.int64),
                  **_ragged("held_out", self.held_out), reference_top1=np.concatenate(self.reference_top1).astype(np.int64),
                  reference_nll=np.concatenate(self.reference_nll).astype(np.float64),
-                 sources=np.asarray([self.prompt_source, self.held_out_source]))
+                 sources=np.asarray([self.prompt_source, self.held_out_source]),
+                 forced_on_prompts=np.asarray(self.forced_on_prompts))
         return len(self.prompts)
 
     @classmethod
@@ -75,7 +85,9 @@ class GenerationSamples:
         top1 = np.split(data["reference_top1"], np.cumsum(lengths)[:-1])
         nll = np.split(data["reference_nll"], np.cumsum([n - 1 for n in lengths])[:-1])
         sources = [str(s) for s in data["sources"]]
-        return cls(_unragged(data, "prompts"), data["reference_tokens"].tolist(), held_out, top1, nll, *sources)
+        on_prompts = bool(data["forced_on_prompts"]) if "forced_on_prompts" in data else False
+        return cls(_unragged(data, "prompts"), data["reference_tokens"].tolist(), held_out, top1, nll, *sources,
+                   forced_on_prompts=on_prompts)
 
 
 def _ragged(name: str, rows: list[list[int]]) -> dict[str, np.ndarray]:
@@ -119,10 +131,13 @@ def describe(budgets: GenerationBudgets, forced_only: bool = False) -> str:
 def evaluate(folder: Path, samples: GenerationSamples, budgets: GenerationBudgets) -> dict:
     """Generate from ``folder`` and judge it against the stored answers: the greedy check, the teacher-forced
     figures, and the verdict (``passed``, ``reasons``, ``checks``) under ``budgets``."""
-    got = generation.generate_folder(folder, samples.prompts, samples.new_tokens)
+    if samples.forced_on_prompts:
+        got, *candidate = generation.greedy_folder_figures(folder, samples.prompts, samples.new_tokens)
+    else:
+        got = generation.generate_folder(folder, samples.prompts, samples.new_tokens)
+        candidate = generation.teacher_forced_figures(folder, samples.held_out)
     greedy = generation.compare_tokens(got, samples.reference_tokens)
-    forced = generation.agreement_of(samples.reference_top1, samples.reference_nll,
-                                     *generation.teacher_forced_figures(folder, samples.held_out))
+    forced = generation.agreement_of(samples.reference_top1, samples.reference_nll, *candidate)
     checks = []
     if budgets.greedy_equal:
         checks.append({"name": "greedy_tokens_equal", "measured": greedy["equal"], "limit": greedy["prompts"],

@@ -103,8 +103,10 @@ MIN_NEW_TOKENS = 8
 MIN_FORCED_TOKENS = 256
 """the held-out tokens a teacher-forced budget (``top1``, ``ppl_delta``) judges a model past
 :data:`JUDGED_PARAMETERS` on. Where no such budget judges the build (float32: its greedy tokens must equal the
-model's), its figures are reported on the first sequence alone: at Qwen2.5-1.5B's float32 shape with ``--val``,
-768 tokens of them took 21 s of a 78 s build (2026-11-29)"""
+model's), its figures are those of the greedy check's prompts, from the logits of their prefill on the model and on
+the folder (``GenerationSamples.forced_on_prompts``): no held-out sequence is run for them alone. At Qwen2.5-1.5B's
+float32 shape with ``--val``, 768 tokens of them took 21 s of a 78 s build, the first held-out line's 128 about
+5 s (2026-11-29)"""
 LM_INPUTS = ("input_ids:int64[batch,seq]", "attention_mask:int64[batch,seq]")
 """what the causal LM takes before its decoder is captured (INT4 calibrates on them)"""
 
@@ -198,12 +200,16 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
             held_out, held_source = _held_out(val, folder, vocab, special, context)
             parameters = sum(p.numel() for p in lm.parameters())
             new_tokens, offered = judged_tokens(parameters), len(held_out)
-            held_out = judged_sequences(held_out, parameters,
-                                        MIN_FORCED_TOKENS if evaluator.describe(budgets, forced_only=True) else 0)
-            say(f"the model's greedy tokens on {len(prompts)} prompts and its logits on {len(held_out)} held-out "
-                f"sequences in {reference_dtype}, the reference")
+            forced_judged = bool(evaluator.describe(budgets, forced_only=True))
+            # past JUDGED_PARAMETERS, figures no budget judges come from the greedy check's own prefill
+            on_prompts = parameters > JUDGED_PARAMETERS and not forced_judged
+            held_out = None if on_prompts else judged_sequences(held_out, parameters)
+            say(f"the model's greedy tokens on {len(prompts)} prompts and its logits on "
+                + ("those prompts" if on_prompts else f"{len(held_out)} held-out sequences")
+                + f" in {reference_dtype}, the reference")
             samples = evaluator.GenerationSamples.from_model(lm, prompts, prompt_source, held_out, held_source,
-                                                             new_tokens)
+                                                             new_tokens, eos)
+            held_out, held_source = samples.held_out, samples.held_out_source
         pipeline = Pipeline(recipe, machine, Path(work), calibration=calibration, console=console, times=times,
                             settings=settings)
         source = [Artifact("torch", InputSpec.parse(list(LM_INPUTS)), obj=lm, output_names=("logits",))]
@@ -226,7 +232,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
         # the hashes are waited for after the judging's step, before the timing
         with hashed_ahead(p for p in prepared.iterdir() if p.stat().st_size >= HASH_AHEAD), times.step("validation"):
             say(f"generating {new_tokens} tokens from {len(prompts)} prompts with onnxruntime_genai; teacher-forced "
-                f"logits on {len(held_out)} held-out sequences")
+                + ("logits of their prefill" if on_prompts else f"logits on {len(held_out)} held-out sequences"))
             try:
                 judged = evaluator.evaluate_in(judge, prepared, samples, budgets)
             except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
@@ -260,10 +266,13 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                  "transformers' generate" + ("" if budgets.greedy_equal else " of the unquantized model (reported; a quantized "
                                              "build is judged by the teacher-forced figures)"),
                  f"teacher-forced logits of {len(held_out)} sequences ({judged['teacher_forced']['tokens']} tokens) from "
-                 f"{held_source}, against the {reference_dtype} model's (its top-1 tokens and next-token "
+                 + (f"the greedy check's prompts (their prefill, no sequence run for the figures alone: none judges a "
+                    f"{precision} build past {JUDGED_PARAMETERS / 1e9:g}B parameters)" if on_prompts else held_source)
+                 + f", against the {reference_dtype} model's (its top-1 tokens and next-token "
                  f"log-likelihoods are stored in {evaluator.SAMPLES_FILE} for `infopt validate`)"]
-        if new_tokens < NEW_TOKENS or len(held_out) < offered:
-            notes.append(judging_share_note(parameters, new_tokens, len(held_out), offered, judged["teacher_forced"]))
+        if new_tokens < NEW_TOKENS or (len(held_out) < offered and not on_prompts):
+            notes.append(judging_share_note(parameters, new_tokens, None if on_prompts else len(held_out), offered,
+                                            judged["teacher_forced"]))
         if reference_dtype != "float32":
             notes.append(f"the reference computed in {reference_dtype}, the checkpoint's dtype: the INT4 build keeps "
                          "the weights as stored until each layer is rounded, so no float32 copy of them is held")
@@ -402,25 +411,27 @@ def judged_tokens(parameters: int) -> int:
     return min(NEW_TOKENS, max(MIN_NEW_TOKENS, round(NEW_TOKENS * judged_share(parameters))))
 
 
-def judged_sequences(sequences: list[list[int]], parameters: int, floor: int = MIN_FORCED_TOKENS) -> list[list[int]]:
+def judged_sequences(sequences: list[list[int]], parameters: int) -> list[list[int]]:
     """The held-out ``sequences`` a model is judged on: all of them up to :data:`JUDGED_PARAMETERS`; past it the
-    first that hold ``floor`` tokens (all where they hold fewer), and one sequence however small ``floor`` is."""
+    first that hold :data:`MIN_FORCED_TOKENS` tokens (all where they hold fewer)."""
     if parameters <= JUDGED_PARAMETERS:
         return sequences
     kept, tokens = [], 0
     for sequence in sequences:
-        if kept and tokens >= floor:
+        if kept and tokens >= MIN_FORCED_TOKENS:
             break
         kept.append(sequence)
         tokens += len(sequence)
     return kept
 
 
-def judging_share_note(parameters: int, new_tokens: int, kept: int, offered: int, forced: dict) -> str:
+def judging_share_note(parameters: int, new_tokens: int, kept: int | None, offered: int, forced: dict) -> str:
+    """``kept`` None: the teacher-forced figures are the prompts' own (their prefill)."""
+    sequences = "the prompts' prefill for the teacher-forced figures" if kept is None else (
+        f"{kept} of {offered} held-out sequences")
     return (f"judged on a share of the samples, the model's {parameters / 1e9:.2f}B parameters past the "
             f"{JUDGED_PARAMETERS / 1e9:g}B judged on all of them: {new_tokens} greedy tokens a prompt of {NEW_TOKENS}, "
-            f"{kept} of {offered} held-out sequences (top-1 agreement {top1_text(forced)}; the interval as if the "
-            "tokens were independent)")
+            f"{sequences} (top-1 agreement {top1_text(forced)}; the interval as if the tokens were independent)")
 
 
 def _prompts(val: str | Path | None, folder: Path, vocab: int, special: set[int]) -> tuple[list[list[int]], str]:

@@ -1,4 +1,4 @@
-"""A model past a quarter of a billion parameters is judged on a share of the samples, never below a floor, and its
+"""A model past 100M parameters is judged on a share of the samples, never below a floor, and its
 top-1 agreement comes with a 95 % interval."""
 
 from __future__ import annotations
@@ -32,14 +32,9 @@ def test_a_small_model_is_judged_on_every_sample_and_a_large_one_on_the_floors()
     assert judged_sequences(few, int(70e9)) == few  # fewer than the floor: all of them
     random_ids = [[1] * 64] * 8  # no --val: 8 sequences of random ids
     assert len(judged_sequences(random_ids, int(1.5e9))) == 4  # the floor: 256 tokens
-    # no teacher-forced budget (a float32 build, judged by its greedy tokens): its figures on the first sequence
-    # alone (at 1.5B with 40 --val lines, 768 tokens of them took 21 s of a 78 s build), and never no sequence
-    assert judged_sequences(sequences, int(1.5e9), floor=0) == sequences[:1]
-    assert judged_sequences(random_ids, int(70e9), floor=0) == random_ids[:1]
-    assert judged_sequences(sequences, 10**6, floor=0) == sequences
 
 
-@pytest.mark.parametrize("share,count", [(1.0, 256), (0.0, 50), (0.5, 100), (0.1465, 512)])
+@pytest.mark.parametrize("share,count", [(1.0, 256), (1.0, 128), (0.0, 50), (0.5, 100), (0.1465, 512)])
 def test_the_interval_holds_the_share_inside_zero_to_one_and_narrows_with_more_tokens(share, count):
     low, high = wilson_interval(share, count)
     assert 0.0 <= low <= share <= high <= 1.0 and high - low > 0
