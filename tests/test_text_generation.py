@@ -223,7 +223,7 @@ def test_attention_stays_unfused_where_the_fused_op_would_not_compute_the_same()
 @pytest.mark.slow
 def test_a_chat_models_generation_config_changes_neither_the_reference_nor_where_the_folder_stops(decoders):
     """A chat checkpoint's ``generation_config.json`` (Qwen2.5-Instruct's: sampling, a repetition penalty, the
-    turn's end token beside the config's) : transformers' ``generate(do_sample=False)`` still applies its penalty
+    turn's end token beside the config's): transformers' ``generate(do_sample=False)`` still applies its penalty
     and its end tokens, so a reference computed that way is not the argmax the folder decodes. The build judges
     the folder against the argmax, and the folder stops at every end token the model names."""
     import shutil
