@@ -56,3 +56,23 @@ def test_tall_products_compute_what_linear_does_and_leave_the_layers_as_they_wer
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     assert half.dtype == torch.bfloat16
     assert all("forward" not in vars(m) for m in model.modules())
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "qwen2", "mistral", "phi3", "gemma", "qwen3", "gptneox", "opt"])
+def test_the_prefills_figures_are_what_teacher_forcing_the_prompts_gives(family):
+    """The figures a float32 build past 100M parameters reports come from the greedy check's own prefill: for every
+    decoder family, the same top-1 tokens and log-likelihoods as the prompts run whole, and the same tokens."""
+    import numpy as np
+
+    from infopt.validators.generation import eager_figures, greedy_eager_figures
+    from tests.test_text_generation import with_layers
+
+    lm = with_layers(family, 2)
+    prompts = [[5, 9, 13, 17, 21, 25, 29, 33], [40, 41, 42, 43, 44, 45, 46, 47], [7, 7, 8, 8, 9, 9]]
+    tokens, top1, nlls = greedy_eager_figures(lm, prompts, 6)
+    assert tokens == generate_eager(lm, prompts, 6)
+    want_top1, want_nlls = eager_figures(lm, prompts)
+    assert [t.tolist() for t in top1] == [t.tolist() for t in want_top1]
+    for got, want in zip(nlls, want_nlls):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert [len(n) for n in nlls] == [len(p) - 1 for p in prompts]
