@@ -1,7 +1,8 @@
 """Validating and timing a text-generation folder by generating from it with ONNX Runtime GenAI.
 
-- :func:`greedy_check`: greedy tokens from the folder against transformers' ``generate`` on the same
-  prompts, every token (no early stop at an end-of-sequence token, so each prompt gives as many).
+- :func:`generate_folder` and :func:`generate_eager`: greedy tokens from the folder and from transformers'
+  ``generate`` on the same prompts, every token (an end token held off until the last, so each prompt gives as many);
+  :func:`compare_tokens` says where they differ.
 - :func:`time_generation`: time to first token (TTFT: the prompt's forward pass and the first token
   picked) at several prompt lengths, and time per output token (TPOT: each further token) at several
   batch sizes, as p50/p99 over repeated runs, with tokens per second.
@@ -192,7 +193,7 @@ def _greedy_eager(model, prompts: list[list[int]], new_tokens: int, end_tokens: 
     from transformers import GenerationConfig
 
     stored = model.generation_config
-    ends = list(end_tokens) if end_tokens else _listed(stored.eos_token_id)
+    ends = list(end_tokens) if end_tokens else stored.eos_token_id
     neutral = GenerationConfig(bos_token_id=stored.bos_token_id, eos_token_id=ends, pad_token_id=_pad(model.config))
     greedy = GenerationConfig(do_sample=False, num_beams=1, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                               bos_token_id=stored.bos_token_id, eos_token_id=ends, pad_token_id=_pad(model.config))
@@ -227,14 +228,14 @@ def _greedy_eager(model, prompts: list[list[int]], new_tokens: int, end_tokens: 
     return out, top1, nlls
 
 
-SKINNY_ROWS = 16
+TALL_PRODUCT_ROWS = 16
 """a float32 Linear on the CPU given at most this many rows (a decode step of a few prompts) computes
 ``weight @ x.T`` (:func:`tall_products`)"""
 
 
 @contextmanager
 def tall_products(model):
-    """While the block runs, the float32 ``nn.Linear`` layers of ``model`` given 2 to :data:`SKINNY_ROWS` rows on
+    """While the block runs, the float32 ``nn.Linear`` layers of ``model`` given 2 to :data:`TALL_PRODUCT_ROWS` rows on
     the CPU compute ``(weight @ x.T).T``, the same product with the weight on the left. torch's ``F.linear`` hands
     such a product to MKL's sgemm with the weight transposed, which read Qwen2.5-0.5B's 545 MB head at 6.6 GB/s
     for 4 rows, against 24 GB/s the other way round (2-core AMD EPYC, 2026-11-29): the reference's greedy decode
@@ -244,7 +245,7 @@ def tall_products(model):
 
     def forward(layer, x):
         rows = x.numel() // max(x.shape[-1], 1)
-        if 1 < rows <= SKINNY_ROWS and x.dtype == layer.weight.dtype == torch.float32 and x.device.type == "cpu":
+        if 1 < rows <= TALL_PRODUCT_ROWS and x.dtype == layer.weight.dtype == torch.float32 and x.device.type == "cpu":
             y = torch.mm(layer.weight, x.reshape(rows, x.shape[-1]).t()).t()
             if layer.bias is not None:
                 y = y + layer.bias
@@ -261,10 +262,6 @@ def tall_products(model):
             del layer.forward
 
 
-def _listed(value) -> list[int]:
-    return [int(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if v is not None]
-
-
 def _pad(config) -> int:
     for value in (getattr(config, "pad_token_id", None), getattr(config, "eos_token_id", None), 0):
         if isinstance(value, (list, tuple)):
@@ -272,11 +269,6 @@ def _pad(config) -> int:
         if value is not None:
             return int(value)
     return 0
-
-
-def greedy_check(folder: Path, model, prompts: list[list[int]], new_tokens: int) -> dict:
-    """How many prompts' greedy tokens from the folder equal transformers' ``generate``, every token."""
-    return compare_tokens(generate_folder(folder, prompts, new_tokens), generate_eager(model, prompts, new_tokens))
 
 
 def compare_tokens(got: list[list[int]], want: list[list[int]]) -> dict:

@@ -197,19 +197,20 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
             bos, eos, pad = genai.special_tokens(lm.config, vocab, folder)
             special = {bos, pad, *eos}
             prompts, prompt_source = _prompts(val, folder, vocab, special)
-            held_out, held_source = _held_out(val, folder, vocab, special, context)
             parameters = sum(p.numel() for p in lm.parameters())
-            new_tokens, offered = judged_tokens(parameters), len(held_out)
-            forced_judged = bool(evaluator.describe(budgets, forced_only=True))
+            new_tokens = judged_tokens(parameters)
             # past JUDGED_PARAMETERS, figures no budget judges come from the greedy check's own prefill
-            on_prompts = parameters > JUDGED_PARAMETERS and not forced_judged
-            held_out = None if on_prompts else judged_sequences(held_out, parameters)
+            on_prompts = parameters > JUDGED_PARAMETERS and not evaluator.describe(budgets, forced_only=True)
+            held_out, offered, held_source = None, 0, prompt_source
+            if not on_prompts:
+                held_out, held_source = _held_out(val, folder, vocab, special, context)
+                offered, held_out = len(held_out), judged_sequences(held_out, parameters)
             say(f"the model's greedy tokens on {len(prompts)} prompts and its logits on "
                 + ("those prompts" if on_prompts else f"{len(held_out)} held-out sequences")
                 + f" in {reference_dtype}, the reference")
             samples = evaluator.GenerationSamples.from_model(lm, prompts, prompt_source, held_out, held_source,
                                                              new_tokens, eos)
-            held_out, held_source = samples.held_out, samples.held_out_source
+            held_out = samples.held_out
         pipeline = Pipeline(recipe, machine, Path(work), calibration=calibration, console=console, times=times,
                             settings=settings)
         source = [Artifact("torch", InputSpec.parse(list(LM_INPUTS)), obj=lm, output_names=("logits",))]
@@ -270,7 +271,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                     f"{precision} build past {JUDGED_PARAMETERS / 1e9:g}B parameters)" if on_prompts else held_source)
                  + f", against the {reference_dtype} model's (its top-1 tokens and next-token "
                  f"log-likelihoods are stored in {evaluator.SAMPLES_FILE} for `infopt validate`)"]
-        if new_tokens < NEW_TOKENS or (len(held_out) < offered and not on_prompts):
+        if new_tokens < NEW_TOKENS or len(held_out) < offered:
             notes.append(judging_share_note(parameters, new_tokens, None if on_prompts else len(held_out), offered,
                                             judged["teacher_forced"]))
         if reference_dtype != "float32":
