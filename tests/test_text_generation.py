@@ -385,6 +385,55 @@ def test_a_decoder_stored_as_external_data_is_fused_and_packed_too(decoders, tmp
 
 
 @pytest.mark.slow
+def test_past_the_judged_size_a_quantized_build_counts_the_prompts_prefill_and_runs_the_lines_after_them(
+        decoders, tmp_path, monkeypatch):
+    """A build a teacher-forced budget judges (INT8 here), of a model past JUDGED_PARAMETERS: its first figures are
+    the greedy check's prompts' (the logits of their prefill, on the model and on the folder), and held-out lines
+    after the prompts' make up MIN_FORCED_TOKENS; no token is counted twice. `infopt validate` judges the stored
+    samples the same way and finds the same figures."""
+    import infopt.api.generation as generation_api
+    from infopt.api.generation import build_generation
+    from infopt.validators import generation
+    from infopt.validators.generation_eval import SAMPLES_FILE, GenerationSamples
+
+    monkeypatch.setattr(generation_api, "JUDGED_PARAMETERS", 1000)
+    monkeypatch.setattr(generation_api, "MIN_FORCED_TOKENS", 150)
+    lines = [s for s in SENTENCES.read_text().splitlines() if s.strip()][300:340]
+    (tmp_path / "val.txt").write_text("\n".join(lines) + "\n")
+    folder = decoder(decoders, "llama")
+    result = build_generation(folder, output=tmp_path / "out", val=tmp_path / "val.txt", precision="int8",
+                              max_drift="top1=0,ppl_delta=100")
+    manifest = json.loads((result.output_dir / "manifest.json").read_text())
+    samples = GenerationSamples.load(result.output_dir / SAMPLES_FILE)
+    assert samples.forced_on_prompts and samples.held_out[:4] == samples.prompts
+    after = generation.text_ids(tmp_path / "val.txt", folder, "--val", 40, generation_api.HELD_OUT_TOKENS, 2, skip=4)
+    rest = samples.held_out[4:]
+    assert rest and rest == after[:len(rest)]  # the lines after the prompts', in order
+    assert not any(row[:len(p)] == p for row in rest for p in samples.prompts)
+    prompt_tokens = sum(map(len, samples.prompts))
+    assert prompt_tokens < 150 <= prompt_tokens + sum(map(len, rest))
+    assert prompt_tokens + sum(map(len, rest[:-1])) < 150  # no line more than the floor needs
+    forced = manifest["validation"]["generation"]["teacher_forced"]
+    assert forced["tokens"] == prompt_tokens + sum(map(len, rest)) and forced["sequences"] == 4 + len(rest)
+    notes = " ".join(manifest["validation"]["notes"])
+    assert f"from the greedy check's prompts (their prefill) and {len(rest)} held-out sequence" in notes
+    assert "the prompts' prefill for the teacher-forced figures and " in notes
+    # the stored reference figures are those of each whole sequence through the model
+    import torch
+
+    lm = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    top1, nlls = generation.eager_figures(lm, samples.held_out)
+    for want, got in zip(top1, samples.reference_top1):
+        np.testing.assert_array_equal(got, want)
+    for want, got in zip(nlls, samples.reference_nll):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    proc = run_cli("validate", str(result.output_dir), "--json", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    again = json.loads(proc.stdout)["generation"]["teacher_forced"]
+    assert again["tokens"] == forced["tokens"] and again["top1"] == forced["top1"]
+    assert again["ppl"] == pytest.approx(forced["ppl"], rel=1e-6)
+
+
 def test_fusions_onnx_runtime_refuses_leave_the_export_and_its_tensors_file_as_they_were(decoders, tmp_path, monkeypatch):
     """fuse_decoder takes the export's tensors' file over (nothing to copy); where ONNX Runtime then refuses the fused
     graph, the file goes back and the folder is the export's, judged and passing."""

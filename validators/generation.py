@@ -61,9 +61,10 @@ def _logit_rows(vocab: int) -> int:
 
 
 def text_ids(path: str | Path, folder: Path, flag: str, lines_kept: int, tokens: int,
-             min_tokens: int = 1) -> list[list[int]]:
+             min_tokens: int = 1, skip: int = 0) -> list[list[int]]:
     """The first ``lines_kept`` lines of a text file that give at least ``min_tokens`` tokens through the
-    folder's tokenizer, each cut to ``tokens``; a clear error for a file that is not text or gives none."""
+    folder's tokenizer, each cut to ``tokens``, after its first ``skip`` non-blank lines (possibly none then); a clear
+    error for a file that is not text, or gives none with nothing skipped."""
     path = Path(path)
     if path.suffix.lower() != ".txt" or not path.is_file():
         raise UsageError(f"{flag} for text generation is a text file, one passage per line; got {path}",
@@ -72,9 +73,9 @@ def text_ids(path: str | Path, folder: Path, flag: str, lines_kept: int, tokens:
 
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    found = [ids[:tokens] for ids in (tokenizer(line)["input_ids"] for line in lines)
+    found = [ids[:tokens] for ids in (tokenizer(line)["input_ids"] for line in lines[skip:])
              if len(ids) >= min_tokens][:lines_kept]
-    if not found:
+    if not found and not skip:
         raise UsageError(f"{path} gives no line of {min_tokens} token{'s' if min_tokens > 1 else ''} or more",
                          where=str(path), fix="pass a text file with one passage per line")
     return found

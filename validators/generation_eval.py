@@ -47,25 +47,28 @@ class GenerationSamples:
     prompt_source: str = ""
     held_out_source: str = ""
     forced_on_prompts: bool = False
-    """the teacher-forced figures are the prompts' own: from the logits of the greedy check's prefill, on the model
-    and on the folder, no sequence run for them alone (``held_out`` is ``prompts``)"""
+    """the prompts are the first teacher-forced sequences (``held_out`` starts with them): their figures come from
+    the logits of the greedy check's prefill, on the model and on the folder, no run for them alone; the sequences
+    after them are run as every held-out sequence is"""
 
     @property
     def new_tokens(self) -> int:
         return len(self.reference_tokens[0]) if self.reference_tokens else 0
 
     @classmethod
-    def from_model(cls, lm, prompts: list[list[int]], prompt_source: str, held_out: list[list[int]] | None,
-                   held_out_source: str, new_tokens: int, end_tokens: list[int] | None = None) -> "GenerationSamples":
+    def from_model(cls, lm, prompts: list[list[int]], prompt_source: str, held_out: list[list[int]],
+                   held_out_source: str, new_tokens: int, end_tokens: list[int] | None = None,
+                   on_prompts: bool = False) -> "GenerationSamples":
         """``end_tokens``: the ids the folder stops at (``genai_folder.end_tokens``), never picked before the last
-        new token, by the reference as by the folder. ``held_out`` None: the teacher-forced figures are the
-        prompts' own (:attr:`forced_on_prompts`)."""
-        if held_out is None:
-            tokens, top1, nlls = generation.greedy_eager_figures(lm, prompts, new_tokens, end_tokens)
-            return cls(prompts, tokens, prompts, top1, nlls, prompt_source, prompt_source, forced_on_prompts=True)
+        new token, by the reference as by the folder. ``on_prompts``: the prompts' prefill gives the first
+        teacher-forced figures, ``held_out`` the rest (:attr:`forced_on_prompts`)."""
         top1, nlls = generation.eager_figures(lm, held_out)
-        return cls(prompts, generation.generate_eager(lm, prompts, new_tokens, end_tokens), held_out, top1, nlls,
-                   prompt_source, held_out_source)
+        if not on_prompts:
+            return cls(prompts, generation.generate_eager(lm, prompts, new_tokens, end_tokens), held_out, top1, nlls,
+                       prompt_source, held_out_source)
+        tokens, prompt_top1, prompt_nlls = generation.greedy_eager_figures(lm, prompts, new_tokens, end_tokens)
+        return cls(prompts, tokens, prompts + held_out, prompt_top1 + top1, prompt_nlls + nlls, prompt_source,
+                   held_out_source if held_out else prompt_source, forced_on_prompts=True)
 
     def save(self, path: Path) -> int:
         """Write the samples (ragged lists flattened with their lengths); returns how many prompts."""
@@ -132,7 +135,9 @@ def evaluate(folder: Path, samples: GenerationSamples, budgets: GenerationBudget
     """Generate from ``folder`` and judge it against the stored answers: the greedy check, the teacher-forced
     figures, and the verdict (``passed``, ``reasons``, ``checks``) under ``budgets``."""
     if samples.forced_on_prompts:
-        got, *candidate = generation.greedy_folder_figures(folder, samples.prompts, samples.new_tokens)
+        got, top1, nlls = generation.greedy_folder_figures(folder, samples.prompts, samples.new_tokens)
+        rest_top1, rest_nlls = generation.teacher_forced_figures(folder, samples.held_out[len(samples.prompts):])
+        candidate = (top1 + rest_top1, nlls + rest_nlls)
     else:
         got = generation.generate_folder(folder, samples.prompts, samples.new_tokens)
         candidate = generation.teacher_forced_figures(folder, samples.held_out)

@@ -91,7 +91,7 @@ CALIB_PASSAGES, CALIB_TOKENS = 128, 256
 JUDGED_PARAMETERS = 1e8
 """models of up to this many parameters are judged on every sample. A larger one, whose every judged token costs
 more, on a part of them: a share of the greedy check's :data:`NEW_TOKENS` (this over its parameters, at least
-:data:`MIN_NEW_TOKENS`) and the first held-out sequences that hold :data:`MIN_FORCED_TOKENS` tokens, the report
+:data:`MIN_NEW_TOKENS`) and :data:`MIN_FORCED_TOKENS` teacher-forced tokens (the prompts' first), the report
 giving top-1 agreement's 95 % interval. A teacher-forced token costs a forward of the model in the reference and one
 in the folder, as a token of the build's own work does, so a fixed count keeps the judging's part of the build
 about the same at every size. On 2 cores (2026-11-29), Qwen2.5-shaped INT4 builds with 40 --val lines (each cut to
@@ -101,12 +101,13 @@ HASH_AHEAD = 64 << 20
 """the folder's files of at least this many bytes are hashed for the manifest while it is judged (``file_hash``)"""
 MIN_NEW_TOKENS = 8
 MIN_FORCED_TOKENS = 256
-"""the held-out tokens a teacher-forced budget (``top1``, ``ppl_delta``) judges a model past
-:data:`JUDGED_PARAMETERS` on. Where no such budget judges the build (float32: its greedy tokens must equal the
-model's), its figures are those of the greedy check's prompts, from the logits of their prefill on the model and on
-the folder (``GenerationSamples.forced_on_prompts``): no held-out sequence is run for them alone. At Qwen2.5-1.5B's
-float32 shape with ``--val``, 768 tokens of them took 21 s of a 78 s build, the first held-out line's 128 about
-5 s (2026-11-29)"""
+"""the teacher-forced tokens a teacher-forced budget (``top1``, ``ppl_delta``) judges a model past
+:data:`JUDGED_PARAMETERS` on. The first are the greedy check's prompts', from the logits of their prefill on the
+model and on the folder (``GenerationSamples.forced_on_prompts``), no run for them alone; held-out lines after the
+prompts' make up the rest (at 1.5B with ``--val``: 4 x 32 tokens and one line of 128; the judging of an INT4 build
+took 11 of 49 s where two lines were run besides the prompts, 14 of 48 s, 2026-11-29). Where no such budget judges
+the build (float32: its greedy tokens must equal the model's), its figures are the prompts' alone. At Qwen2.5-1.5B's
+float32 shape with ``--val``, 768 held-out tokens took 21 s of a 78 s build, the first line's 128 about 5 s"""
 LM_INPUTS = ("input_ids:int64[batch,seq]", "attention_mask:int64[batch,seq]")
 """what the causal LM takes before its decoder is captured (INT4 calibrates on them)"""
 
@@ -199,18 +200,21 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
             prompts, prompt_source = _prompts(val, folder, vocab, special)
             parameters = sum(p.numel() for p in lm.parameters())
             new_tokens = judged_tokens(parameters)
-            # past JUDGED_PARAMETERS, figures no budget judges come from the greedy check's own prefill
-            on_prompts = parameters > JUDGED_PARAMETERS and not evaluator.describe(budgets, forced_only=True)
-            held_out, offered, held_source = None, 0, prompt_source
-            if not on_prompts:
-                held_out, held_source = _held_out(val, folder, vocab, special, context)
-                offered, held_out = len(held_out), judged_sequences(held_out, parameters)
+            # past JUDGED_PARAMETERS the first teacher-forced figures come from the greedy check's own prefill, and
+            # held-out lines after the prompts' make up the count a teacher-forced budget judges (float32 has none)
+            on_prompts = parameters > JUDGED_PARAMETERS
+            held_out, offered, held_source = [], 0, prompt_source
+            if not on_prompts or evaluator.describe(budgets, forced_only=True):
+                held_out, held_source = _held_out(val, folder, vocab, special, context,
+                                                  skip=len(prompts) if on_prompts else 0)
+                counted = sum(map(len, prompts)) if on_prompts else 0
+                offered, held_out = len(held_out), judged_sequences(held_out, parameters, counted)
             say(f"the model's greedy tokens on {len(prompts)} prompts and its logits on "
-                + ("those prompts" if on_prompts else f"{len(held_out)} held-out sequences")
-                + f" in {reference_dtype}, the reference")
+                + ("those prompts" + (f" and {_sequences(len(held_out))}" if held_out else "") if on_prompts
+                   else _sequences(len(held_out))) + f" in {reference_dtype}, the reference")
             samples = evaluator.GenerationSamples.from_model(lm, prompts, prompt_source, held_out, held_source,
-                                                             new_tokens, eos)
-            held_out = samples.held_out
+                                                             new_tokens, eos, on_prompts=on_prompts)
+            judged_held_out = len(held_out)
         pipeline = Pipeline(recipe, machine, Path(work), calibration=calibration, console=console, times=times,
                             settings=settings)
         source = [Artifact("torch", InputSpec.parse(list(LM_INPUTS)), obj=lm, output_names=("logits",))]
@@ -233,7 +237,8 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
         # the hashes are waited for after the judging's step, before the timing
         with hashed_ahead(p for p in prepared.iterdir() if p.stat().st_size >= HASH_AHEAD), times.step("validation"):
             say(f"generating {new_tokens} tokens from {len(prompts)} prompts with onnxruntime_genai; teacher-forced "
-                + ("logits of their prefill" if on_prompts else f"logits on {len(held_out)} held-out sequences"))
+                + ("logits of their prefill" + (f" and of {_sequences(judged_held_out)}" if judged_held_out else "")
+                   if on_prompts else f"logits on {_sequences(judged_held_out)}"))
             try:
                 judged = evaluator.evaluate_in(judge, prepared, samples, budgets)
             except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
@@ -266,13 +271,12 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
         notes = [f"greedy tokens of {len(prompts)} prompts from {prompt_source}, {new_tokens} each, compared with "
                  "transformers' generate" + ("" if budgets.greedy_equal else " of the unquantized model (reported; a quantized "
                                              "build is judged by the teacher-forced figures)"),
-                 f"teacher-forced logits of {len(held_out)} sequences ({judged['teacher_forced']['tokens']} tokens) from "
-                 + (f"the greedy check's prompts (their prefill, no sequence run for the figures alone: none judges a "
-                    f"{precision} build past {JUDGED_PARAMETERS / 1e9:g}B parameters)" if on_prompts else held_source)
-                 + f", against the {reference_dtype} model's (its top-1 tokens and next-token "
+                 f"teacher-forced logits of {len(samples.held_out)} sequences ({judged['teacher_forced']['tokens']} tokens) "
+                 f"from {_forced_source(on_prompts, judged_held_out, held_source, precision)}, against the "
+                 f"{reference_dtype} model's (its top-1 tokens and next-token "
                  f"log-likelihoods are stored in {evaluator.SAMPLES_FILE} for `infopt validate`)"]
-        if new_tokens < NEW_TOKENS or len(held_out) < offered:
-            notes.append(judging_share_note(parameters, new_tokens, None if on_prompts else len(held_out), offered,
+        if new_tokens < NEW_TOKENS or judged_held_out < offered:
+            notes.append(judging_share_note(parameters, new_tokens, judged_held_out, offered, on_prompts,
                                             judged["teacher_forced"]))
         if reference_dtype != "float32":
             notes.append(f"the reference computed in {reference_dtype}, the checkpoint's dtype: the INT4 build keeps "
@@ -412,24 +416,26 @@ def judged_tokens(parameters: int) -> int:
     return min(NEW_TOKENS, max(MIN_NEW_TOKENS, round(NEW_TOKENS * judged_share(parameters))))
 
 
-def judged_sequences(sequences: list[list[int]], parameters: int) -> list[list[int]]:
+def judged_sequences(sequences: list[list[int]], parameters: int, counted: int = 0) -> list[list[int]]:
     """The held-out ``sequences`` a model is judged on: all of them up to :data:`JUDGED_PARAMETERS`; past it the
-    first that hold :data:`MIN_FORCED_TOKENS` tokens (all where they hold fewer)."""
+    first that hold :data:`MIN_FORCED_TOKENS` tokens with the ``counted`` ones already judged (the prompts'), all
+    where they hold fewer, none where ``counted`` holds them."""
     if parameters <= JUDGED_PARAMETERS:
         return sequences
-    kept, tokens = [], 0
+    kept, tokens = [], counted
     for sequence in sequences:
-        if kept and tokens >= MIN_FORCED_TOKENS:
+        if (kept or counted) and tokens >= MIN_FORCED_TOKENS:
             break
         kept.append(sequence)
         tokens += len(sequence)
     return kept
 
 
-def judging_share_note(parameters: int, new_tokens: int, kept: int | None, offered: int, forced: dict) -> str:
-    """``kept`` None: the teacher-forced figures are the prompts' own (their prefill)."""
-    sequences = "the prompts' prefill for the teacher-forced figures" if kept is None else (
-        f"{kept} of {offered} held-out sequences")
+def judging_share_note(parameters: int, new_tokens: int, kept: int, offered: int, on_prompts: bool,
+                       forced: dict) -> str:
+    """``on_prompts``: the teacher-forced figures start with the prompts' own (their prefill)."""
+    sequences = " and ".join(([] if not on_prompts else ["the prompts' prefill for the teacher-forced figures"])
+                             + ([f"{kept} of {_sequences(offered)}"] if kept or not on_prompts else []))
     return (f"judged on a share of the samples, the model's {parameters / 1e9:.2f}B parameters past the "
             f"{JUDGED_PARAMETERS / 1e9:g}B judged on all of them: {new_tokens} greedy tokens a prompt of {NEW_TOKENS}, "
             f"{sequences} (top-1 agreement {top1_text(forced)}; the interval as if the tokens were independent)")
@@ -443,13 +449,27 @@ def _prompts(val: str | Path | None, folder: Path, vocab: int, special: set[int]
     return generation.text_ids(val, folder, "--val", PROMPTS, PROMPT_TOKENS), str(val)
 
 
-def _held_out(val: str | Path | None, folder: Path, vocab: int, special: set[int], context: int):
-    """Sequences for the teacher-forced figures: --val lines (up to :data:`HELD_OUT_TOKENS` tokens), else
-    random ids, flagged (perplexity on random tokens says little about text)."""
+def _forced_source(on_prompts: bool, held_out: int, held_source: str, precision: str) -> str:
+    """Where the teacher-forced figures came from, in words."""
+    if not on_prompts:
+        return held_source
+    if held_out:
+        return f"the greedy check's prompts (their prefill) and {_sequences(held_out)} after them from {held_source}"
+    return (f"the greedy check's prompts (their prefill, no sequence run for the figures alone: none judges a "
+            f"{precision} build past {JUDGED_PARAMETERS / 1e9:g}B parameters)")
+
+
+def _sequences(count: int) -> str:
+    return f"{count} held-out sequence{'' if count == 1 else 's'}"
+
+
+def _held_out(val: str | Path | None, folder: Path, vocab: int, special: set[int], context: int, skip: int = 0):
+    """Sequences for the teacher-forced figures: --val lines (up to :data:`HELD_OUT_TOKENS` tokens) after the first
+    ``skip`` (the prompts'), else random ids, flagged (perplexity on random tokens says little about text)."""
     length = min(HELD_OUT_TOKENS, context - 1)  # the folder is run for one token more
     if val is None:
-        return _random_ids(vocab, special, 8, min(64, length)), "random token ids (no --val: pass held-out text)"
-    return generation.text_ids(val, folder, "--val", HELD_OUT, length, min_tokens=2), str(val)
+        return _random_ids(vocab, special, 8 + skip, min(64, length))[skip:], "random token ids (no --val: pass held-out text)"
+    return generation.text_ids(val, folder, "--val", HELD_OUT, length, min_tokens=2, skip=skip), str(val)
 
 
 def _random_ids(vocab: int, special: set[int], count: int, length: int) -> list[list[int]]:

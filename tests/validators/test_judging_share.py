@@ -32,6 +32,10 @@ def test_a_small_model_is_judged_on_every_sample_and_a_large_one_on_the_floors()
     assert judged_sequences(few, int(70e9)) == few  # fewer than the floor: all of them
     random_ids = [[1] * 64] * 8  # no --val: 8 sequences of random ids
     assert len(judged_sequences(random_ids, int(1.5e9))) == 4  # the floor: 256 tokens
+    # the greedy check's four prompts of 32 tokens, their prefill's figures counted: one line of 128 makes the floor
+    assert judged_sequences(sequences, int(1.5e9), counted=128) == sequences[:1]
+    assert judged_sequences(sequences, int(1.5e9), counted=MIN_FORCED_TOKENS) == []
+    assert judged_sequences(sequences, int(JUDGED_PARAMETERS), counted=128) == sequences  # a small model: every one
 
 
 @pytest.mark.parametrize("share,count", [(1.0, 256), (1.0, 128), (0.0, 50), (0.5, 100), (0.1465, 512)])
