@@ -381,7 +381,7 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest):
         with ctx.times.step("validation"):
             for c in built:
                 c.drift = cand.run_candidate(c, lambda c=c: drift_mod.compare(
-                    ref_out, drift_mod.run_all(c.runner, batches), tuple(o[0] for o in c.outputs), source))
+                    ref_out, cand.validation_outputs(c, batches), tuple(o[0] for o in c.outputs), source))
                 if c.status == "built":
                     cand.run_candidate(c, lambda c=c: check_range_ends(c.runner, ends))
             built = cand.survivors(candidates, ctx.allow_partial, target.device)
