@@ -73,6 +73,11 @@ def same_shapes(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(np.shape(a[k]) == np.shape(b[k]) for k in a)
 
 
+def same_feed(a: dict, b: dict) -> bool:
+    """Whether two feeds hold the same inputs, value for value (a run on one gives the outputs of the other)."""
+    return same_shapes(a, b) and all(np.array_equal(a[k], b[k]) for k in a)
+
+
 def latency_feeds(spec, recipe, module):
     batch = spec.batch_symbol
     sizes = recipe.validation.latency.batch_sizes

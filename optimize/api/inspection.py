@@ -17,7 +17,7 @@ def inspect_model(path: str | Path, *, inputs: Sequence[str] | None = None, dims
 
     loaded = load_model(path, model_class=model_class, model_args=model_args, allow_pickle=allow_pickle)
     spec = resolve_spec(loaded, inputs, dims, None, val)
-    outputs = check_forward(reference_runner(loaded, spec), spec, loaded.module)
+    _, outputs = check_forward(reference_runner(loaded, spec), spec, loaded.module)
     info: dict[str, Any] = {"path": str(path), "format": loaded.format, "inputs": spec.to_json(),
                             "outputs": [{"name": n, "dtype": str(o.dtype), "shape_at_opt": list(o.shape)}
                                         for n, o in zip(_names(loaded, len(outputs)), outputs)]}
