@@ -106,3 +106,15 @@ def test_the_probes_first_run_gives_the_drift_check_its_outputs_on_the_first_bat
     ran.clear()
     cand.validation_outputs(first, batches)
     assert len(ran) == 3
+
+
+def test_a_probe_that_finds_the_first_candidate_far_from_the_roof_says_so_and_every_candidate_builds(tmp_path, monkeypatch):
+    monkeypatch.setattr(cand, "PROBE_AFTER_S", 0.0)
+    monkeypatch.setattr(cand, "PROBE_MIN_RUN_S", 0.0)
+    monkeypatch.setattr(cand, "ROOF_SHARE", 1e9)  # no machine computes past its peak a billion times over
+    result = infopt.build(mlp(), inputs=[f"x:float32[batch,{WIDTH}]"], dims=["batch=1:16:32"], batch_sizes=[1],
+                          output=tmp_path / "mlp", progress=False)
+    rows = result.manifest.candidates
+    assert rows[0]["status"] == "built" and not any((c.get("reason") or "").startswith("not built") for c in rows)
+    (note,) = [n for n in result.manifest.validation.notes if "matmul peak on the first validation batch" in n]
+    assert note.startswith("fp32-onnxruntime computed at ") and note.endswith("so they were built")

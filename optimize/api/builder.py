@@ -454,6 +454,11 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest, forward: tup
     if slow_warm := [b for b, run_s in warmed.items() if run_s >= timing.WARMUP_S]:
         budget_notes.append(f"batch {', '.join(map(str, slow_warm))} timed without warm-up runs: the validation had just "
                             "run every runner there at the same shapes")
+    probed = [c for c in candidates if c.probe_share is not None]
+    if probed and not any(c.reason.startswith("not built: ") for c in candidates):
+        notes.append(f"{probed[0].label} computed at {probed[0].probe_share:.0%} of this machine's measured fp32 matmul "
+                     f"peak on the first validation batch, under the {cand.ROOF_SHARE:.0%} at which the candidates "
+                     "after it are skipped, so they were built")
     if ends:
         notes.append("ran at the ends of its dim ranges (" + "; ".join(where for where, _, _ in ends)
                      + ") with the output shapes eager gives")

@@ -47,6 +47,8 @@ class Candidate:
     chosen: bool = False
     probe_outputs: list | None = None
     """its outputs on the first validation batch, from the roof probe's first run (the drift check takes them)"""
+    probe_share: float | None = None
+    """the share of the machine's fp32 matmul peak it computed at in the roof probe, where the probe ran"""
 
     @property
     def label(self) -> str:
@@ -100,9 +102,11 @@ machine, or a first run's allocations, only slow a run down, so the figure errs 
 BERT-large at batch 8 ran 2.6-3.4 s a run here, at 75-95 % of the peak: two runs decide it as three did, 5 s
 sooner. The first run's outputs are the candidate's on that validation batch for the drift check
 (:func:`validation_outputs`), so only the second is run for the probe alone."""
-PROBE_AFTER_S = 30.0
+PROBE_AFTER_S = 20.0
 """the probe runs only where the first candidate took at least this long to build: where builds take seconds,
-building the others costs less than being wrong about them"""
+building the others costs less than being wrong about them. BERT-large's first candidate builds in 30-32 s here
+(2026-11-29): at 30 s the probe ran or not by the second, and one build not probed built AOTInductor for 86 s
+(232 s in all against 95)"""
 PROBE_MIN_RUN_S = 0.01
 """a run shorter than this is the runtime's overhead as much as arithmetic: its FLOP rate says nothing"""
 
@@ -139,7 +143,10 @@ def roof_probe(first: Candidate, feed: dict, spec, module, target, built_in_s: f
     clock = first.runner.clock or timing.host_timer
     seconds = min([time.perf_counter() - started] + [clock(first.runner.run, feed) for _ in range(PROBE_RUNS - 1)])
     share = flops * batch / seconds / (peak * 1e12)
-    if seconds < PROBE_MIN_RUN_S or share < ROOF_SHARE:
+    if seconds < PROBE_MIN_RUN_S:
+        return None
+    first.probe_share = share
+    if share < ROOF_SHARE:
         return None
     return (f"not built: {first.label} already computes at {share:.0%} of this machine's measured fp32 matmul peak "
             f"({flops * batch / 1e9:.0f} GFLOP in {seconds:.2f} s at batch {batch}), so another backend has little "
