@@ -55,7 +55,8 @@ MIN_TRIAL_RUNS = 2
 """...and where each run is so slow that those four would take over twice a row's share of the budget, this
 many: one ABBA trial, whose ratio to eager is given with its confidence (50 %). BERT-large at batch 8 runs
 2.4 s here: its latency step took 30 s of a 97 s build, most of it a warm-up and four runs each of eager and of
-the candidate at batch 8."""
+the candidate at batch 8. Where even this many would take over twice the row's share, each runner keeps one run,
+a single pair: BERT-large's batch-8 row (about 4 s a run) under a 13 s budget, one trial of which took 16 s."""
 
 
 class LatencyConfig(_Strict):

@@ -30,9 +30,9 @@ budget (``seconds``), each block also ends once its share of the budget is spent
 single runs outlast their share stops once the whole budget is spent and ``min_iterations`` runs are in.
 With ``drop_slower``, a runner (not the baseline) whose first block took more than that many times the
 fastest other runner's stops being timed after it: it has lost, and :attr:`Timings.dropped` says so.
-Where each run is slow, a budget's least runs can fall to one ABBA trial (``least_slow``), the ratio's
-confidence saying what that is worth, and a feed the runners have just run at the same shapes (the build's
-validation) is timed without a warm-up (``warmed``).
+Where each run is slow, a budget's least runs can fall to one ABBA trial (``least_slow``), or to one pair where
+even that would take over twice the budget, the ratio's confidence saying what that is worth, and a feed the
+runners have just run at the same shapes (the build's validation) is timed without a warm-up (``warmed``).
 The baseline runs as long as any runner it is compared with.
 
 **Choosing.** :func:`choose` takes the ratios and picks the runner with the lowest geometric mean ratio
@@ -222,9 +222,13 @@ def _trial_ratios(mine: dict[int, float], base: dict[int, float]) -> list[tuple[
     return found
 
 
-def _ratio(batch: int, trials: list[tuple[float, float, float]], confidence: float, runs: int) -> RatioEstimate:
+def _ratio(batch: int, trials: list[tuple[float, float, float]], confidence: float, runs: int,
+           paired: bool = True) -> RatioEstimate:
+    """``paired`` False: the trials are single rounds (no whole ABBA trial), whose ratios carry the order they ran
+    in: no confidence is claimed."""
     ratios = [t[0] for t in trials]
     lower, upper, coverage = median_interval(ratios, confidence)
+    coverage = coverage if paired else 0.0
     middle = trials[ratios.index(statistics.median_low(ratios))]
     return RatioEstimate(batch, middle[1], middle[2], middle[0], lower, upper, coverage, len(trials), runs)
 
@@ -247,7 +251,9 @@ def measure(runners: dict[str, Callable[[dict], object]], feeds: dict[int, dict[
     the batch sizes whose feed every runner has just run (the build's validation, at the same shapes) to the
     seconds one run took there: where that is at least ``warmup_s``, no warm-up runs there. With ``seconds`` and
     ``least_slow``, a runner whose first block shows that ``min_iterations`` runs would take over twice
-    ``seconds`` keeps at least ``least_slow`` runs instead (2: one ABBA trial, its ratio's confidence 50 %)."""
+    ``seconds`` keeps at least ``least_slow`` runs instead (2: one ABBA trial, its ratio's confidence 50 %), and
+    one whose ``least_slow`` runs would too keeps its first block's one run (the ratio then that of one pair, the
+    baseline run first)."""
     names = list(runners)
     sizes = _block_sizes(iterations, blocks)
     floor = -(-min_iterations // len(sizes))  # runs every block keeps under a time budget
@@ -277,7 +283,9 @@ def measure(runners: dict[str, Callable[[dict], object]], feeds: dict[int, dict[
                 times[name] += block
                 medians[name][k] = float(np.median(block))
                 if k == 0 and least_slow and seconds is not None and medians[name][0] * min_iterations > 2 * seconds:
-                    least[name] = min(min_iterations, least_slow)
+                    # and where even those would take over twice the budget, this block's one run: a single pair
+                    slower = medians[name][0] * least_slow > 2 * seconds
+                    least[name] = 1 if slower else min(min_iterations, least_slow)
             if k == 0 and drop_slower:
                 _drop_losers(active, medians, baseline, drop_slower, found.dropped)
             # a runner slower than its blocks' share: done once the budget is spent and the least runs are in
@@ -293,7 +301,8 @@ def measure(runners: dict[str, Callable[[dict], object]], feeds: dict[int, dict[
             for n in names:
                 if n != baseline:
                     found.ratios.setdefault(n, []).append(
-                        _ratio(batch, _trial_ratios(medians[n], medians[baseline]), confidence, max(sizes[0], runs[n])))
+                        _ratio(batch, _trial_ratios(medians[n], medians[baseline]), confidence, max(sizes[0], runs[n]),
+                               paired=len(set(medians[n]) & set(medians[baseline])) >= 2))
     return found
 
 

@@ -448,7 +448,8 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest, forward: tup
     if row_s < lat_cfg.seconds or untimed:
         budget_notes.append(f"timed within a budget of {clock.describe()}: {row_s:.1f} s per latency row, each at least "
                      f"{MIN_LATENCY_RUNS} runs however long they lasted ({MIN_TRIAL_RUNS}, one ABBA trial, where "
-                     f"{MIN_LATENCY_RUNS} would take over twice the row's time)" + (
+                     f"{MIN_LATENCY_RUNS} would take over twice the row's time; 1, a single pair, where "
+                     f"{MIN_TRIAL_RUNS} would)" + (
                          f"; the curve left out batch {', '.join(map(str, untimed))}: its predicted time did not fit "
                          "what the latency step left" if untimed else ""))
     if slow_warm := [b for b, run_s in warmed.items() if run_s >= timing.WARMUP_S]:

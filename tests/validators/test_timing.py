@@ -89,6 +89,25 @@ def test_a_runner_whose_least_runs_would_take_over_twice_its_budget_keeps_one_ab
     assert {s.iterations for s in found.stats} == {MIN_LATENCY_RUNS}
 
 
+def test_a_runner_whose_one_trial_would_take_over_twice_its_budget_keeps_one_pair_and_claims_no_confidence():
+    """BERT-large's batch-8 row (about 4 s a run, one ABBA trial 16 s of a 13 s timing budget): where even
+    MIN_TRIAL_RUNS runs would take over twice a runner's seconds, each runner keeps its first block's one run, the
+    baseline's beside it; the ratio is that pair's, with no confidence claimed (the order it ran in is in it)."""
+    from infopt.core.recipe import MIN_LATENCY_RUNS, MIN_TRIAL_RUNS
+
+    calls = {"eager": 0, "cand": 0}
+
+    def sleeper(name, seconds):
+        return lambda feed: (calls.__setitem__(name, calls[name] + 1), time.sleep(seconds))
+
+    runners = {"eager": sleeper("eager", 0.03), "cand": sleeper("cand", 0.03)}
+    found = measure(runners, {8: {}}, warmup=0, iterations=50, seconds=0.02, min_iterations=MIN_LATENCY_RUNS,
+                    tolerance=0, baseline="eager", least_slow=MIN_TRIAL_RUNS)
+    assert {s.runner: s.iterations for s in found.stats} == {"eager": 1, "cand": 1} and calls == {"eager": 1, "cand": 1}
+    (ratio,) = found.ratios["cand"]
+    assert ratio.trials == 1 and ratio.confidence == 0.0 and 0.5 < ratio.ratio < 2.0
+
+
 def test_a_feed_the_runners_just_ran_slowly_is_timed_without_warm_up():
     """``warmed``: the validation ran every runner at this feed's shapes, each run taking at least the warm-up's
     time, so no warm-up run there; a quick one (or a batch not named) is warmed up as ever."""
