@@ -96,13 +96,13 @@ def test_the_probes_first_run_gives_the_drift_check_its_outputs_on_the_first_bat
     real = first.runner.run
     monkeypatch.setattr(first.runner, "run", lambda feed: (ran.append(feed), real(feed))[1])
     assert cand.roof_probe(first, batches[0], SPEC, mlp(), target, 600.0) is None  # far from the roof: it ran anyway
-    assert len(ran) == cand.PROBE_RUNS and first.probe_outputs is not None
+    assert len(ran) == cand.PROBE_RUNS and first.probe_run is not None
     ran.clear()
     outputs = cand.validation_outputs(first, batches)
     assert [feed is b for feed, b in zip(ran, batches[1:])] == [True, True] and len(ran) == 2
     for got, batch in zip(outputs, batches):
         np.testing.assert_array_equal(got[0], real(batch)[0])
-    assert first.probe_outputs is None  # taken once: a second check runs every batch
+    assert first.probe_run is None  # taken once: a second check runs every batch
     ran.clear()
     cand.validation_outputs(first, batches)
     assert len(ran) == 3

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -42,10 +42,6 @@ def worst(per_output: list[dict[str, float | None]]) -> dict[str, float | None]:
         values = [o[key] for o in per_output if o.get(key) is not None]
         combined[key] = pick(values) if values else None
     return combined
-
-
-def run_all(runner, batches: Iterable[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
-    return [runner.run(batch) for batch in batches]
 
 
 def compare(reference_outputs: list[list[np.ndarray]], candidate_outputs: list[list[np.ndarray]],

@@ -210,20 +210,22 @@ def _block_runs(warm: list[float], size: int, min_block_s: float) -> int:
     return int(min(max(size, math.ceil(min_block_s / pace)), MAX_BLOCK_RUNS))
 
 
-def _trial_ratios(mine: dict[int, float], base: dict[int, float]) -> list[tuple[float, float, float]]:
-    """(ratio, my ms, baseline ms) per ABBA trial: rounds 2j and 2j+1 where both ran; one round when no pair is whole."""
+def _trial_ratios(mine: dict[int, float], base: dict[int, float]) -> tuple[list[tuple[float, float, float]], bool]:
+    """(ratio, my ms, baseline ms) per ABBA trial: rounds 2j and 2j+1 where both ran; one round when no pair is whole
+    (then False: the ratios carry the order the runners ran in)."""
     pairs = [(k, k + 1) for k in range(0, max(mine, default=0) + 1, 2) if all(r in mine and r in base for r in (k, k + 1))]
+    paired = bool(pairs)
     if not pairs:
         pairs = [(k,) for k in mine if k in base]
     found = []
     for rounds in pairs:
         m, b = sum(mine[r] for r in rounds) / len(rounds), sum(base[r] for r in rounds) / len(rounds)
         found.append((m / b if b > 0 else math.inf, m * 1e3, b * 1e3))
-    return found
+    return found, paired
 
 
-def _ratio(batch: int, trials: list[tuple[float, float, float]], confidence: float, runs: int,
-           paired: bool = True) -> RatioEstimate:
+def _ratio(batch: int, trials: list[tuple[float, float, float]], paired: bool, confidence: float,
+           runs: int) -> RatioEstimate:
     """``paired`` False: the trials are single rounds (no whole ABBA trial), whose ratios carry the order they ran
     in: no confidence is claimed."""
     ratios = [t[0] for t in trials]
@@ -301,8 +303,7 @@ def measure(runners: dict[str, Callable[[dict], object]], feeds: dict[int, dict[
             for n in names:
                 if n != baseline:
                     found.ratios.setdefault(n, []).append(
-                        _ratio(batch, _trial_ratios(medians[n], medians[baseline]), confidence, max(sizes[0], runs[n]),
-                               paired=len(set(medians[n]) & set(medians[baseline])) >= 2))
+                        _ratio(batch, *_trial_ratios(medians[n], medians[baseline]), confidence, max(sizes[0], runs[n])))
     return found
 
 

@@ -78,6 +78,13 @@ def same_feed(a: dict, b: dict) -> bool:
     return same_shapes(a, b) and all(np.array_equal(a[k], b[k]) for k in a)
 
 
+def outputs_on(runner, batches: list[dict], known: tuple[dict, list] | None = None) -> list:
+    """``runner``'s outputs on every batch; a batch holding the very inputs of ``known`` (a feed, and the outputs a
+    run of this runner on it gave) takes those outputs rather than a second run (at BERT-large's batch 8 and
+    sequence 128 one run takes 3.5-4 s on 2 cores)."""
+    return [known[1] if known is not None and same_feed(batch, known[0]) else runner.run(batch) for batch in batches]
+
+
 def latency_feeds(spec, recipe, module):
     batch = spec.batch_symbol
     sizes = recipe.validation.latency.batch_sizes

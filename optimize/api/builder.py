@@ -14,9 +14,9 @@ from infopt.api import candidates as cand
 from infopt.api import flags, provenance, task_choice
 from infopt.api.build_inputs import (
     latency_feeds,
+    outputs_on,
     random_batch_count,
     raw_reader,
-    same_feed,
     same_shapes,
     validation_batches,
 )
@@ -126,17 +126,10 @@ def check_forward(reference, spec: InputSpec, module) -> tuple[dict, list]:
 
 
 def reference_outputs(reference, batches: list[dict], forward: tuple[dict, list] | None) -> tuple[list, int]:
-    """The eager outputs on every validation batch, and how many were taken from the forward check's run
-    (``forward``: its feed and outputs) rather than run again: the first random batch is its feed (at BERT-large's
-    batch 8 and sequence 128 one eager run takes 4 s on 2 cores)."""
-    outputs, taken = [], 0
-    for batch in batches:
-        if forward is not None and same_feed(batch, forward[0]):
-            outputs.append(forward[1])
-            taken += 1
-        else:
-            outputs.append(reference.run(batch))
-    return outputs, taken
+    """The eager outputs on every validation batch, and how many were the forward check's (``forward``: its feed and
+    outputs) rather than a run again: the first random batch is its feed."""
+    outputs = outputs_on(reference, batches, forward)
+    return outputs, sum(out is forward[1] for out in outputs) if forward is not None else 0
 
 
 def _safe_name(text: str) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infopt.api.build_inputs import outputs_on
 from infopt.api.emit import onnx_outputs
 from infopt.core.artifact import STAGE, Artifact
 from infopt.core.errors import BuildError, first_line
@@ -45,8 +46,8 @@ class Candidate:
     drift: Any = None
     verdict: Any = None
     chosen: bool = False
-    probe_outputs: list | None = None
-    """its outputs on the first validation batch, from the roof probe's first run (the drift check takes them)"""
+    probe_run: tuple[dict, list] | None = None
+    """the roof probe's first run: its feed (the first validation batch) and outputs, which the drift check takes"""
     probe_share: float | None = None
     """the share of the machine's fp32 matmul peak it computed at in the roof probe, where the probe ran"""
 
@@ -106,7 +107,7 @@ PROBE_AFTER_S = 20.0
 """the probe runs only where the first candidate took at least this long to build: where builds take seconds,
 building the others costs less than being wrong about them. BERT-large's first candidate builds in 30-32 s here
 (2026-11-29): at 30 s the probe ran or not by the second, and one build not probed built AOTInductor for 86 s
-(232 s in all against 95)"""
+(232 s in all against 83-95)"""
 PROBE_MIN_RUN_S = 0.01
 """a run shorter than this is the runtime's overhead as much as arithmetic: its FLOP rate says nothing"""
 
@@ -139,7 +140,7 @@ def roof_probe(first: Candidate, feed: dict, spec, module, target, built_in_s: f
     if not flops:
         return None
     started = time.perf_counter()
-    first.probe_outputs = first.runner.run(feed)  # the drift check's outputs on this batch: not run again there
+    first.probe_run = feed, first.runner.run(feed)  # the drift check's outputs on this batch: not run again there
     clock = first.runner.clock or timing.host_timer
     seconds = min([time.perf_counter() - started] + [clock(first.runner.run, feed) for _ in range(PROBE_RUNS - 1)])
     share = flops * batch / seconds / (peak * 1e12)
@@ -154,12 +155,9 @@ def roof_probe(first: Candidate, feed: dict, spec, module, target, built_in_s: f
 
 
 def validation_outputs(candidate: Candidate, batches: list[dict]) -> list:
-    """``candidate``'s outputs on every validation batch, the first from its roof probe's run where it ran there
-    (at BERT-large's batch 8 a run takes 3-4 s on 2 cores)."""
-    stored, candidate.probe_outputs = candidate.probe_outputs, None
-    if stored is None or not batches:
-        return [candidate.runner.run(batch) for batch in batches]
-    return [stored] + [candidate.runner.run(batch) for batch in batches[1:]]
+    """``candidate``'s outputs on every validation batch, the roof probe's run taken (once) where it ran there."""
+    known, candidate.probe_run = candidate.probe_run, None
+    return outputs_on(candidate.runner, batches, known)
 
 
 def drop_duplicates(candidates: list[Candidate]) -> None:

@@ -214,7 +214,6 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                    else _sequences(len(held_out))) + f" in {reference_dtype}, the reference")
             samples = evaluator.GenerationSamples.from_model(lm, prompts, prompt_source, held_out, held_source,
                                                              new_tokens, eos, on_prompts=on_prompts)
-            judged_held_out = len(held_out)
         pipeline = Pipeline(recipe, machine, Path(work), calibration=calibration, console=console, times=times,
                             settings=settings)
         source = [Artifact("torch", InputSpec.parse(list(LM_INPUTS)), obj=lm, output_names=("logits",))]
@@ -237,8 +236,8 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
         # the hashes are waited for after the judging's step, before the timing
         with hashed_ahead(p for p in prepared.iterdir() if p.stat().st_size >= HASH_AHEAD), times.step("validation"):
             say(f"generating {new_tokens} tokens from {len(prompts)} prompts with onnxruntime_genai; teacher-forced "
-                + ("logits of their prefill" + (f" and of {_sequences(judged_held_out)}" if judged_held_out else "")
-                   if on_prompts else f"logits on {_sequences(judged_held_out)}"))
+                + ("logits of their prefill" + (f" and of {_sequences(len(held_out))}" if held_out else "")
+                   if on_prompts else f"logits on {_sequences(len(held_out))}"))
             try:
                 judged = evaluator.evaluate_in(judge, prepared, samples, budgets)
             except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
@@ -272,11 +271,11 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                  "transformers' generate" + ("" if budgets.greedy_equal else " of the unquantized model (reported; a quantized "
                                              "build is judged by the teacher-forced figures)"),
                  f"teacher-forced logits of {len(samples.held_out)} sequences ({judged['teacher_forced']['tokens']} tokens) "
-                 f"from {_forced_source(on_prompts, judged_held_out, held_source, precision)}, against the "
+                 f"from {_forced_source(on_prompts, len(held_out), held_source, precision)}, against the "
                  f"{reference_dtype} model's (its top-1 tokens and next-token "
                  f"log-likelihoods are stored in {evaluator.SAMPLES_FILE} for `infopt validate`)"]
-        if new_tokens < NEW_TOKENS or judged_held_out < offered:
-            notes.append(judging_share_note(parameters, new_tokens, judged_held_out, offered, on_prompts,
+        if new_tokens < NEW_TOKENS or len(held_out) < offered:
+            notes.append(judging_share_note(parameters, new_tokens, len(held_out), offered, on_prompts,
                                             judged["teacher_forced"]))
         if reference_dtype != "float32":
             notes.append(f"the reference computed in {reference_dtype}, the checkpoint's dtype: the INT4 build keeps "
