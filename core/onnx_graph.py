@@ -65,6 +65,13 @@ def joined_modules(names: list[str]) -> str:
     return "+".join(names)
 
 
+def drop_unused_ir_initializers(graph) -> None:
+    """Remove the initializers no node reads and no output is, from an ``onnx_ir`` graph (after a rewrite)."""
+    for value in list(graph.initializers.values()):
+        if not value.uses() and not value.is_graph_output():
+            graph.initializers.pop(value.name, None)
+
+
 def drop_initializers(graph, names) -> None:
     """Remove the initializers named ``names`` in place, by index (``remove`` compares whole messages, and a large
     model's tensors are not copied)."""

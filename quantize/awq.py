@@ -25,7 +25,7 @@ import torch
 
 from infopt.quantize.int4_config import AWQConfig
 from infopt.quantize.int4_format import Int4Weight, fake_quantize, grid
-from infopt.quantize.int4_methods import Int4Method, Quantized, register, weighted_error
+from infopt.quantize.int4_methods import Int4Method, Quantized, output_errors, register
 from infopt.quantize.rtn import group_codes, group_grid
 
 
@@ -144,7 +144,8 @@ def _quantize(weight: torch.Tensor, stats: ActivationSample, config: AWQConfig) 
     packed, alpha = awq_quantize(weight, stats, config.group_size, config.symmetric,
                                  grid_points=config.awq_grid, clip=config.awq_clip)
     x = stats.sample.cpu()
-    return Quantized(packed, weighted_error(weight.cpu(), packed.effective_weight(), x.T @ x), alpha)
+    absolute, relative = output_errors(weight.cpu(), packed.effective_weight(), (x.T @ x) / max(x.shape[0], 1))
+    return Quantized(packed, relative, alpha, output_error=absolute)
 
 
 HANDLER = register(Int4Method(AWQConfig, _quantize,

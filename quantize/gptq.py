@@ -20,28 +20,30 @@ from __future__ import annotations
 import torch
 
 from infopt.quantize.int4_config import GPTQConfig
-from infopt.quantize.int4_format import Int4Weight, grid, quantize_codes
-from infopt.quantize.int4_methods import Int4Method, Quantized, register, weighted_error
+from infopt.quantize.int4_format import MAXQ, Int4Weight, grid
+from infopt.quantize.int4_methods import Int4Method, Quantized, output_errors, register
 
 
 class Hessian:
-    """Running ``2 X^T X / n`` over the rows of every batch a Linear sees."""
+    """Running ``2 X^T X / n`` over the rows of every batch a Linear sees: ``X^T X`` summed as the rows come
+    (one ``addmm`` a batch), scaled once when read."""
 
     def __init__(self, in_features: int):
-        self.matrix = torch.zeros(in_features, in_features, dtype=torch.float32)
+        self.sum = torch.zeros(in_features, in_features, dtype=torch.float32)
         self.rows = 0
 
     def add(self, inputs: torch.Tensor) -> None:
         x = inputs.detach().reshape(-1, inputs.shape[-1]).float()
-        if self.matrix.device != x.device:
-            self.matrix = self.matrix.to(x.device)
-        n = x.shape[0]
-        if n == 0:
+        if x.shape[0] == 0:
             return
-        self.matrix *= self.rows / (self.rows + n)
-        self.rows += n
-        x = x * (2.0 / self.rows) ** 0.5
-        self.matrix += x.T @ x
+        if self.sum.device != x.device:
+            self.sum = self.sum.to(x.device)
+        self.rows += x.shape[0]
+        self.sum.addmm_(x.T, x)
+
+    @property
+    def matrix(self) -> torch.Tensor:
+        return self.sum * (2.0 / max(self.rows, 1))
 
 
 def _inverse_cholesky(h: torch.Tensor, damp: float) -> torch.Tensor:
@@ -72,29 +74,35 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, 
     w, h = w[:, perm], h[perm][:, perm]
     hinv = _inverse_cholesky(h, damp)
 
+    # columns as rows ([K, N]): each column GPTQ rounds is contiguous, and its error reaches the rest of the lazy
+    # block in one rank-1 update (addr_)
+    wt = w.T.contiguous()
     groups = cols // group_size
-    scales = torch.zeros(rows, groups, device=w.device)
-    zeros = torch.zeros(rows, groups, device=w.device)
-    codes = torch.zeros(rows, cols, device=w.device)
+    scales = torch.zeros(groups, rows, device=w.device)
+    zeros = torch.zeros(groups, rows, device=w.device)
+    codes = torch.zeros(cols, rows, device=w.device)
     for start in range(0, cols, block_size):
         end = min(start + block_size, cols)
-        block = w[:, start:end].clone()
+        block = wt[start:end].clone()
         errors = torch.zeros_like(block)
         hblock = hinv[start:end, start:end]
         for i in range(end - start):
             col = start + i
             if col % group_size == 0:
-                inside = block[:, i:i + group_size]
-                ahead = torch.cat([inside, w[:, end:end + group_size - inside.shape[1]]], dim=1)
-                scale, zero = grid(ahead, symmetric)
-                scales[:, col // group_size], zeros[:, col // group_size] = scale, zero
-            column = block[:, i]
-            code = quantize_codes(column[:, None], scale, zero)[:, 0]
-            codes[:, col] = code
-            err = (column - (code - zero) * scale) / hblock[i, i]
-            block[:, i:] -= err[:, None] * hblock[i, i:][None, :]
-            errors[:, i] = err
-        w[:, end:] -= errors @ hinv[start:end, end:]
+                inside = block[i:i + group_size]
+                ahead = torch.cat([inside, wt[end:end + group_size - inside.shape[0]]], dim=0)
+                scale, zero = grid(ahead.T, symmetric)
+                inverse_scale = scale.reciprocal()
+                scales[col // group_size], zeros[col // group_size] = scale, zero
+            column = block[i]
+            code = torch.round(column / scale).add_(zero).clamp_(0, MAXQ)
+            codes[col] = code
+            err = column.sub(code.sub(zero).mul_(scale)).div_(hblock[i, i])
+            block[i + 1:].addr_(hblock[i, i + 1:], err, alpha=-1)
+            errors[i] = err
+        wt[end:].addmm_(hinv[start:end, end:].T, errors, alpha=-1)
+    del inverse_scale
+    codes, scales, zeros = codes.T, scales.T, zeros.T
 
     inverse = torch.argsort(perm).cpu()
     g_idx = (torch.arange(cols) // group_size)[inverse] if act_order else None
@@ -102,9 +110,11 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, 
 
 
 def _quantize(weight: torch.Tensor, hessian: Hessian, config: GPTQConfig) -> Quantized:
-    packed = gptq_quantize(weight, hessian.matrix, config.group_size, config.symmetric, damp=config.damp,
+    matrix = hessian.matrix
+    packed = gptq_quantize(weight, matrix, config.group_size, config.symmetric, damp=config.damp,
                            act_order=config.act_order, block_size=config.block_size)
-    return Quantized(packed, weighted_error(weight.cpu(), packed.effective_weight(), hessian.matrix.cpu()))
+    absolute, relative = output_errors(weight.cpu(), packed.effective_weight(), matrix.cpu())
+    return Quantized(packed, relative, output_error=absolute)
 
 
-HANDLER = register(Int4Method(GPTQConfig, _quantize, lambda config, in_features: Hessian(in_features)))
+HANDLER = register(Int4Method(GPTQConfig, _quantize, lambda config, in_features: Hessian(in_features), stacks=True))

@@ -162,6 +162,14 @@ class Int4Weight:
         weight = self.dequantize()
         return weight / self.input_scale[None, :] if self.input_scale is not None else weight
 
+    def split_rows(self, sizes: list[int]) -> list["Int4Weight"]:
+        """The weights of layers whose rows were stacked into this one, ``sizes`` output rows each (in order)."""
+        if len(sizes) == 1:
+            return [self]
+        parts = zip(self.qweight.split(sizes), self.scales.split(sizes), self.zeros.split(sizes))
+        return [Int4Weight(q.contiguous(), s.contiguous(), z.contiguous(), self.group_size, self.symmetric,
+                           self.g_idx, self.input_scale) for q, s, z in parts]
+
     def sorted_groups(self) -> bool:
         """True when input features are in group order, so a layout without ``g_idx`` can hold it."""
         if self.g_idx is None:

@@ -34,6 +34,9 @@ class Quantized(NamedTuple):
     """the layer's relative output error on the calibration data (:func:`weighted_error`); None without data"""
     alpha: float | None = None
     """AWQ's scale exponent, for the report"""
+    output_error: float | None = None
+    """``tr(E H E^T)``, the error the layer adds to its output on the calibration data in the output's own units
+    (:func:`output_errors`): how far it moves the residual stream, which ranks layers for 8 bits"""
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,9 @@ class Int4Method:
     """``(weight [N, K] float32, statistic or None, config) -> Quantized``"""
     statistic: Callable[[Any, int], Statistic] | None = None
     """``(config, in_features) -> Statistic`` the calibration activations are folded into; None: no data"""
+    stacks: bool = False
+    """each output row is rounded on its own given the statistic, so layers reading one input (a block's query,
+    key and value) may be quantized as one weight, their rows stacked: the same codes, one pass over the columns"""
 
     @property
     def name(self) -> str:
@@ -60,10 +66,15 @@ def handler_for(config: Int4MethodConfig) -> Int4Method:
     return handler
 
 
-def weighted_error(weight: torch.Tensor, quantized: torch.Tensor, hessian: torch.Tensor) -> float:
-    """``tr(E H E^T) / tr(W H W^T)`` with ``E = W - Q``: the layer's relative output error on the
-    calibration data (0 is exact)."""
+def output_errors(weight: torch.Tensor, quantized: torch.Tensor, hessian: torch.Tensor) -> tuple[float, float]:
+    """``tr(E H E^T)`` with ``E = W - Q`` (the output error on the calibration data), and that over ``tr(W H W^T)``
+    (relative: 0 is exact)."""
     err = weight - quantized
-    num = torch.einsum("nk,kl,nl->", err, hessian, err)
-    den = torch.einsum("nk,kl,nl->", weight, hessian, weight)
-    return float(num / den) if den > 0 else 0.0
+    num = float(torch.mul(err @ hessian, err).sum())
+    den = float(torch.mul(weight @ hessian, weight).sum())
+    return num, (num / den if den > 0 else 0.0)
+
+
+def weighted_error(weight: torch.Tensor, quantized: torch.Tensor, hessian: torch.Tensor) -> float:
+    """``tr(E H E^T) / tr(W H W^T)``: the layer's relative output error on the calibration data (0 is exact)."""
+    return output_errors(weight, quantized, hessian)[1]

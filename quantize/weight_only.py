@@ -42,6 +42,7 @@ from infopt.quantize.int4_format import (
     LinearFilter,
     check_group_size,
     default_filter,
+    dequantize_int4,
     quantizable_linears,
     replace_module,
 )
@@ -59,6 +60,8 @@ class LayerResult:
     alpha: float | None = None
     act_order: bool = False
     group_size: int | None = None
+    output_error: float | None = None
+    """``tr(E H E^T)``: the error added to the layer's output (its stack's, for layers rounded together)"""
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -174,13 +177,20 @@ def layer_groups(model: nn.Module, names: Sequence[str]) -> list[tuple[nn.Module
 def calibrate_int4(model: nn.Module, config: Int4MethodConfig | Int4Config,
                    batches: Iterable[Sequence[torch.Tensor]] | None = None, *,
                    keep: LinearFilter = default_filter, progress: Callable[[str], None] | None = None,
-                   inplace: bool = False, uniform_group_size: bool = False) -> Int4Result:
+                   inplace: bool = False, uniform_group_size: bool = False,
+                   masks: Sequence[torch.Tensor | None] | None = None, int8_share: float = 0.0) -> Int4Result:
     """Packed INT4 weights for every quantizable Linear of ``model``.
 
     ``batches`` are tuples of input tensors in the model's argument order; a method that
-    calibrates (GPTQ, AWQ) needs them, RTN does not. ``model`` is left unchanged (the work is
-    done on a copy) unless ``inplace``: then it ends with its Linears as :class:`Int4Linear`, on
-    its own device.
+    calibrates (GPTQ, AWQ) needs them, RTN does not. ``masks``, one per batch, mark its real
+    positions (``[batch, seq]``, true where a token is, an ``attention_mask``): padded positions
+    never reach the statistics. ``model`` is left unchanged (the work is done on a copy) unless
+    ``inplace``: then it ends with its Linears as :class:`Int4Linear`, on its own device.
+
+    ``int8_share``: the layers that add the most error to their outputs (``tr(E H E^T)``), up to this share of
+    the quantized weights, stay in float in ``result.kept``, for 8 bits downstream (``quantize_int8_weights``
+    rounds every float MatMul left in the graph). Only their float weights are held while the rest is rounded:
+    at most this share of the model's.
     """
     config = as_method_config(config)
     method = handler_for(config)
@@ -198,7 +208,8 @@ def calibrate_int4(model: nn.Module, config: Int4MethodConfig | Int4Config,
             if progress:
                 progress(f"layer {len(result.layers) + 1}/{len(names)} {name}{eta(started, len(result.layers), len(names))}")
             layer = model.get_submodule(name)
-            _record(result, name, layer, None, config.model_copy(update={"group_size": plan.group_sizes[name]}), method)
+            _record(result, [name], [layer], None, config.model_copy(update={"group_size": plan.group_sizes[name]}),
+                    method)
             drop_file_pages(layer.weight, mappings)
         if inplace:
             apply_int4(model, result.weights)
@@ -211,7 +222,9 @@ def calibrate_int4(model: nn.Module, config: Int4MethodConfig | Int4Config,
     device = config.device if config.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     work = (model if inplace else copy.deepcopy(model)).eval().to(device)
     batches = [tuple(t.to(device) for t in batch) for batch in batches]
+    masks = [None if m is None else m.to(device).bool() for m in masks] if masks is not None else [None] * len(batches)
     groups = layer_groups(work, names)
+    keeper = _Int8Keeper(int8_share * sum(work.get_submodule(n).weight.numel() for n in names))
     inputs = None  # each batch's (args, kwargs) at the current block's entry, once the first block caught them
     for number, (block, members) in enumerate(groups, 1):
         stats = {n: method.statistic(config, work.get_submodule(n).in_features) for n in members}
@@ -221,25 +234,60 @@ def calibrate_int4(model: nn.Module, config: Int4MethodConfig | Int4Config,
             blocks = [b for b, _ in groups if b is not None]
             inputs = _block_inputs(work, block, batches) if _chained(work, blocks, batches[0]) else None
         if block is not None and inputs is not None:
-            result.rows = max(result.rows, _collect_block(work, block, members, stats, inputs))
+            result.rows = max(result.rows, _collect_block(work, block, members, stats, inputs, masks))
         else:
-            result.rows = max(result.rows, _collect(work, block, members, stats, batches))
-        for name in members:
+            result.rows = max(result.rows, _collect(work, block, members, stats, batches, masks))
+        for unit in _units(members, stats, plan.group_sizes, method):
             if progress:
-                progress(f"layer {len(result.layers) + 1}/{len(names)} {name}{eta(started, len(result.layers), len(names))}")
-            layer = work.get_submodule(name)
-            if stats[name].rows == 0:
-                raise UsageError(f"layer {name} saw no calibration rows", where=f"layer {name}",
+                progress(f"layer {len(result.layers) + 1}/{len(names)} {' + '.join(unit)}"
+                         f"{eta(started, len(result.layers), len(names))}")
+            layers = [work.get_submodule(name) for name in unit]
+            if stats[unit[0]].rows == 0:
+                raise UsageError(f"layer {unit[0]} saw no calibration rows", where=f"layer {unit[0]}",
                                  fix="the calibration data must run through the layer; check the inputs reach it")
-            weight = _record(result, name, layer, stats[name],
-                             config.model_copy(update={"group_size": plan.group_sizes[name]}), method)
-            replace_module(work, name, Int4Linear(weight, layer.bias).to(device))
-            drop_file_pages(layer.weight, mappings)
+            weights = _record(result, unit, layers, stats[unit[0]],
+                              config.model_copy(update={"group_size": plan.group_sizes[unit[0]]}), method)
+            keeper.offer(result.layers[-1].output_error, unit, layers)
+            for name, layer, weight in zip(unit, layers, weights):
+                # while calibration runs the layer again, its rounded weight is held dequantized (an Int4Linear
+                # dequantizes on every call: half the block's time at 128 passages)
+                replace_module(work, name, Rounded(Int4Linear(weight, layer.bias).to(device)))
+                drop_file_pages(layer.weight, mappings)
         if block is not None and inputs is not None:
             inputs = _block_outputs(block, inputs)  # the next block's inputs: this one's, quantized, on them
+            _packed(work, members)
+    _packed(work, names)
+    keeper.restore(work, result, int8_share)
     if inplace:
         work.to(home).train(training)
     return result
+
+
+class _Int8Keeper:
+    """The units with the largest output errors so far, up to ``budget`` parameters, their float Linears held."""
+
+    def __init__(self, budget: float):
+        self.budget = budget
+        self.held: list[tuple[float, list[str], list[nn.Module]]] = []
+
+    def offer(self, score: float | None, names: list[str], layers: list[nn.Module]) -> None:
+        size = sum(layer.weight.numel() for layer in layers)
+        if score is None or size > self.budget:
+            return
+        self.held.append((score, names, layers))
+        self.held.sort(key=lambda item: -item[0])
+        while sum(layer.weight.numel() for _, _, ls in self.held for layer in ls) > self.budget:
+            self.held.pop()
+
+    def restore(self, work: nn.Module, result: Int4Result, share: float) -> None:
+        for score, names, layers in self.held:
+            for name, layer in zip(names, layers):
+                replace_module(work, name, layer)
+                result.weights.pop(name)
+                result.kept[name] = (f"kept for 8 bits: its output error {score:.3g} among the largest, within "
+                                     f"{share:.0%} of the weights")
+        result.layers = [row for row in result.layers if row.name in result.weights]
+        self.held = []
 
 
 def eta(started: float, done: int, total: int) -> str:
@@ -250,16 +298,58 @@ def eta(started: float, done: int, total: int) -> str:
     return f", about {left:.0f} s left" if left < 120 else f", about {left / 60:.0f} min left"
 
 
-def _record(result: Int4Result, name: str, layer: nn.Linear, statistic, config: Int4MethodConfig,
-            method: Int4Method) -> Int4Weight:
-    """Quantize one layer with ``method`` and add it to ``result``."""
+class Rounded(nn.Module):
+    """An :class:`Int4Linear` (``packed``) whose weight is dequantized once per input dtype while calibration runs
+    it, where the layer itself unpacks it on every call; the same products (``int4_linear_torch``'s)."""
+
+    def __init__(self, packed: Int4Linear):
+        super().__init__()
+        self.packed = packed
+        self.dense: dict[torch.dtype, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p = self.packed
+        if x.dtype not in self.dense:
+            self.dense = {x.dtype: dequantize_int4(p.qweight, p.scales.to(x.dtype), p.zeros, p.g_idx, p.group_size)}
+        if p.input_scale is not None:
+            x = x / p.input_scale.to(x.dtype)
+        return nn.functional.linear(x, self.dense[x.dtype], None if p.bias is None else p.bias.to(x.dtype))
+
+
+def _packed(work: nn.Module, names: Sequence[str]) -> None:
+    """Each of ``names`` still :class:`Rounded` in ``work`` replaced by its :class:`Int4Linear`."""
+    for name in names:
+        layer = work.get_submodule(name)
+        if isinstance(layer, Rounded):
+            replace_module(work, name, layer.packed)
+
+
+def _units(members: list[str], stats: dict, group_sizes: dict[str, int], method: Int4Method) -> list[list[str]]:
+    """The members in the order they are quantized, those that read one input (one statistic: a block's query,
+    key and value projections, its gate and up) together where the method rounds each output row on its own."""
+    units: dict[tuple, list[str]] = {}
+    for name in members:
+        key = (id(stats[name]), group_sizes[name]) if method.stacks else (name,)
+        units.setdefault(key, []).append(name)
+    return list(units.values())
+
+
+def _record(result: Int4Result, names: list[str], layers: list[nn.Linear], statistic, config: Int4MethodConfig,
+            method: Int4Method) -> list[Int4Weight]:
+    """Quantize ``layers`` with ``method`` as one weight (their rows stacked: they share ``statistic``), add each
+    to ``result`` (the stack's error and time shared among them), and return their weights."""
     start = time.perf_counter()
-    done = method.quantize(layer.weight.detach().float(), statistic, config)
-    result.weights[name] = done.weight
-    result.layers.append(LayerResult(name, tuple(layer.weight.shape), done.error, time.perf_counter() - start,
-                                     alpha=done.alpha, act_order=getattr(config, "act_order", False),
-                                     group_size=config.group_size))
-    return done.weight
+    stacked = torch.cat([layer.weight.detach().float() for layer in layers]) if len(layers) > 1 else \
+        layers[0].weight.detach().float()
+    done = method.quantize(stacked, statistic, config)
+    weights = done.weight.split_rows([layer.out_features for layer in layers])
+    seconds = (time.perf_counter() - start) / len(layers)
+    for name, layer, weight in zip(names, layers, weights):
+        result.weights[name] = weight
+        result.layers.append(LayerResult(name, tuple(layer.weight.shape), done.error, seconds,
+                                         alpha=done.alpha, act_order=getattr(config, "act_order", False),
+                                         group_size=config.group_size, output_error=done.output_error))
+    return weights
 
 
 def _block_inputs(work: nn.Module, block: nn.Module, batches) -> list[tuple[tuple, dict]] | None:
@@ -326,14 +416,37 @@ def _arguments(kwargs: dict) -> dict:
     return {k: v for k, v in kwargs.items() if k not in CACHE_KWARGS and not type(v).__name__.endswith("Cache")}
 
 
-def _collect_block(work: nn.Module, block: nn.Module, members: list[str], stats: dict, inputs) -> int:
+def _statistic_hooks(work: nn.Module, members: list[str], stats: dict, current: dict) -> list:
+    """Hooks folding each member's input into its statistic, only the real positions where ``current["mask"]``
+    (the batch's ``[batch, seq]`` mask) marks them. Members handed the very same tensor in the first batch (a
+    block's query, key and value projections read one normalized input) share one statistic from then on: it is
+    folded in once, and ``stats`` maps each of them to the same object."""
+    first: dict[str, torch.Tensor] = {}
+    owner: dict[str, str] = {}
+
+    def add(_module, args, n):
+        x, mask = args[0], current.get("mask")
+        if n not in owner:  # the first batch: is this the input another member just read?
+            twin = next((m for m, seen in first.items() if seen is x), None)
+            owner[n] = twin or n
+            first[n] = x
+            if twin is not None:
+                stats[n] = stats[twin]
+        if owner[n] == n:
+            stats[n].add(x[mask] if mask is not None and x.dim() == 3 and x.shape[:2] == mask.shape else x)
+
+    return [work.get_submodule(n).register_forward_pre_hook(lambda m, args, n=n: add(m, args, n)) for n in members]
+
+
+def _collect_block(work: nn.Module, block: nn.Module, members: list[str], stats: dict, inputs, masks) -> int:
     """The statistics of ``block``'s Linears from the block alone, run on its cached inputs: calibration then
     costs one block per block, not the model's way up to each one."""
-    handles = [work.get_submodule(n).register_forward_pre_hook(lambda _m, args, n=n: stats[n].add(args[0]))
-               for n in members]
+    current: dict = {}
+    handles = _statistic_hooks(work, members, stats, current)
     try:
         with torch.no_grad():
-            for args, kwargs in inputs:
+            for (args, kwargs), mask in zip(inputs, masks):
+                current["mask"] = mask
                 block(*args, **kwargs)
     finally:
         for handle in handles:
@@ -351,23 +464,26 @@ def _block_outputs(block: nn.Module, inputs) -> list[tuple[tuple, dict]]:
     return found
 
 
-def _collect(work: nn.Module, block: nn.Module | None, members: list[str], stats: dict, batches) -> int:
-    handles = [work.get_submodule(n).register_forward_pre_hook(lambda _m, args, n=n: stats[n].add(args[0]))
-               for n in members]
+def _collect(work: nn.Module, block: nn.Module | None, members: list[str], stats: dict, batches, masks) -> int:
+    current: dict = {}
+    handles = _statistic_hooks(work, members, stats, current)
     if block is not None:
         def stop(_module, _args, _output):
             raise _Stop
 
         handles.append(block.register_forward_hook(stop))
-    _run_batches(work, batches, handles)
+    _run_batches(work, batches, handles, masks, current)
     return stats[members[0]].rows
 
 
-def _run_batches(work: nn.Module, batches, handles: list) -> None:
-    """Every batch through ``work`` (a hook's ``_Stop`` ends one where the rest is not needed), then the hooks off."""
+def _run_batches(work: nn.Module, batches, handles: list, masks=None, current: dict | None = None) -> None:
+    """Every batch through ``work`` (a hook's ``_Stop`` ends one where the rest is not needed), then the hooks off;
+    ``current["mask"]`` is each batch's mask while it runs."""
     try:
         with torch.no_grad():
-            for batch in batches:
+            for index, batch in enumerate(batches):
+                if current is not None:
+                    current["mask"] = masks[index] if masks is not None else None
                 try:
                     work(*batch)
                 except _Stop:
@@ -387,11 +503,12 @@ def apply_int4(model: nn.Module, weights: dict[str, Int4Weight]) -> nn.Module:
 
 def quantize_int4(model: nn.Module, config: Int4MethodConfig | Int4Config | None = None,
                   batches: Iterable[Sequence[torch.Tensor]] | None = None, *, keep: LinearFilter = default_filter,
-                  progress: Callable[[str], None] | None = None, uniform_group_size: bool = False) -> Int4Result:
+                  progress: Callable[[str], None] | None = None, uniform_group_size: bool = False,
+                  masks: Sequence[torch.Tensor | None] | None = None, int8_share: float = 0.0) -> Int4Result:
     """Calibrate in place: ``model`` ends with its quantizable Linears as INT4 (one group size for all
-    with ``uniform_group_size``)."""
+    with ``uniform_group_size``); ``masks`` and ``int8_share`` as :func:`calibrate_int4` takes them."""
     return calibrate_int4(model, as_method_config(config), batches, keep=keep, progress=progress, inplace=True,
-                          uniform_group_size=uniform_group_size)
+                          uniform_group_size=uniform_group_size, masks=masks, int8_share=int8_share)
 
 
 def _outputs(model: nn.Module, batches) -> list:

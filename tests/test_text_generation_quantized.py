@@ -115,11 +115,16 @@ def test_int4_gptq_with_calibration_text_holds_agreement_and_perplexity(trained,
     assert forced["top1"] >= 0.8 and forced["ppl_delta"] <= 0.10
     assert {c["name"]: c["passed"] for c in manifest["validation"]["verdict"]["checks"]} == {"top1": True,
                                                                                             "ppl_delta": True}
-    assert generation["quantization"]["method"] == "gptq" and generation["quantization"]["layers"] == 14
+    quantization = generation["quantization"]
+    # the layers adding the most output error, a tenth of the weights, kept for 8 bits (int8_share)
+    assert quantization["method"] == "gptq" and quantization["kept_in_float"]
+    assert quantization["layers"] + len(quantization["kept_in_float"]) == 14
+    kept = next(p["details"]["kept"] for p in manifest["passes"] if p["name"] == "quantize_int4")
+    assert all(why.startswith("kept for 8 bits") for why in kept.values())
     assert manifest["precision"] == "int4" and manifest["provenance"]["calibration"]["samples"] == 128
     folder = trained / "int4" / "servers" / "onnxruntime-genai"
     counts = ops(folder / "model.onnx")
-    # per layer: query/key/value packed into one, o, gate/up packed into one, down; and the output head (RTN)
+    # per layer: query/key/value packed into one, o, gate/up packed into one, down; and the output head (8 bits)
     assert counts.get("MatMulNBits") == 9 and counts.get("GroupQueryAttention") == 2
     assert generation["weights_bytes"] < 0.6 * (trained / "lm" / "model.safetensors").stat().st_size
     assert manifest["source"]["task"]["name"] == "text-generation"  # the default for a causal LM
@@ -143,8 +148,8 @@ def test_int4_gptq_with_calibration_text_holds_agreement_and_perplexity(trained,
     assert cosine.min() > 0.99 and (got.argmax(-1) == want.argmax(-1)).mean() >= 0.9, cosine
 
 
-def test_a_tied_head_and_embedding_share_one_int4_table(trained, tmp_path):
-    """A tied LM's INT4 build stores its table once, in INT4: the lookup reads the head's MatMulNBits weight through
+def test_a_tied_head_and_embedding_share_one_8bit_table(trained, tmp_path):
+    """A tied LM's INT4 build stores its table once, in 8 bits: the lookup reads the head's MatMulNBits weight through
     GatherBlockQuantized. Against the same build keeping the lookup's fp32 table (a recipe YAML given with --recipe),
     it is smaller by about that table and holds the same budgets on the held-out text."""
     import yaml
@@ -153,7 +158,7 @@ def test_a_tied_head_and_embedding_share_one_int4_table(trained, tmp_path):
 
     train_lm(trained / "tied-lm", tied=True)
     recipe = yaml.safe_load(bundled_recipes()["int4-onnxruntime-genai"].read_text())
-    head = next(step for step in recipe["passes"] if step["name"] == "quantize_int4_head")
+    head = next(step for step in recipe["passes"] if step["name"] == "quantize_int8_weights")
     head["options"] = {**head.get("options", {}), "tied_embedding": "float"}
     (tmp_path / "float-table.yaml").write_text(yaml.safe_dump(recipe))
     manifests = {}
@@ -226,7 +231,7 @@ def test_a_bf16_checkpoint_builds_int4_from_its_stored_weights_and_says_its_refe
     assert len(generates(trained / "int4-bf16" / "servers" / "onnxruntime-genai")) == 8
 
 
-def test_int8_is_dynamic_per_channel_and_holds_its_budget(trained, builds):
+def test_int8_is_weight_only_8bit_matmulnbits_and_holds_its_budget(trained, builds):
     manifest = builds["int8"]
     generation = manifest["validation"]["generation"]
     forced = generation["teacher_forced"]
@@ -234,9 +239,16 @@ def test_int8_is_dynamic_per_channel_and_holds_its_budget(trained, builds):
         assert row["usd_per_million_tokens"] == pytest.approx(0.8 / 3600 / row["tokens_per_s"] * 1e6)
     assert forced["top1"] >= 0.9 and abs(forced["ppl_delta"]) <= 0.02
     assert manifest["validation"]["verdict"]["passed"] is True
-    counts = ops(trained / "int8" / "servers" / "onnxruntime-genai" / "model.onnx")
-    # per layer: query/key/value packed into one, o, gate/up packed into one, down
-    assert counts.get("MatMulInteger") == 8 and counts.get("DynamicQuantizeLinear", 0) >= 1
+    model = onnx.load(str(trained / "int8" / "servers" / "onnxruntime-genai" / "model.onnx"), load_external_data=False)
+    nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
+    # per layer: query/key/value packed into one, o, gate/up packed into one, down; and the head: all 8-bit weights,
+    # the activations in float (no op quantizes them)
+    assert len(nbits) == 9 and {onnx.helper.get_attribute_value(a) for n in nbits for a in n.attribute
+                                if a.name == "bits"} == {8}
+    assert not {"MatMul", "MatMulInteger", "DynamicQuantizeLinear"} & {n.op_type for n in model.graph.node}
+    quantization = generation["quantization"]
+    assert quantization["method"] == "weight-only" and quantization["layers"] == 9 and quantization["head"].endswith("lm_head")
+    assert 8 < quantization["bits_per_weight"] < 10
     assert len(generates(trained / "int8" / "servers" / "onnxruntime-genai")) == 8
 
 
@@ -266,7 +278,7 @@ def test_validate_judges_a_generation_folder_again_from_what_the_build_stored(tr
     # the recipe names the passes the manifest lists, each with its typed details
     manifest = builds["int4"]
     assert [p["name"] for p in manifest["passes"]] == [s["name"] for s in manifest["recipe"]["passes"]] == [
-        "quantize_int4", "capture_kv_decoder", "onnx_export", "fuse_decoder", "quantize_int4_head",
+        "quantize_int4", "capture_kv_decoder", "onnx_export", "fuse_decoder", "quantize_int8_weights",
         "write_genai_folder"]
     assert manifest["passes"][0]["details"]["method"] == "gptq" and manifest["passes"][4]["details"]["head"].endswith("lm_head")
     assert manifest["validation"]["stored_samples"] == 4 and SAMPLES_FILE in manifest["files"]
@@ -384,7 +396,7 @@ def test_quantized_generation_refuses_what_it_cannot_do(trained, tmp_path):
     lm = str(trained / "lm")
     cases = [  # with --task text-generation: asked for, the task refuses what it cannot build (exit 2)
         (("--calib", str(trained / "calib.txt")), "--calib calibrates --int4"),
-        (("--int8", "--calib", str(trained / "calib.txt")), "its INT8 is dynamic"),
+        (("--int8", "--calib", str(trained / "calib.txt")), "its INT8 is weight-only"),
         (("--int4", "--max-drift", "cosine=0.9"), "names no metric of --task text-generation"),
         (("--int4", "--group-size", "48"), "MatMulNBits takes 16, 32, 64, 128, 256"),
         (("--int4", "--int4-method", "gptq"), "calibrates on text, and no --calib was given"),

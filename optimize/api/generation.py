@@ -3,7 +3,7 @@
 The build runs the task's recipe (``recipes/pipelines/<precision>-onnxruntime-genai.yaml``) through the same
 :class:`~infopt.core.pipeline.Pipeline` as every build: INT4 of the Linear layers (``quantize_int4``, the same
 pass and checkpoint rules as every INT4 build), the decoder's capture with its KV cache
-(``capture_kv_decoder``), ``onnx_export``, its fusions (``fuse_decoder``), dynamic INT8 (``quantize_int8``) or
+(``capture_kv_decoder``), ``onnx_export``, its fusions (``fuse_decoder``), weight-only INT8 (``quantize_int8_weights``) or
 the head's INT4 (``quantize_int4_head``), and the ONNX Runtime GenAI folder (``write_genai_folder``). That
 folder is what is judged, by the task's evaluator (``validators/generation_eval.py``): ``onnxruntime_genai``
 generates from it, its greedy tokens against transformers' ``generate`` on the same prompts (prompts from
@@ -52,9 +52,9 @@ from infopt.exporters.int4_checkpoint import CheckpointSource
 from infopt.exporters.kv_decoder import KvDecoder, cache_layout, context_length, decoder_outputs
 from infopt.exporters.servers import onnxruntime_genai as genai_server
 from infopt.exporters.staging import check_output, claim_output, staged_output
+from infopt.passes.decoder.quantize_int8_weights import QuantizeInt8WeightsDetails
 from infopt.passes.fx.quantize_int4 import Int4Details
 from infopt.passes.lower.onnx_int4 import BLOCK_SIZES
-from infopt.passes.onnx.quantize_int8 import Int8Details
 from infopt.quantize.calib_data import CalibrationSet
 from infopt.quantize.int4_config import Int4Config
 from infopt.report.markdown import top1_text
@@ -121,7 +121,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                      pass_options: dict[str, dict[str, Any]] | None = None, recipe: str | Path | None = None,
                      backend: str = "auto", dry_run: bool = False, command: list[str] | None = None,
                      console: Any = None) -> BuildResult | dict[str, Any]:
-    """Build the text-generation deployable of a causal LM (fp32, dynamic INT8 or INT4 weight-only). The INT4 flags
+    """Build the text-generation deployable of a causal LM (fp32, INT8 or INT4 weight-only). The INT4 flags
     and ``attention`` (``unfused``: attention as transformers writes it) are build settings the task's passes take;
     ``pass_options`` (pass name -> options) go over the recipe's own. ``recipe`` (a YAML file or a bundled name whose
     ``task`` is text-generation) replaces the precision's recipe; ``backend`` is ``auto`` or ``onnxruntime``, the
@@ -138,7 +138,8 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                          f"for {target}", fix=f"drop the precision flag and --target, or build --task logits for {precision}")
     if calib is not None and precision != "int4":
         raise UsageError(f"--calib calibrates --int4 (GPTQ, AWQ) of --task {TASK}; {precision} takes none"
-                         + (" (its INT8 is dynamic: activations are quantized per call)" if precision == "int8" else ""),
+                         + (" (its INT8 is weight-only: every weight rounded on its own, nothing to calibrate)"
+                            if precision == "int8" else ""),
                          fix="drop --calib, or build --int4")
     if precision != "int4" and (int4_method or group_size or act_order):
         raise UsageError("--int4-method, --group-size and --act-order apply to --int4", fix="drop them, or build --int4")
@@ -376,9 +377,11 @@ def _quantization(lineage, calibration: CalibrationSet | None) -> dict | None:
                     "act_order": details.act_order, "kept_in_float": sorted(details.kept),
                     "calibration_passages": calibration.count if calibration and details.method != "rtn" else 0,
                     "format": "MatMulNBits (com.microsoft), 4-bit weights"}
-        if isinstance(details, Int8Details):
-            return {"precision": "int8", "method": details.mode, "per_channel": True, "layers": len(details.layers),
-                    "format": "MatMulInteger, int8 weights per output channel"}
+        if isinstance(details, QuantizeInt8WeightsDetails):
+            return {"precision": "int8", "method": "weight-only", "layers": details.layers,
+                    "group_sizes": details.block_sizes, "bits_per_weight": details.bits_per_weight,
+                    "kept_in_float": sorted(details.kept), "head": details.head, "embedding": details.embedding,
+                    "format": "MatMulNBits (com.microsoft), 8-bit weights"}
     return None
 
 

@@ -32,7 +32,7 @@ class CaptureKvDecoderOptions(PassOptions):
         "fused", description="fused: GroupQueryAttention where it computes the same (the cache one shared buffer); "
                              "unfused: attention as transformers writes it (the cache concatenated each step)")
     conv1d_as_linear: bool = Field(False, description="GPT-2's Conv1D layers as the Linears they are (MatMul in the "
-                                                      "graph, which dynamic INT8 takes)")
+                                                      "graph, which weight-only INT8 takes)")
     stamp: bool = Field(True, description="where every layer is built alike, capture the first two and let onnx_export "
                                           "stamp the second for the rest with their own weights (the cost of the "
                                           "capture and the export then grows with bytes, not with layers)")

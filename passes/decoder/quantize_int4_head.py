@@ -60,7 +60,7 @@ def run(artifact: Artifact, options: QuantizeInt4HeadOptions, context: PassConte
             continue
         transpose = weight.producer()  # a head tied to the embedding: MatMul(x, Transpose(embedding))
         if node.op_type == "FusedMatMul":  # or the embedding's table read as stored (fuse_decoder)
-            if not _reads_transposed(node) or weight.const_value is None:
+            if not reads_transposed(node) or weight.const_value is None:
                 continue
             rows, table, transpose = weight.const_value.numpy(), weight, None
         elif weight.const_value is not None:
@@ -105,7 +105,7 @@ def run(artifact: Artifact, options: QuantizeInt4HeadOptions, context: PassConte
                        QuantizeInt4HeadDetails())
 
 
-def _reads_transposed(node) -> bool:
+def reads_transposed(node) -> bool:
     """A ``FusedMatMul`` that is a plain MatMul of ``x`` by its weight's transpose (``transB=1``, nothing else)."""
     attributes = {name: attr.value for name, attr in node.attributes.items()}
     return (node.domain == "com.microsoft" and attributes.get("transB") == 1 and not attributes.get("transA")
@@ -113,9 +113,9 @@ def _reads_transposed(node) -> bool:
             and not attributes.get("transBatchB"))
 
 
-def share_table(graph, table, nbits, scales, zeros, group_size: int) -> int:
+def share_table(graph, table, nbits, scales, zeros, group_size: int, bits: int = 4) -> int:
     """Each ``Gather(table, ids)`` (the embedding's lookup) replaced by ``GatherBlockQuantized`` on the ``MatMulNBits``
-    node's weight ``[N, G, group_size / 2]`` (its last axis one block: the same bytes, read by row), with the scales
+    node's weight ``[N, G, group_size * bits / 8]`` (its last axis one block: the same bytes, read by row), with the scales
     and zero points as ``[N, G, 1]``, and a ``Reshape`` to ``[..., K]``; returns how many."""
     import numpy as np
     import onnx_ir as ir
@@ -140,12 +140,13 @@ def share_table(graph, table, nbits, scales, zeros, group_size: int) -> int:
         out = lookup.outputs[0]
         rank = len(out.shape) if out.shape is not None else 3
         gather = ir.node("GatherBlockQuantized", [weight, lookup.inputs[1], scale, *([zero] if zero else [])],
-                         {"gather_axis": 0, "quantize_axis": 2, "block_size": group_size, "bits": 4},
+                         {"gather_axis": 0, "quantize_axis": 2, "block_size": group_size, "bits": bits},
                          domain="com.microsoft", name=f"{lookup.name}_block_quantized")
         shape = constant(f"{table.name}.gbq_shape_{number}", np.array([0] * (rank - 1) + [k], np.int64))
         reshape = ir.node("Reshape", [gather.outputs[0], shape], name=f"{lookup.name}_rows")
         result = reshape.outputs[0]
-        result.dtype, result.shape = out.dtype, out.shape
+        if out.dtype is not None:  # a value left untyped by the export stays untyped
+            result.dtype, result.shape = out.dtype, out.shape
         ir.convenience.replace_nodes_and_values(graph, lookup, [lookup], [gather, reshape], lookup.outputs, [result])
     return len(lookups)
 

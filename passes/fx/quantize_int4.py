@@ -52,8 +52,12 @@ class QuantizeInt4Options(PassOptions, Int4Config):
     in_place: bool = Field(False, description="round the module's own Linears rather than a copy's, so the build never "
                                               "holds the weights twice; for a build that took its reference before "
                                               "this pass (text generation), and never with a fallback budget")
-    calibration_batch: int = Field(16, ge=1, description="calibration samples run together, sorted by length and each "
-                                                        "batch cut to its longest; 1 runs each at its own length")
+    calibration_batch: int = Field(16, ge=1, description="calibration samples run together, sorted by length, each "
+                                                        "batch cut to its longest and its padding kept out of the "
+                                                        "statistics; 1 runs each at its own length")
+    int8_share: float = Field(0.0, ge=0, le=1, description="the layers adding the most error to their outputs "
+                                                         "(GPTQ/AWQ on calibration data), up to this share of the "
+                                                         "weights, stay in float for 8 bits downstream")
     checkpoint: CheckpointLayout = Field(
         "auto", description="4-bit checkpoint for the serving engines when the model has a Hugging Face config; "
                             "auto: GPTQ layout, none after AWQ (its input scales have no place in either layout)")
@@ -99,8 +103,9 @@ def argument_tuples(batches, spec) -> list[tuple]:
 
 def calibration_batches(calibration, spec, batch_size: int = 16) -> list[tuple]:
     """The calibration set as tuples of tensors in argument order. With an ``attention_mask``
-    input, samples are sorted by length and batched, and each batch is cut to its longest
-    sample, so almost no padded positions are left."""
+    input, samples are sorted by length and batched, and each batch is cut (or a shorter sample padded
+    with zeros, its mask 0) to its longest sample, so few padded positions are left, and
+    :func:`calibration_masks` keeps those out of the statistics."""
     import numpy as np
     import torch
 
@@ -122,12 +127,32 @@ def calibration_batches(calibration, spec, batch_size: int = 16) -> list[tuple]:
         length = chunk[-1][0]
         row = []
         for n in names:
-            value = np.concatenate([feed[n] for _, feed in chunk])
-            for axis in seq_axes[n]:
-                value = np.take(value, np.arange(length), axis=axis)
+            value = np.concatenate([_fitted(feed[n], seq_axes[n], length) for _, feed in chunk])
             row.append(torch.from_numpy(np.ascontiguousarray(value)))
         out.append(tuple(row))
     return out
+
+
+def _fitted(value, axes: list[int], length: int):
+    """``value`` cut or padded with zeros to ``length`` along each of ``axes``."""
+    import numpy as np
+
+    for axis in axes:
+        if value.shape[axis] >= length:
+            value = np.take(value, np.arange(length), axis=axis)
+        else:
+            pad = [(0, 0)] * value.ndim
+            pad[axis] = (0, length - value.shape[axis])
+            value = np.pad(value, pad)
+    return value
+
+
+def calibration_masks(batches: list[tuple], spec) -> list | None:
+    """Each batch's real positions (its ``attention_mask`` as booleans), for the statistics; None without one."""
+    if "attention_mask" not in spec.names:
+        return None
+    index = spec.names.index("attention_mask")
+    return [b[index].bool() if b[index].dim() == 2 else None for b in batches]
 
 
 GRAPH_PASS = "quantize_int4_graph"
@@ -164,7 +189,9 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
     # a checkpoint's config holds one group size: decided before calibrating, for every layer
     checkpoint = options.checkpoint in ("gptq", "awq") or (options.checkpoint == "auto" and method != "awq" and not conv1d)
     uniform = checkpoint and hf_model(model) is not None
-    result = quantize_int4(model, config, batches, progress=context.say, uniform_group_size=uniform)
+    result = quantize_int4(model, config, batches, progress=context.say, uniform_group_size=uniform,
+                           masks=calibration_masks(batches, artifact.spec) if batches else None,
+                           int8_share=options.int8_share if config.needs_data else 0.0)
     fallback = None if options.in_place else _fall_back(module, model, result, options, context, artifact.spec)
     layers = [row.to_json() for row in result.layers]
     errors = [row["error"] for row in layers if row["error"] is not None]
@@ -173,7 +200,13 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
     notes = [f"{len(layers)} Linear layers to INT4 with {method.upper()} ({grid}"
              + (", act-order" if getattr(config, "act_order", False) else "") + ")"]
     restored = set(fallback["restored"]) if fallback else set()
-    notes += [f"kept {name} in float: {why}" for name, why in result.kept.items() if name not in restored]
+    for_8bit = [name for name, why in result.kept.items() if why.startswith("kept for 8 bits")]
+    notes += [f"kept {name} in float: {why}" for name, why in result.kept.items()
+              if name not in restored and name not in for_8bit]
+    if for_8bit:
+        notes.append(f"{len(for_8bit)} layers kept for 8 bits (int8_share {options.int8_share:g}): those adding the "
+                     f"most error to their outputs on the calibration data; the INT4 layers table omits them, the "
+                     f"manifest's kept lists them")
     smaller = [row["name"] for row in layers if row["group_size"] != config.group_size]
     if smaller and uniform and len(sizes) == 1:
         notes.append(f"group size {sizes[0]} for every layer: {config.group_size} does not divide the input features "
@@ -218,8 +251,8 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
 
 def _method_config(options: QuantizeInt4Options, method: str) -> Int4MethodConfig:
     """The chosen method's config from the options given (a setting of another method is refused)."""
-    given = options.model_dump(exclude={"method", "checkpoint", "fallback_budget", "calibration_batch", "in_place"},
-                               exclude_unset=True)
+    given = options.model_dump(exclude={"method", "checkpoint", "fallback_budget", "calibration_batch", "in_place",
+                                        "int8_share"}, exclude_unset=True)
     try:
         return Int4Config(method=method, **given).method_config()
     except UsageError as exc:

@@ -43,7 +43,6 @@ from infopt.quantize.int4_format import pack_int4, unpack_int4
 DOMAIN = "infopt"
 PLACEHOLDER = "Int4Linear"
 MS_DOMAIN = "com.microsoft"
-DEFAULT_ZERO = 8
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 """The block sizes ONNX Runtime's CPU MatMulNBits kernel accepts (1.31, ``matmul_nbits.cc``)."""
 
@@ -135,21 +134,25 @@ def lower_node(graph, node, accuracy_level: int) -> list:
 
 
 def replace_with_nbits(graph, node, x, packed, scales, zeros, bias, group_size: int, accuracy_level: int,
-                       prefix: str, *, perm=None):
+                       prefix: str, *, perm=None, bits: int = 4):
     """Replace ``node`` (whose first output is ``x @ W.T (+ bias)``) by ``[Gather ->] MatMulNBits`` holding
     ``W`` in infopt's packed layout: ``packed`` uint8 ``[N, K // 2]``, ``scales`` ``[N, G]``, ``zeros``
     uint8 ``[N, G]``, ``bias`` ``[N]`` or None; ``perm`` sorts the input features by group (act-order).
-    Returns the ``MatMulNBits`` node."""
+    With ``bits=8`` (``quantize/int8_weights.py``), ``packed`` is the codes ``[N, K]``, one a byte, and the zero
+    points are stored one a byte (128 is the op's default). Returns the ``MatMulNBits`` node."""
     import numpy as np
     import onnx_ir as ir
 
     where = f"ONNX node {node.name or node.op_type}"
-    n, k = packed.shape[0], packed.shape[1] * 2
+    per_byte = 8 // bits
+    n, k = packed.shape[0], packed.shape[1] * per_byte
+    default_zero = 1 << (bits - 1)
     if group_size not in BLOCK_SIZES or k % group_size:
         raise BuildError(f"ONNX Runtime's MatMulNBits needs a group size of {', '.join(map(str, BLOCK_SIZES))} "
                          f"that divides K={k}; this layer has {group_size}",
                          where=where, fix="quantize the layer again with group size 32, 64 or 128")
-    float_type = x.dtype.numpy()
+    known = x.dtype or node.outputs[0].dtype  # a value's type may be unset after graph rewrites: the weights' then
+    float_type = known.numpy() if known is not None else scales.dtype
     new = []
 
     def initializer(suffix: str, array):
@@ -165,20 +168,22 @@ def replace_with_nbits(graph, node, x, packed, scales, zeros, bias, group_size: 
 
     a = x
     if perm is not None:
-        packed = permute_packed(packed, perm)
+        packed = permute_packed(packed, perm) if bits == 4 else packed[:, perm]
         new.append(ir.node("Gather", [x, initializer("perm", perm.astype(np.int64))], {"axis": -1}))
         a = new[-1].outputs[0]
-    inputs = [a, initializer("B", packed.reshape(n, k // group_size, group_size // 2)),
+    points = pack_zero_points(zeros) if bits == 4 else np.ascontiguousarray(zeros, dtype=np.uint8)
+    inputs = [a, initializer("B", packed.reshape(n, k // group_size, group_size // per_byte)),
               initializer("scales", scales.astype(float_type)),
-              None if np.all(zeros == DEFAULT_ZERO) else initializer("zero_points", pack_zero_points(zeros)),
+              None if np.all(zeros == default_zero) else initializer("zero_points", points),
               None,
               None if bias is None else initializer("bias", bias.astype(float_type))]
     while inputs[-1] is None:
         inputs.pop()
-    attributes = {"K": k, "N": n, "bits": 4, "block_size": group_size, "accuracy_level": accuracy_level}
+    attributes = {"K": k, "N": n, "bits": bits, "block_size": group_size, "accuracy_level": accuracy_level}
     new.append(ir.node("MatMulNBits", inputs, attributes, domain=MS_DOMAIN, name=node.name))
     result = new[-1].outputs[0]
-    result.dtype, result.shape = node.outputs[0].dtype, node.outputs[0].shape
+    if node.outputs[0].dtype is not None:  # a value left untyped by a graph rewrite stays untyped
+        result.dtype, result.shape = node.outputs[0].dtype, node.outputs[0].shape
     ir.convenience.replace_nodes_and_values(graph, node, [node], new, node.outputs, [result])
     return new[-1]
 

