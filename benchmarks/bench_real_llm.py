@@ -94,6 +94,19 @@ def variant_recipe(work: Path, name: str) -> Path:
     return path
 
 
+def stored_parameters(folder: Path) -> int:
+    """The parameters the folder's safetensors hold (the tied head's table once), for bits per parameter."""
+    import math
+
+    from safetensors import safe_open
+
+    count = 0
+    for path in folder.glob("*.safetensors"):
+        with safe_open(str(path), "pt") as tensors:
+            count += sum(math.prod(tensors.get_slice(name).get_shape()) for name in tensors.keys())
+    return count
+
+
 def build(label: str, work: Path, limit_s: float) -> dict:
     tool, args = ROWS[label]
     out = work / label.replace(" ", "-")
@@ -147,7 +160,7 @@ def main() -> None:
     ref = reference_figures(folder, sequences)
     print(f"reference: {len(sequences)} windows of {WINDOW} tokens in {time.perf_counter() - started:.0f} s", flush=True)
     rows = [build(label, work, options.limit_s) for label in labels]
-    parameters = 134_515_008
+    parameters = stored_parameters(folder)
     for row in rows:
         if row["folder"] is not None:
             row.update(judge_folder(row["folder"], sequences, ref))

@@ -78,6 +78,8 @@ class Int4Result:
     """Calibration rows (tokens) the busiest layer saw."""
     kept: dict[str, str] = field(default_factory=dict)
     """Linears left in float, with the reason."""
+    for_8bit: list[str] = field(default_factory=list)
+    """those of ``kept`` left in float for 8 bits downstream (``int8_share``)"""
 
 
 class _Stop(Exception):
@@ -284,6 +286,7 @@ class _Int8Keeper:
             for name, layer in zip(names, layers):
                 replace_module(work, name, layer)
                 result.weights.pop(name)
+                result.for_8bit.append(name)
                 result.kept[name] = (f"kept for 8 bits: its output error {score:.3g} among the largest, within "
                                      f"{share:.0%} of the weights")
         result.layers = [row for row in result.layers if row.name in result.weights]

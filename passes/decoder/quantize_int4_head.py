@@ -20,7 +20,7 @@ from pydantic import Field
 from infopt.core.artifact import Artifact
 from infopt.core.onnx_graph import SCOPES, save_ir
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
-from infopt.passes.lower.onnx_int4 import replace_with_nbits
+from infopt.passes.lower.onnx_int4 import block_size_for, replace_with_nbits
 from infopt.quantize.int4_format import HEAD_NAMES
 from infopt.quantize.rtn import rtn_quantize
 
@@ -70,7 +70,7 @@ def run(artifact: Artifact, options: QuantizeInt4HeadOptions, context: PassConte
         else:
             continue
         rows = torch.from_numpy(np.ascontiguousarray(rows)).float()
-        size = next((g for g in (group_size, 64, 32, 16) if g <= group_size and rows.shape[1] % g == 0), None)
+        size = block_size_for(rows.shape[1], group_size)
         if size is None:
             return PassOutcome(artifact, False, [f"the output head stays in float: no group size divides its "
                                                  f"{rows.shape[1]} inputs"],

@@ -23,7 +23,7 @@ from infopt.core.artifact import Artifact
 from infopt.core.onnx_graph import SCOPES, drop_unused_ir_initializers, save_ir, scoped_module
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.passes.decoder.quantize_int4_head import reads_transposed, share_table
-from infopt.passes.lower.onnx_int4 import BLOCK_SIZES, replace_with_nbits
+from infopt.passes.lower.onnx_int4 import block_size_for, replace_with_nbits
 from infopt.passes.onnx.quantize_int4_graph import weight_of
 from infopt.quantize.int4_format import HEAD_NAMES
 from infopt.quantize.int8_weights import quantize_8bit
@@ -57,10 +57,6 @@ class QuantizeInt8WeightsDetails(PassDetails):
     """the rounded weights' bytes (codes, scales, zero points) over their count, in bits"""
 
 
-def _block_for(k: int, wanted: int) -> int | None:
-    return next((g for g in (wanted, 64, 32, 16) if g <= wanted and g in BLOCK_SIZES and k % g == 0), None)
-
-
 def run(artifact: Artifact, options: QuantizeInt8WeightsOptions, context: PassContext) -> PassOutcome:
     import numpy as np
     import onnx_ir as ir
@@ -90,7 +86,7 @@ def run(artifact: Artifact, options: QuantizeInt8WeightsOptions, context: PassCo
             details.kept[label] = "the output head, kept in float (keep_head)"
             continue
         n, k = rows.shape
-        block = _block_for(k, options.block_size)
+        block = block_size_for(k, options.block_size)
         if block is None:
             details.kept[label] = f"{k} input features: no block size of {options.block_size}, 64, 32, 16 divides them"
             continue

@@ -200,7 +200,7 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
     notes = [f"{len(layers)} Linear layers to INT4 with {method.upper()} ({grid}"
              + (", act-order" if getattr(config, "act_order", False) else "") + ")"]
     restored = set(fallback["restored"]) if fallback else set()
-    for_8bit = [name for name, why in result.kept.items() if why.startswith("kept for 8 bits")]
+    for_8bit = result.for_8bit
     notes += [f"kept {name} in float: {why}" for name, why in result.kept.items()
               if name not in restored and name not in for_8bit]
     if for_8bit:

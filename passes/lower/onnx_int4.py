@@ -47,6 +47,12 @@ BLOCK_SIZES = (16, 32, 64, 128, 256)
 """The block sizes ONNX Runtime's CPU MatMulNBits kernel accepts (1.31, ``matmul_nbits.cc``)."""
 
 
+def block_size_for(k: int, wanted: int) -> int | None:
+    """The largest of ``wanted``, 64, 32 and 16 (none above ``wanted``) that ``MatMulNBits`` takes and that divides
+    ``k`` input features; None when none does."""
+    return next((g for g in (wanted, 64, 32, 16) if g <= wanted and g in BLOCK_SIZES and k % g == 0), None)
+
+
 def translation_table() -> dict:
     """``custom_translation_table`` entries for ``torch.onnx.export`` (dynamo)."""
     import onnxscript
