@@ -102,6 +102,7 @@ def same_threads(folders: dict[str, Path], work: Path) -> dict[str, Path]:
     out = dict(folders)
     for label in [label for label in folders if label.startswith("builder")]:
         copy = work / f"{label.replace(' ', '-')}-same-threads"
+        shutil.rmtree(copy, ignore_errors=True)  # a run before in the same work folder left its copy
         shutil.copytree(folders[label], copy)
         config = json.loads((copy / "genai_config.json").read_text())
         config["model"]["decoder"]["session_options"]["intra_op_num_threads"] = physical_cores()

@@ -27,6 +27,7 @@ test sentences after the first 40.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -62,6 +63,10 @@ ROWS = {
     **{f"int4 gptq g128 int8 share {share}": ("infopt", ["--int4", "--calib", "calib.txt", "--recipe",
                                                          f"RECIPE:int4-share-{share}", "--max-drift",
                                                          "top1=0,ppl_delta=100"]) for share in ("0.1", "0.25", "0.4")},
+    # int8_share: auto, the recipe's default: as few layers in 8 bits as hold the default budget on calib.txt's tail
+    "int4 gptq g128 auto": ("infopt", ["--int4", "--calib", "calib.txt"]),
+    "int4 gptq g32 auto": ("infopt", ["--int4", "--calib", "calib.txt", "--group-size", "32"]),
+    "int4 gptq g128 cap 5.2": ("infopt", ["--int4", "--calib", "calib.txt", "--max-bits-per-weight", "5.2"]),
     "builder fp32": ("builder", ["-p", "fp32"]),
     "builder int8": ("builder", ["-p", "int8"]),
     "builder int4": ("builder", ["-p", "int4"]),
@@ -107,6 +112,12 @@ def stored_parameters(folder: Path) -> int:
     return count
 
 
+def verdict_text(row: dict) -> str:
+    """infopt's own verdict and the share of weights its INT4 choice kept for 8 bits (nothing for the builder)."""
+    share = row.get("share")
+    return row.get("verdict", "") + ("" if share is None else f" ({share:.0%})")
+
+
 def build(label: str, work: Path, limit_s: float) -> dict:
     tool, args = ROWS[label]
     out = work / label.replace(" ", "-")
@@ -127,12 +138,20 @@ def build(label: str, work: Path, limit_s: float) -> dict:
     finally:
         os.chdir(start)
     # tool and precision as bench_scale's timing labels them ("builder int4 k_quant", "infopt int8")
+    # exit 1: infopt's verdict failed (a cap too tight for the budget), and the folder it judged is written
+    written = row["code"] == 0 or (tool == "infopt" and row["code"] == 1 and (folder / "genai_config.json").is_file())
+    if row["code"] == 1 and written:
+        row["status"] = "verdict failed"
     row.update({"label": label, "tool": tool, "precision": label.removeprefix("builder ") if tool == "builder" else label,
-                "folder": folder if row["code"] == 0 else None,
-                "bytes": model_bytes(folder) if row["code"] == 0 else None})
+                "folder": folder if written else None, "bytes": model_bytes(folder) if written else None})
     print(f"  {row['status']}, {row['wall_s']:.0f} s, peak {row['peak_rss'] / 1e9:.2f} GB", flush=True)
     if row["code"] != 0:
         print(row["stderr"][-800:], flush=True)
+    if tool == "infopt" and written:
+        manifest = json.loads((out / "manifest.json").read_text())
+        quantization = manifest["validation"]["generation"].get("quantization") or {}
+        row["share"] = (quantization.get("choice") or {}).get("chosen")
+        row["verdict"] = "pass" if manifest["validation"]["verdict"]["passed"] else "fail"
     return row
 
 
@@ -166,19 +185,20 @@ def main() -> None:
             row.update(judge_folder(row["folder"], sequences, ref))
     timed(rows, work, options.rounds, 49152)
     header = ("| build | perplexity | change (95 %) | top-1 agreement | greedy prefix kept | model files | bits/param "
-              "| build s | peak GB | TPOT b1 ms | TPOT b8 ms |")
+              "| build s | peak GB | TPOT b1 ms | TPOT b8 ms | own verdict (8-bit share chosen) |")
     lines = ["## The real SmolLM2-135M-Instruct: quantized builds against ONNX Runtime GenAI's builder (CPU)", "",
              *environment(), f"- held-out: {len(sequences)} windows of {WINDOW} tokens of tests/data/prose.txt; "
              f"reference perplexity (float32 transformers) {float(np.exp(np.concatenate(ref[1]).mean())):.2f}", "",
              header, "|" + " --- |" * (header.count("|") - 1)]
     for r in rows:
         if r["folder"] is None:
-            lines.append(f"| {r['label']} | {r['status']} | | | | | | {r['wall_s']:.0f} | {r['peak_rss'] / 1e9:.2f} | | |")
+            lines.append(f"| {r['label']} | {r['status']} | | | | | | {r['wall_s']:.0f} | {r['peak_rss'] / 1e9:.2f} | | | |")
             continue
         lines.append(f"| {r['label']} | {r['ppl']:.2f} | {r['ppl_delta']:+.1%} ({r['ppl_low']:+.1%} to {r['ppl_high']:+.1%}) "
                      f"| {r['top1']:.3f} | {r['prefix_kept']:.0%} | {r['bytes'] / 2**20:.0f} MiB "
                      f"| {8 * r['bytes'] / parameters:.2f} | {r['wall_s']:.0f} | {r['peak_rss'] / 1e9:.2f} "
-                     f"| {r.get('tpot1', float('nan')):.2f} | {r.get('tpot8', float('nan')):.2f} |")
+                     f"| {r.get('tpot1', float('nan')):.2f} | {r.get('tpot8', float('nan')):.2f} "
+                     f"| {verdict_text(r)} |")
     publish("\n".join(lines) + "\n", options.markdown)
 
 

@@ -37,7 +37,8 @@ log = logging.getLogger("infopt.core.pipeline")
 class Pipeline:
     def __init__(self, recipe: Recipe, target: Target, workdir: Path, *, calibration=None, budget=None,
                  check_batches=None, check_source: str = "validation data", check_reference=None, console=None,
-                 label: str = "", times: StepTimes | None = None, settings: BuildSettings | None = None):
+                 label: str = "", times: StepTimes | None = None, settings: BuildSettings | None = None,
+                 choice=None):
         self.recipe = recipe
         self.target = target
         self.workdir = workdir
@@ -46,6 +47,8 @@ class Pipeline:
         self.check_batches = check_batches
         self.check_source = check_source
         self.check_reference = check_reference
+        self.choice = choice
+        """text held out of calibration for a pass that chooses by accuracy (``PassContext.choice``)"""
         self.console = console
         self.label = f"{label}: " if label else ""
         self.times = times
@@ -93,7 +96,7 @@ class Pipeline:
             )
         options = definition.parse_options(raw_options, self.settings)
         context = PassContext(self.target, self.workdir, self.calibration, self.budget, self.check_batches, self._say,
-                              self.check_source, self.check_reference, self.settings)
+                              self.check_source, self.check_reference, self.choice, self.settings)
         start = time.perf_counter()
         try:
             outcome = definition.run(artifact, options, context)

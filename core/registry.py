@@ -51,6 +51,8 @@ class BuildSettings(BaseModel):
     group_size: int | None = Field(None, description="INT4 group size (--group-size)")
     act_order: bool | None = Field(None, description="GPTQ in order of activation size (--act-order)")
     int4_checkpoint: str | None = Field(None, description="the 4-bit checkpoint's layout (--int4-checkpoint)")
+    max_bits_per_weight: float | None = Field(None, description="INT4 layers' average stored bits at most "
+                                                                "(--max-bits-per-weight)")
     calib_method: str | None = Field(None, description="how INT8 calibration turns ranges into scales (--calib-method)")
     calib_percentile: float | None = Field(None, description="the percentile method's percentile (--calib-percentile)")
     calib_bins: int | None = Field(None, description="histogram bins of calibration (--calib-bins)")
@@ -85,6 +87,9 @@ class PassContext:
     """the source model's outputs on ``check_batches`` (per batch, per output), which the build's verdict compares
     the shipped model with: a pass that chooses by drift compares against them too, so that what it chose to meet
     the budget meets it when the build is judged"""
+    choice: Any = None
+    """text held out of calibration with the source model's figures on it and the budget
+    (``quantize.layer_choice.ChoiceText``), for a pass choosing its layers' precision by accuracy"""
     settings: BuildSettings = field(default_factory=BuildSettings)
     """what the build was asked for (the flags); the pipeline has put those a pass takes in its options already"""
 

@@ -110,3 +110,15 @@ def judge_folder(folder: Path, windows: list[list[int]], reference) -> dict:
             for g, w in zip(got, reference[2])]
     return {**forced, "ppl_low": float(np.exp(delta.mean() - half) - 1),
             "ppl_high": float(np.exp(delta.mean() + half) - 1), "prefix_kept": float(np.mean(kept))}
+
+
+def nbits_bits(folder: Path) -> dict[int, int]:
+    """How many MatMulNBits of the folder's decoder hold 4-bit and 8-bit weights."""
+    import onnx
+
+    counts: dict[int, int] = {}
+    for node in onnx.load(str(folder / "model.onnx"), load_external_data=False).graph.node:
+        if node.op_type == "MatMulNBits":
+            bits = next(onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "bits")
+            counts[bits] = counts.get(bits, 0) + 1
+    return counts

@@ -6,10 +6,10 @@ is built ``--task text-generation --int4`` from the CLI in a subprocess, and its
 layers and a tiny width: everything but the weights (the interpreter, torch, transformers, ONNX Runtime and the
 build's own working memory). This is a memory bound, not a timing.
 
-The goal is twice the checkpoint's bytes, and it is the bound here (:data:`BOUND`): measured on 2026-11-28 the
-build grows by 1.4x since each layer's mapped checkpoint pages are handed back once it is rounded to INT4 (2.7x
-before, 3.0-3.9x before the decoder was exported from its first two layers). It fails when a change holds another
-copy of the weights (a float32 copy of a bf16 checkpoint is two more).
+The goal is twice the checkpoint's bytes, and it is the bound here (:data:`BOUND`); the figures measured are in
+``benchmarks/results/scale.md``. Each layer's mapped checkpoint pages are handed back once it is rounded (to INT4,
+or to 8 bits for the layers llama.cpp's mixed strategy keeps). It fails when a change holds another copy of the
+weights (a float32 copy of a bf16 checkpoint is two more).
 """
 
 from __future__ import annotations

@@ -397,6 +397,7 @@ def test_past_the_judged_size_a_quantized_build_counts_the_prompts_prefill_and_r
     from infopt.validators.generation_eval import SAMPLES_FILE, GenerationSamples
 
     monkeypatch.setattr(generation_api, "JUDGED_PARAMETERS", 1000)
+    monkeypatch.setattr(generation_api, "FORCED_PARAMETER_TOKENS", 1)  # the floor alone, as at 1.2B and up
     monkeypatch.setattr(generation_api, "MIN_FORCED_TOKENS", 150)
     lines = [s for s in SENTENCES.read_text().splitlines() if s.strip()][300:340]
     (tmp_path / "val.txt").write_text("\n".join(lines) + "\n")

@@ -376,7 +376,36 @@ def agreement_of(reference_top1: list[np.ndarray], reference_nll: list[np.ndarra
     top1 = float(same.mean())
     return {"sequences": len(reference_top1), "tokens": int(same.size), "top1": top1,
             "top1_interval": list(wilson_interval(top1, int(same.size))),
-            "ppl_reference": ppl_ref, "ppl": ppl_new, "ppl_delta": ppl_new / ppl_ref - 1.0}
+            "ppl_reference": ppl_ref, "ppl": ppl_new, "ppl_delta": ppl_new / ppl_ref - 1.0,
+            "ppl_delta_interval": list(ppl_delta_interval(reference_nll, candidate_nll))}
+
+
+RUN_TOKENS = 32
+"""consecutive tokens of one sequence taken as one sample by :func:`ppl_delta_interval`: a token's loss change is
+not independent of its neighbours', runs of this many nearly are"""
+
+
+def ppl_delta_interval(reference_nll: list[np.ndarray], candidate_nll: list[np.ndarray],
+                       z: float = 1.96) -> tuple[float, float]:
+    """The 95 % interval of the perplexity change ``exp(mean(candidate - reference)) - 1``: each token's change in
+    log-likelihood, the same token on both sides (paired), summed over runs of :data:`RUN_TOKENS` consecutive
+    tokens of a sequence, the mean's standard error from the spread of those runs. Under two runs it is the
+    change itself, unbounded either way."""
+    runs, counts = [], []
+    for ref, new in zip(reference_nll, candidate_nll):
+        change = np.asarray(new, np.float64) - np.asarray(ref, np.float64)
+        for start in range(0, change.size, RUN_TOKENS):
+            part = change[start:start + RUN_TOKENS]
+            runs.append(part.sum())
+            counts.append(part.size)
+    runs_a, counts_a = np.asarray(runs), np.asarray(counts, np.float64)
+    total = counts_a.sum()
+    if runs_a.size < 2 or total == 0:
+        return -1.0, float("inf")
+    mean = runs_a.sum() / total
+    # the ratio estimator's variance: the runs' deviations from the mean change, as many as there are runs
+    spread = float(np.sqrt(((runs_a - mean * counts_a) ** 2).sum() * runs_a.size / (runs_a.size - 1))) / total
+    return float(np.expm1(mean - z * spread)), float(np.expm1(mean + z * spread))
 
 
 def wilson_interval(share: float, count: int, z: float = 1.96) -> tuple[float, float]:

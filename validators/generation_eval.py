@@ -28,10 +28,9 @@ SAMPLES_FILE = "validation/generation.npz"
 METRICS = {"top1": ("min", "min_top1", "top-1 agreement with the unquantized model under teacher forcing"),
            "ppl_delta": ("max", "max_ppl_delta", "relative perplexity increase over the unquantized model")}
 """each figure a budget holds: its direction, its field of GenerationBudgets, what it means"""
-FIX = ("calibrate with --calib TEXT.txt (GPTQ); calibrated, keep more layers in 8 bits (a copy of the package's "
-       "recipes/pipelines/int4-onnxruntime-genai.yaml with quantize_int4's int8_share at 0.25, built with --int4 "
-       "--recipe FILE) or build --int8; or set the budget with --max-drift top1=...,ppl_delta=...; a model with "
-       "random weights agrees little, its logits being nearly flat")
+FIX = ("an INT4 build: calibrate with --calib TEXT.txt (GPTQ, and the layers that hurt most go to 8 bits until the "
+       "budget holds on text held out of it); or build --int8; or set the budget with --max-drift "
+       "top1=...,ppl_delta=...; a model with random weights agrees little, its logits being nearly flat")
 
 
 @dataclass

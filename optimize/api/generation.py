@@ -57,7 +57,8 @@ from infopt.passes.fx.quantize_int4 import Int4Details
 from infopt.passes.lower.onnx_int4 import BLOCK_SIZES
 from infopt.quantize.calib_data import CalibrationSet
 from infopt.quantize.int4_config import Int4Config
-from infopt.report.markdown import top1_text
+from infopt.quantize.layer_choice import ChoiceText, advice
+from infopt.report.markdown import ppl_text, top1_text
 from infopt.runtime.loading import load_model
 from infopt.runtime.memory_estimate import check_fits
 from infopt.runtime.worker import RunnerCrashed, Worker
@@ -82,32 +83,40 @@ shortest prompt's TTFT and batch 1's TPOT are timed whatever they cost, each oth
 predicted to fit what is left (the report names those left out; ``infopt validate`` times every row), then more
 runs while the budget lasts. At 12 % the timing took 7 s of a Qwen2.5-1.5B-shaped INT4 build, whose reference,
 judging and timing then took 28 % of it (``benchmarks/README.md``), past the quarter they may take"""
-HELD_OUT = 32
-"""held-out sequences (--val lines) the teacher-forced figures are measured on"""
+HELD_OUT = 96
+"""the most held-out sequences (--val lines) the teacher-forced figures are measured on (:func:`judged_sequences`
+takes those that hold the tokens the model's size is judged on)"""
 HELD_OUT_TOKENS = 128
 """the longest held-out sequence (longer lines are cut)"""
 CALIB_PASSAGES, CALIB_TOKENS = 128, 256
 """--calib lines read for INT4 GPTQ/AWQ, and the longest kept"""
+CHOICE_TOKENS, CHOICE_WINDOW = 2048, 128
+"""--calib text after :data:`CALIB_PASSAGES`' (a quarter of the lines where the file holds no more) that INT4's
+``int8_share: auto`` chooses its 8-bit layers on: the lines joined, each ended by the end token, cut into windows
+of this many tokens, up to this many in all; held out of calibration, so a choice is not judged on what GPTQ fitted"""
 JUDGED_PARAMETERS = 1e8
 """models of up to this many parameters are judged on every sample. A larger one, whose every judged token costs
 more, on a part of them: a share of the greedy check's :data:`NEW_TOKENS` (this over its parameters, at least
-:data:`MIN_NEW_TOKENS`) and :data:`MIN_FORCED_TOKENS` teacher-forced tokens (the prompts' first), the report
-giving top-1 agreement's 95 % interval. A teacher-forced token costs a forward of the model in the reference and one
-in the folder, as a token of the build's own work does, so a fixed count keeps the judging's part of the build
-about the same at every size. On 2 cores (2026-11-29), Qwen2.5-shaped INT4 builds with 40 --val lines (each cut to
-128 tokens): judged on 250M over the parameters of the tokens, at 1.5B 768 tokens, 28 of 74 s judging (38 %); on
-:data:`MIN_FORCED_TOKENS`, 16 of 69 s (23 %), and at 0.5B 8 of 34 s (23 %)"""
+:data:`MIN_NEW_TOKENS`) and :func:`forced_tokens` teacher-forced tokens (the prompts' first), the report giving
+top-1 agreement's and the perplexity change's 95 % intervals"""
 HASH_AHEAD = 64 << 20
 """the folder's files of at least this many bytes are hashed for the manifest while it is judged (``file_hash``)"""
 MIN_NEW_TOKENS = 8
 MIN_FORCED_TOKENS = 256
-"""the teacher-forced tokens a teacher-forced budget (``top1``, ``ppl_delta``) judges a model past
-:data:`JUDGED_PARAMETERS` on. The first are the greedy check's prompts', from the logits of their prefill on the
-model and on the folder (``GenerationSamples.forced_on_prompts``), no run for them alone; held-out lines after the
-prompts' make up the rest (at 1.5B with ``--val``: 4 x 32 tokens and one line of 128; the judging of an INT4 build
-took 11 of 49 s where two lines were run besides the prompts, 14 of 48 s, 2026-11-29). Where no such budget judges
-the build (float32: its greedy tokens must equal the model's), its figures are the prompts' alone. At Qwen2.5-1.5B's
-float32 shape with ``--val``, 768 held-out tokens took 21 s of a 78 s build, the first line's 128 about 5 s"""
+"""the fewest teacher-forced tokens a teacher-forced budget (``top1``, ``ppl_delta``) judges a model on. The first
+are the greedy check's prompts', from the logits of their prefill on the model and on the folder
+(``GenerationSamples.forced_on_prompts``), no run for them alone; held-out lines after the prompts' make up the
+rest. Where no such budget judges the build (float32: its greedy tokens must equal the model's), its figures are the
+prompts' alone"""
+FORCED_PARAMETER_TOKENS = 3e11
+"""past :data:`JUDGED_PARAMETERS`, a teacher-forced budget judges this many parameter-tokens (a token costs a
+forward of the model in the reference and one in the folder, as a token of the build's own work does, so the
+judging keeps about the same part of the build at every size), never fewer than :data:`MIN_FORCED_TOKENS`:
+2,200 tokens at 135M, enough for the perplexity change's interval to be about +/- 2 points on an INT4 build, 600 at
+0.5B, the floor from 1.2B on (``benchmarks/results/real_llm.md``)"""
+WANTED_PPL_HALF_WIDTH = 0.02
+"""the perplexity change's 95 % interval a judging aims at, +/- this; the report says how many held-out tokens a
+wider one would have needed"""
 LM_INPUTS = ("input_ids:int64[batch,seq]", "attention_mask:int64[batch,seq]")
 """what the causal LM takes before its decoder is captured (INT4 calibrates on them)"""
 
@@ -117,7 +126,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                      force: bool = False, val: str | Path | None = None, precision: str | None = None,
                      target: str = "cpu", calib: str | Path | None = None, max_drift: str | None = None,
                      int4_method: str | None = None, group_size: int | None = None, act_order: bool = False,
-                     price_per_hour: float | None = None, attention: str | None = None,
+                     max_bits_per_weight: float | None = None, price_per_hour: float | None = None, attention: str | None = None,
                      pass_options: dict[str, dict[str, Any]] | None = None, recipe: str | Path | None = None,
                      backend: str = "auto", dry_run: bool = False, command: list[str] | None = None,
                      console: Any = None) -> BuildResult | dict[str, Any]:
@@ -141,10 +150,12 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                          + (" (its INT8 is weight-only: every weight rounded on its own, nothing to calibrate)"
                             if precision == "int8" else ""),
                          fix="drop --calib, or build --int4")
-    if precision != "int4" and (int4_method or group_size or act_order):
-        raise UsageError("--int4-method, --group-size and --act-order apply to --int4", fix="drop them, or build --int4")
+    if precision != "int4" and (int4_method or group_size or act_order or max_bits_per_weight is not None):
+        raise UsageError("--int4-method, --group-size, --act-order and --max-bits-per-weight apply to --int4",
+                         fix="drop them, or build --int4")
     machine = get_target(target)
-    settings = BuildSettings.of(attention=attention, **flags.int4_settings(int4_method, group_size, act_order, None))
+    settings = BuildSettings.of(attention=attention, max_bits_per_weight=max_bits_per_weight,
+                                **flags.int4_settings(int4_method, group_size, act_order, None))
     _check_int4(settings, calib)
     recipe = (chosen or recipes_for(machine, precision, "onnxruntime", task=TASK)[0]).with_pass_options(pass_options)
     recipe.preflight(machine, calib is not None, settings)
@@ -177,7 +188,7 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
     lm = loaded.module.model.eval()
     reference_dtype = str(next(lm.parameters()).dtype).removeprefix("torch.")
     lm.source_dir = str(folder)  # where the INT4 checkpoint for vLLM takes the tokenizer and config from
-    calibration = _calibration(calib, folder, lm.config) if calib else None
+    calibration, choice_windows = _calibration(calib, folder, lm.config) if calib else (None, [])
     if price_per_hour is not None:
         machine = machine.model_copy(update={"price_per_hour": price_per_hour})
     name = name or loaded.name or folder.name
@@ -215,8 +226,10 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                    else _sequences(len(held_out))) + f" in {reference_dtype}, the reference")
             samples = evaluator.GenerationSamples.from_model(lm, prompts, prompt_source, held_out, held_source,
                                                              new_tokens, eos, on_prompts=on_prompts)
+            choice = ChoiceText.from_model(lm, choice_windows, budgets.min_top1, budgets.max_ppl_delta,
+                                           f"{calib} held out of calibration") if choice_windows else None
         pipeline = Pipeline(recipe, machine, Path(work), calibration=calibration, console=console, times=times,
-                            settings=settings)
+                            settings=settings, choice=choice)
         source = [Artifact("torch", InputSpec.parse(list(LM_INPUTS)), obj=lm, output_names=("logits",))]
         # from here the pipeline holds the only reference to the module, so its weights are freed once the passes
         # are past it (the export; for INT4, the checkpoint's writer at the end)
@@ -244,6 +257,9 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
             except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
                 raise BuildError(f"onnxruntime_genai could not generate from the folder: {first_line(exc)}",
                                  where=str(folder), fix="report the model's family; build --task logits meanwhile") from exc
+        quantization = _quantization(final.lineage, calibration)
+        if not judged["verdict"]["passed"] and quantization and quantization.get("choice"):
+            judged["verdict"]["reasons"].append(advice(quantization["choice"], f"recipes/pipelines/{recipe.name}.yaml"))
         greedy = judged["greedy"]
         if budgets.greedy_equal and greedy["equal"] != greedy["prompts"]:
             first = greedy["differences"][0]
@@ -278,14 +294,16 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
         if new_tokens < NEW_TOKENS or len(held_out) < offered:
             notes.append(judging_share_note(parameters, new_tokens, len(held_out), offered, on_prompts,
                                             judged["teacher_forced"]))
+        if evaluator.describe(budgets, forced_only=True) and interval_note(judged["teacher_forced"]):
+            notes.append(interval_note(judged["teacher_forced"]))
         if reference_dtype != "float32":
             notes.append(f"the reference computed in {reference_dtype}, the checkpoint's dtype: the INT4 build keeps "
                          "the weights as stored until each layer is rounded, so no float32 copy of them is held")
-        quantization = _quantization(final.lineage, calibration)
         validation = {"device": "cpu (onnxruntime_genai, CPU)", "runs_on": "cpu", "notes": notes,
                       "generation": {"greedy": greedy, "teacher_forced": judged["teacher_forced"], **timing,
                                      "reference_dtype": reference_dtype,
                                      "weights_bytes": genai.weights_bytes(prepared),
+                                     "bits_per_weight": round(8 * genai.weights_bytes(prepared) / parameters, 3),
                                      "kv_cache_bytes_per_token": decoder.layout.kv_bytes_per_token(),
                                      **({"quantization": quantization} if quantization else {})},
                       "verdict": judged["verdict"]}
@@ -360,12 +378,21 @@ def _check_int4(settings: BuildSettings, calib) -> None:
                          fix="pass --calib TEXT.txt (one passage per line), or --int4-method rtn")
 
 
-def _calibration(calib, folder: Path, config) -> CalibrationSet:
-    """The --calib text as the INT4 pass's calibration set: one sample per passage, each at its own length."""
-    ids = generation.text_ids(calib, folder, "--calib", CALIB_PASSAGES, min(CALIB_TOKENS, context_length(config)))
+def _calibration(calib, folder: Path, config) -> tuple[CalibrationSet, list[list[int]]]:
+    """The --calib text as the INT4 pass's calibration set (one sample per passage, each at its own length) and the
+    windows held out of it to choose on (:data:`CHOICE_TOKENS`)."""
+    window = min(CHOICE_WINDOW, context_length(config) - 1)
+    lines = generation.text_ids(calib, folder, "--calib", CALIB_PASSAGES + CHOICE_TOKENS // 8,
+                                min(CALIB_TOKENS, context_length(config)))
+    ids, rest = (lines[:CALIB_PASSAGES], lines[CALIB_PASSAGES:]) if len(lines) > CALIB_PASSAGES else \
+        (lines[:len(lines) - len(lines) // 4], lines[len(lines) - len(lines) // 4:])
+    end = genai.end_tokens(config, config.vocab_size, folder)
+    joined = [t for row in rest for t in [*row, *end[:1]]]
+    windows = [joined[i:i + window] for i in range(0, len(joined) - window + 1, window)][:CHOICE_TOKENS // window]
     batches = [{"input_ids": np.asarray([row], np.int64), "attention_mask": np.ones((1, len(row)), np.int64)}
                for row in ids]
-    return CalibrationSet(batches, len(ids), str(calib), data_sha256({"input_ids": np.asarray(row)} for row in ids))
+    return (CalibrationSet(batches, len(ids), str(calib), data_sha256({"input_ids": np.asarray(row)} for row in ids)),
+            windows)
 
 
 def _quantization(lineage, calibration: CalibrationSet | None) -> dict | None:
@@ -375,6 +402,8 @@ def _quantization(lineage, calibration: CalibrationSet | None) -> dict | None:
             return {"precision": "int4", "method": details.method, "layers": len(details.layers),
                     "group_sizes": sorted({row["group_size"] for row in details.layers}, reverse=True),
                     "act_order": details.act_order, "kept_in_float": sorted(details.kept),
+                    "bits_per_weight": details.bits_per_weight,
+                    **({"choice": details.choice} if details.choice else {}),
                     "calibration_passages": calibration.count if calibration and details.method != "rtn" else 0,
                     "format": "MatMulNBits (com.microsoft), 4-bit weights"}
         if isinstance(details, QuantizeInt8WeightsDetails):
@@ -418,15 +447,17 @@ def judged_tokens(parameters: int) -> int:
     return min(NEW_TOKENS, max(MIN_NEW_TOKENS, round(NEW_TOKENS * judged_share(parameters))))
 
 
+def forced_tokens(parameters: int) -> int:
+    """The teacher-forced tokens a model is judged on (:data:`FORCED_PARAMETER_TOKENS`)."""
+    return max(MIN_FORCED_TOKENS, int(FORCED_PARAMETER_TOKENS / max(parameters, 1)))
+
+
 def judged_sequences(sequences: list[list[int]], parameters: int, counted: int = 0) -> list[list[int]]:
-    """The held-out ``sequences`` a model is judged on: all of them up to :data:`JUDGED_PARAMETERS`; past it the
-    first that hold :data:`MIN_FORCED_TOKENS` tokens with the ``counted`` ones already judged (the prompts'), all
-    where they hold fewer, none where ``counted`` holds them."""
-    if parameters <= JUDGED_PARAMETERS:
-        return sequences
-    kept, tokens = [], counted
+    """The held-out ``sequences`` a model is judged on: the first that hold :func:`forced_tokens` tokens with the
+    ``counted`` ones already judged (the prompts'), all where they hold fewer, none where ``counted`` holds them."""
+    kept, tokens, wanted = [], counted, forced_tokens(parameters)
     for sequence in sequences:
-        if (kept or counted) and tokens >= MIN_FORCED_TOKENS:
+        if (kept or counted) and tokens >= wanted:
             break
         kept.append(sequence)
         tokens += len(sequence)
@@ -438,9 +469,24 @@ def judging_share_note(parameters: int, new_tokens: int, kept: int, offered: int
     """``on_prompts``: the teacher-forced figures start with the prompts' own (their prefill)."""
     sequences = " and ".join(([] if not on_prompts else ["the prompts' prefill for the teacher-forced figures"])
                              + ([f"{kept} of {_sequences(offered)}"] if kept or not on_prompts else []))
-    return (f"judged on a share of the samples, the model's {parameters / 1e9:.2f}B parameters past the "
-            f"{JUDGED_PARAMETERS / 1e9:g}B judged on all of them: {new_tokens} greedy tokens a prompt of {NEW_TOKENS}, "
-            f"{sequences} (top-1 agreement {top1_text(forced)}; the interval as if the tokens were independent)")
+    return (f"judged on a share of the samples, as the model's {parameters / 1e9:.2f}B parameters cost: "
+            f"{new_tokens} greedy tokens a prompt of {NEW_TOKENS}, {sequences}, about {forced_tokens(parameters)} "
+            f"teacher-forced tokens (top-1 agreement {top1_text(forced)}, the interval as if the tokens were "
+            f"independent; perplexity change {ppl_text(forced)})")
+
+
+def interval_note(forced: dict) -> str | None:
+    """What a perplexity change's interval wider than +/- :data:`WANTED_PPL_HALF_WIDTH` would have needed, or None."""
+    low, high = forced.get("ppl_delta_interval") or (None, None)
+    if low is None or high == float("inf"):
+        return None
+    half = (high - low) / 2
+    if half <= WANTED_PPL_HALF_WIDTH:
+        return None
+    needed = int(np.ceil(forced["tokens"] * (half / WANTED_PPL_HALF_WIDTH) ** 2))
+    return (f"the perplexity change is known to +/- {half * 100:.1f} points (95 %) over {forced['tokens']} tokens: "
+            f"about {needed} held-out tokens would narrow it to +/- {WANTED_PPL_HALF_WIDTH * 100:g} (more or longer "
+            f"--val lines)")
 
 
 def _prompts(val: str | Path | None, folder: Path, vocab: int, special: set[int]) -> tuple[list[list[int]], str]:

@@ -60,6 +60,7 @@ def build(
     int4_method: Annotated[Optional[str], typer.Option("--int4-method", help=f"INT4: {_choices(get_args(Int4MethodName))} (default: gptq with --calib, rtn without).")] = None,
     group_size: Annotated[Optional[int], typer.Option("--group-size", help="INT4: input features per scale group (default 128).")] = None,
     act_order: Annotated[bool, typer.Option("--act-order", metavar="", help="INT4 GPTQ: quantize columns in order of activation size (checkpoint gets g_idx).")] = False,
+    max_bits_per_weight: Annotated[Optional[float], typer.Option("--max-bits-per-weight", help="INT4 text generation: the quantized layers' average stored bits per weight at most (INT4 layers about 4.3-5.1, those kept for 8 bits 9.25); caps how many layers --calib keeps for 8 bits.")] = None,
     int4_checkpoint: Annotated[Optional[str], typer.Option("--int4-checkpoint", help="INT4: auto, gptq, awq or none: the 4-bit checkpoint written to servers/vllm/ for a Hugging Face model (auto: GPTQ layout; none after AWQ).")] = None,
     max_drift: Annotated[Optional[str], typer.Option("--max-drift", help="INT8 drift budget METRIC=VALUE, e.g. cosine_mean=0.995 or top1=0.99; sensitive layers fall back to FP32 until it holds.")] = None,
     require_precision: Annotated[bool, typer.Option("--require-precision", metavar="", help="Ship the precision asked for even when a faster one was measured (INT8 on a CPU where FP32 is faster).")] = False,
@@ -111,9 +112,13 @@ def build(
         _build_generation(model, precision=asked, target=target, val=val,
                           name=name, output=output, force=force, calib=calib, max_drift=max_drift,
                           int4_method=int4_method, group_size=group_size, act_order=act_order,
+                          max_bits_per_weight=max_bits_per_weight,
                           price_per_hour=price_per_hour, recipe=recipe, backend=backend, dry_run=dry_run,
                           as_json=as_json, quiet=quiet)
         return
+    if max_bits_per_weight is not None:
+        raise UsageError("--max-bits-per-weight caps an INT4 text-generation build; this build is --task logits",
+                         fix="drop --max-bits-per-weight, or build a causal LM with --task text-generation --int4")
     result = run_build(
         model, target=target, precision=api_flags.precision(flags, precision), backend=backend, inputs=inputs, dims=dims,
         val=val, batch_sizes=o.parse_batch_sizes(batch_sizes), batch_mix=o.parse_batch_mix(batch_mix),

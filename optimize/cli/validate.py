@@ -43,13 +43,13 @@ def validate(
                     for t in result["latency"]]
             console.print(table("Latency (ms)", ["batch", "p50", "p90", "p99", "samples/s"], rows))
         if "generation" in result:
-            from infopt.report.markdown import top1_text
+            from infopt.report.markdown import ppl_text, top1_text
 
             found = result["generation"]
             greedy, forced = found["greedy"], found["teacher_forced"]
             rows = [["greedy tokens equal", f"{greedy['equal']}/{greedy['prompts']} prompts"],
                     ["top-1 agreement (teacher-forced)", top1_text(forced)],
-                    ["perplexity increase", f"{forced['ppl_delta']:+.4f} ({forced['ppl']:.4g} vs {forced['ppl_reference']:.4g})"],
+                    ["perplexity increase", f"{ppl_text(forced)} ({forced['ppl']:.4g} vs {forced['ppl_reference']:.4g})"],
                     *([f"TTFT {r['prompt_tokens']} tokens", f"{r['p50_ms']:.2f} ms"] for r in found["ttft"]),
                     *([f"TPOT batch {r['batch']}", f"{r['p50_ms']:.2f} ms ({r['tokens_per_s']:.1f} tokens/s)"]
                       for r in found["tpot"])]

@@ -86,6 +86,13 @@ def top1_text(forced: dict) -> str:
     return f"{forced['top1']:.4f}{interval} over {forced['tokens']} tokens"
 
 
+def ppl_text(forced: dict) -> str:
+    """The perplexity change with its 95 % interval (builds before the interval was recorded: without)."""
+    interval = forced.get("ppl_delta_interval")
+    around = " (95 %: {:+.2%} to {:+.2%})".format(*interval) if interval and interval[1] != float("inf") else ""
+    return f"{forced['ppl_delta']:+.2%}{around}"
+
+
 def generation_section(manifest: Manifest) -> Section | None:
     """A text-generation build: the greedy check, TTFT per prompt length and TPOT per batch size."""
     gen = (manifest.validation.model_extra or {}).get("generation")
@@ -99,7 +106,7 @@ def generation_section(manifest: Manifest) -> Section | None:
         rows += [[f"top-1 agreement with {reference}, teacher-forced",
                   top1_text(forced)],
                  [f"perplexity ({reference})", f"{forced['ppl']:.4g} ({forced['ppl_reference']:.4g}): "
-                                               f"{forced['ppl_delta']:+.2%}"]]
+                                               f"{ppl_text(forced)}"]]
     if quantized:
         rows.append(["quantization", f"{quantized['precision'].upper()} {quantized['method']}, {quantized['layers']} "
                                      f"layers: {quantized['format']}"])

@@ -24,15 +24,17 @@ import copy
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from infopt.core.artifact import Artifact
 from infopt.core.errors import BuildError, UsageError
 from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.exporters.int4_checkpoint import CheckpointSource, checkpoint_format
+from infopt.passes.fx.int4_eight_bit import choice_note, held_in_int4, int8_plan, mixed_rule
 from infopt.passes.fx.int4_sections import int4_sections
 from infopt.quantize.int4_config import Int4Config, Int4MethodConfig, Method
 from infopt.quantize.int4_format import conv1d_as_linear
+from infopt.quantize.layer_choice import INT8_BITS, EightBitLayers, checked_cap, stored_bits
 from infopt.quantize.method_names import CheckpointLayout
 from infopt.quantize.sensitivity import Budget
 from infopt.quantize.weight_only import fall_back_to_budget, quantize_int4
@@ -43,7 +45,8 @@ CHECKPOINT_DIR = "servers/vllm"
 
 class QuantizeInt4Options(PassOptions, Int4Config):
     SETTINGS: ClassVar[dict[str, str]] = {"method": "int4_method", "group_size": "group_size",
-                                          "act_order": "act_order", "checkpoint": "int4_checkpoint"}
+                                          "act_order": "act_order", "checkpoint": "int4_checkpoint",
+                                          "max_bits_per_weight": "max_bits_per_weight"}
     method: Literal["auto", Method] = Field(
         "auto", description="auto: GPTQ with calibration data, RTN without; or rtn, gptq, awq")
     fallback_budget: str | None = Field(
@@ -55,9 +58,25 @@ class QuantizeInt4Options(PassOptions, Int4Config):
     calibration_batch: int = Field(16, ge=1, description="calibration samples run together, sorted by length, each "
                                                         "batch cut to its longest and its padding kept out of the "
                                                         "statistics; 1 runs each at its own length")
-    int8_share: float = Field(0.0, ge=0, le=1, description="the layers adding the most error to their outputs "
-                                                         "(GPTQ/AWQ on calibration data), up to this share of the "
-                                                         "weights, stay in float for 8 bits downstream")
+    int8_share: float | Literal["auto"] = Field(
+        0.0, description="the layers adding the most error to their outputs (GPTQ/AWQ on calibration data), up to "
+                         "this share of the weights, stay in float for 8 bits downstream; auto: the smallest share "
+                         "whose figures on text held out of calibration hold the build's budget (text generation), "
+                         "else 0.1; RTN (no data): llama.cpp's mixed strategy")
+    @field_validator("int8_share")
+    @classmethod
+    def _a_share(cls, value):
+        if value != "auto" and not 0 <= value <= 1:
+            raise ValueError(f"int8_share {value} is a share of the weights, from 0 to 1, or auto")
+        return value
+
+    eight_bit_in_export: bool = Field(
+        False, description="the layers kept for 8 bits stay INT4 in the module until onnx_export lowers them to 8 bits "
+                           "from their float weights, so a decoder's layers stay alike (one exported, stamped for "
+                           "all); else they are float in the module, for a graph pass to round")
+    max_bits_per_weight: float | None = Field(
+        None, gt=0, description="the INT4 layers' average bits per weight at most (codes, scales and zero points; "
+                                "the layers kept for 8 bits counted at 8-bit's): caps int8_share")
     checkpoint: CheckpointLayout = Field(
         "auto", description="4-bit checkpoint for the serving engines when the model has a Hugging Face config; "
                             "auto: GPTQ layout, none after AWQ (its input scales have no place in either layout)")
@@ -83,6 +102,10 @@ class Int4Details(PassDetails):
     act_order, group_size"""
     kept: dict[str, str] = Field(default_factory=dict)
     fallback: dict[str, Any] | None = None
+    bits_per_weight: float | None = None
+    """the INT4 layers' and those kept for 8 bits' average bits per weight, as stored (codes, scales, zero points)"""
+    choice: dict[str, Any] | None = None
+    """``int8_share: auto``'s ladder (``layer_choice.LayerChoice.to_json``): each share tried, its figures, the one chosen"""
     checkpoint: dict[str, Any] | None = None
     """format, folder, module: the 4-bit checkpoint the vLLM emitter writes"""
     route: str | None = None
@@ -189,10 +212,13 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
     # a checkpoint's config holds one group size: decided before calibrating, for every layer
     checkpoint = options.checkpoint in ("gptq", "awq") or (options.checkpoint == "auto" and method != "awq" and not conv1d)
     uniform = checkpoint and hf_model(model) is not None
+    share, chooser, int4_bits = int8_plan(model, config, options, context, uniform)
+    rule = mixed_rule(model, config, options, uniform, int4_bits)
     result = quantize_int4(model, config, batches, progress=context.say, uniform_group_size=uniform,
                            masks=calibration_masks(batches, artifact.spec) if batches else None,
-                           int8_share=options.int8_share if config.needs_data else 0.0)
+                           int8_share=share, choose=chooser, for_8bit=rule)
     fallback = None if options.in_place else _fall_back(module, model, result, options, context, artifact.spec)
+    eight_bit = held_in_int4(model, result) if options.eight_bit_in_export else None
     layers = [row.to_json() for row in result.layers]
     errors = [row["error"] for row in layers if row["error"] is not None]
     sizes = sorted({row["group_size"] for row in layers}, reverse=True)
@@ -203,10 +229,15 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
     for_8bit = result.for_8bit
     notes += [f"kept {name} in float: {why}" for name, why in result.kept.items()
               if name not in restored and name not in for_8bit]
-    if for_8bit:
-        notes.append(f"{len(for_8bit)} layers kept for 8 bits (int8_share {options.int8_share:g}): those adding the "
-                     f"most error to their outputs on the calibration data; the INT4 layers table omits them, the "
-                     f"manifest's kept lists them")
+    if rule:
+        notes.append(f"{len(rule)} layers kept for 8 bits with no data to choose on: llama.cpp's mixed strategy, the "
+                     "attention's query/key/value and the MLP's down projection of the first and last eighth of the "
+                     "blocks and every third between (int8_share auto; --calib chooses by accuracy)")
+    elif for_8bit and chooser is None:
+        notes.append(f"{len(for_8bit)} layers kept for 8 bits (int8_share {share:g}): those adding the "
+                     f"most error to their outputs on the calibration data (the INT4 layers table names them)")
+    if chooser is not None:
+        notes.append(choice_note(chooser, len(for_8bit)))
     smaller = [row["name"] for row in layers if row["group_size"] != config.group_size]
     if smaller and uniform and len(sizes) == 1:
         notes.append(f"group size {sizes[0]} for every layer: {config.group_size} does not divide the input features "
@@ -228,10 +259,19 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
     if errors:
         notes.append(f"relative output error per layer on calibration data: mean {sum(errors) / len(errors):.2e}, "
                      f"worst {max(errors):.2e}")
+    eight = sum(result.spare[n].out_features * result.spare[n].in_features for n in for_8bit)
+    four = sum(w.out_features * w.in_features for w in result.weights.values())
+    bits = round((int4_bits * four + INT8_BITS * eight) / (four + eight), 3) if four + eight else None
+    if bits is not None:
+        notes.append(f"{bits:g} bits per weight over the quantized layers (INT4 {int4_bits:.3f} as stored, 8-bit "
+                     f"{INT8_BITS:g}; the head and embedding not counted)")
     details = Int4Details(method=method, group_size=config.group_size, symmetric=config.symmetric,
                           act_order=getattr(config, "act_order", False), calibration_rows=result.rows, layers=layers,
-                          kept=result.kept, fallback=fallback)
+                          kept=result.kept, fallback=fallback, bits_per_weight=bits,
+                          choice=chooser.to_json() if chooser is not None and chooser.chosen else None)
     result_artifact = artifact.derive("torch", obj=model)
+    if eight_bit is not None:
+        result_artifact.products[EightBitLayers] = eight_bit
     layout = options.checkpoint
     if layout == "auto" and conv1d:
         layout = "none"
@@ -252,7 +292,8 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
 def _method_config(options: QuantizeInt4Options, method: str) -> Int4MethodConfig:
     """The chosen method's config from the options given (a setting of another method is refused)."""
     given = options.model_dump(exclude={"method", "checkpoint", "fallback_budget", "calibration_batch", "in_place",
-                                        "int8_share"}, exclude_unset=True)
+                                        "int8_share", "max_bits_per_weight", "eight_bit_in_export"},
+                                exclude_unset=True)
     try:
         return Int4Config(method=method, **given).method_config()
     except UsageError as exc:
@@ -287,6 +328,12 @@ def _plan_checkpoint(model, layout: str, artifact: Artifact, details: Int4Detail
     return f"{fmt.upper()} checkpoint of {prefix or 'the model'} for {CHECKPOINT_DIR}/ (vLLM, transformers)"
 
 
+def check(options: QuantizeInt4Options, _target, _has_calibration: bool) -> None:
+    """A cap below the INT4 grid's own bits at the group size asked, refused before the model loads (the layers'
+    own group sizes, known once it has, are checked again by the run)."""
+    checked_cap(options.max_bits_per_weight, stored_bits(4, options.group_size, options.symmetric))
+
+
 PASS = Pass(
     name="quantize_int4",
     consumes="torch",
@@ -294,6 +341,7 @@ PASS = Pass(
     run=run,
     options=QuantizeInt4Options,
     details=Int4Details,
+    check=check,
     description="INT4 weight-only Linear layers (RTN, GPTQ, AWQ) in infopt's packed format; GPTQ/AWQ checkpoint",
     needs_python_module="INT4 quantizes layer by layer, and TorchScript, .pt2 and ONNX have no Python layers; "
                         "the onnxruntime backend quantizes the graph instead",

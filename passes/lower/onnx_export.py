@@ -32,6 +32,7 @@ from infopt.exporters.layer_probe import PROBE_LAYERS, LayerStamp
 from infopt.exporters.program_key import key_or_none, program_parts, source_of
 from infopt.passes.lower import onnx_stamp
 from infopt.passes.lower.onnx_int4 import lower_int4_nodes, translation_table
+from infopt.quantize.layer_choice import EIGHT_BIT_BLOCK, EightBitLayers
 
 
 class OnnxExportOptions(PassOptions):
@@ -51,15 +52,19 @@ class Exported(NamedTuple):
     """MatMulNBits nodes (INT4 layers) emitted"""
     packed: int = 0
     """groups of sibling projections packed into one MatMul as a stamped decoder was written"""
+    eight_bit: int = 0
+    """of ``matmul_nbits``, those lowered to 8 bits (``EightBitLayers``)"""
 
 
 def export_onnx(program, path: Path, input_names, output_names, opset: int = 20, optimize: bool = True,
-                int4_accuracy_level: int = 0, stamp: LayerStamp | None = None) -> Exported:
+                int4_accuracy_level: int = 0, stamp: LayerStamp | None = None,
+                eight_bit: EightBitLayers | None = None) -> Exported:
     """Export, save, check and infer shapes.
 
     Exporter chatter is kept off the user's terminal. infopt's own ops are translated by the
     ``custom_translation_table``: the INT4 layer, and a KV decoder's fused attention. With ``stamp``, the
-    program is a decoder's probe and its second layer is stamped for the rest (``onnx_stamp.py``).
+    program is a decoder's probe and its second layer is stamped for the rest (``onnx_stamp.py``). With
+    ``eight_bit``, the INT4 layers it names are lowered to 8 bits from their float weights.
     """
     import onnx
     import torch
@@ -80,7 +85,7 @@ def export_onnx(program, path: Path, input_names, output_names, opset: int = 20,
                 onnx_program.optimize()
             onnx_stamp.stamp(onnx_program.model.graph, stamp, tensors)
             packed = onnx_stamp.restore_weights(onnx_program.model, tensors)
-        matmul_nbits = lower_int4_nodes(onnx_program.model, int4_accuracy_level)
+        matmul_nbits, eights = lower_int4_nodes(onnx_program.model, int4_accuracy_level, eight_bit)
         if big:
             save_ir_beside(onnx_program.model, path)
         else:
@@ -91,7 +96,7 @@ def export_onnx(program, path: Path, input_names, output_names, opset: int = 20,
     except Exception as exc:  # noqa: BLE001 - checker raises several types
         raise BuildError(f"the exported ONNX model fails onnx.checker: {str(exc).splitlines()[0]}",
                          where=str(path), fix="report the model; try --recipe with another opset") from exc
-    return Exported(matmul_nbits, packed)
+    return Exported(matmul_nbits, packed, eights)
 
 
 def rename_dims(path: Path, spec) -> dict[str, str]:
@@ -131,8 +136,10 @@ def run(artifact: Artifact, options: OnnxExportOptions, context: PassContext) ->
             context.say(stamp_failed)
             artifact = artifact.derive("exported", obj=stamp.recapture())
             del artifact.products[LayerStamp]
+    eight_bit = artifact.products.get(EightBitLayers)
+    # the layers lowered to 8 bits come from weights the program does not hold: such an export is not cached
     key = key_or_none(lambda: export_key(artifact.obj, artifact.spec.names, artifact.output_names, options,
-                                         artifact.spec)) if options.cache else None
+                                         artifact.spec)) if options.cache and eight_bit is None else None
     hit = stored(STORE, key) if key else None
     if hit is not None:
         folder, meta = hit
@@ -141,21 +148,47 @@ def run(artifact: Artifact, options: OnnxExportOptions, context: PassContext) ->
         details = ExportDetails.model_validate({**meta["details"], "cached": True})
         return PassOutcome(artifact.derive("onnx", path=path, obj=None), True, list(meta["notes"]), details)
     began = time.perf_counter()
-    matmul_nbits = export_onnx(artifact.obj, path, artifact.spec.names, artifact.output_names, options.opset,
-                               options.optimize, options.int4_accuracy_level).matmul_nbits
+    exported = export_onnx(artifact.obj, path, artifact.spec.names, artifact.output_names, options.opset,
+                           options.optimize, options.int4_accuracy_level, eight_bit=eight_bit)
     renamed = rename_dims(path, artifact.spec)
     model = onnx.load(str(path), load_external_data=False)
     notes = [f"opset {options.opset}, {len(model.graph.node)} nodes", *([stamp_failed] if stamp_failed else [])]
     details = ExportDetails(seconds=round(time.perf_counter() - began, 2))
-    if matmul_nbits:
-        notes.append(f"{matmul_nbits} INT4 layers as MatMulNBits (accuracy_level {options.int4_accuracy_level})")
-        details.matmul_nbits = matmul_nbits
+    _nbits_notes(exported, options, notes, details)
+    result = artifact.derive("onnx", path=path, obj=None)
+    _eight_bit_done(result)
     if renamed:
-        notes.append("dims named " + ", ".join(f"{a}->{b}" for a, b in renamed.items()))
+        notes.append(dims_note(renamed))
     if key:
         store(STORE, key, {f.name: f for f in context.workdir.glob(f"{path.name}*")},
               {"notes": notes, "details": details.model_dump(exclude_none=True)})
-    return PassOutcome(artifact.derive("onnx", path=path, obj=None), True, notes, details)
+    return PassOutcome(result, True, notes, details)
+
+
+def dims_note(renamed: dict[str, str]) -> str:
+    """The exporter's dim symbols renamed, in words: each one where few are, else the names and how many."""
+    if len(renamed) <= 6:
+        return "dims named " + ", ".join(f"{a}->{b}" for a, b in renamed.items())
+    return (f"{len(renamed)} dim symbols of the exporter named " + ", ".join(dict.fromkeys(renamed.values())))
+
+
+def _nbits_notes(exported: Exported, options: OnnxExportOptions, notes: list[str], details: "ExportDetails") -> None:
+    if exported.matmul_nbits:
+        four = exported.matmul_nbits - exported.eight_bit
+        notes.append(f"{four} INT4 layers as MatMulNBits (accuracy_level {options.int4_accuracy_level})"
+                     + (f"; {exported.eight_bit} layers kept for 8 bits lowered from their float weights to 8-bit "
+                        f"MatMulNBits (block {EIGHT_BIT_BLOCK}, accuracy_level 4) in their INT4 layers' place"
+                        if exported.eight_bit else ""))
+        details.matmul_nbits = exported.matmul_nbits
+        details.eight_bit = exported.eight_bit or None
+
+
+def _eight_bit_done(result: Artifact) -> None:
+    """The layers kept for 8 bits, now lowered, back in float in the module (its 4-bit checkpoint lists them
+    unquantized); the product dropped."""
+    eight_bit = result.products.pop(EightBitLayers, None)
+    if eight_bit is not None:
+        eight_bit.restore()
 
 
 def _stamped(artifact: Artifact, stamp: LayerStamp, path: Path, options: OnnxExportOptions,
@@ -166,8 +199,7 @@ def _stamped(artifact: Artifact, stamp: LayerStamp, path: Path, options: OnnxExp
 
     context.say(f"exporting the decoder's first {PROBE_LAYERS} layers to ONNX and stamping them for {stamp.layers}")
     exported = export_onnx(artifact.obj, path, stamp.input_names, stamp.output_names, options.opset,
-                           options.optimize, options.int4_accuracy_level, stamp)
-    matmul_nbits = exported.matmul_nbits
+                           options.optimize, options.int4_accuracy_level, stamp, artifact.products.get(EightBitLayers))
     renamed = rename_dims(path, artifact.spec)
     model = onnx.load(str(path), load_external_data=False)
     notes = [f"opset {options.opset}, {len(model.graph.node)} nodes: the first {PROBE_LAYERS} layers exported, "
@@ -176,13 +208,12 @@ def _stamped(artifact: Artifact, stamp: LayerStamp, path: Path, options: OnnxExp
         notes.append(f"sibling projections (query/key/value, gate/up) packed into one MatMul each as written "
                      f"x{exported.packed}")
     details = ExportDetails(stamped_layers=stamp.layers - PROBE_LAYERS, packed=exported.packed or None)
-    if matmul_nbits:
-        notes.append(f"{matmul_nbits} INT4 layers as MatMulNBits (accuracy_level {options.int4_accuracy_level})")
-        details.matmul_nbits = matmul_nbits
+    _nbits_notes(exported, options, notes, details)
     if renamed:
-        notes.append("dims named " + ", ".join(f"{a}->{b}" for a, b in renamed.items()))
+        notes.append(dims_note(renamed))
     result = artifact.derive("onnx", path=path, obj=None)
     del result.products[LayerStamp]
+    _eight_bit_done(result)
     return PassOutcome(result, True, notes, details)
 
 
@@ -207,6 +238,8 @@ class ExportDetails(PassDetails):
     """What ``onnx_export`` records: the INT4 layers exported as MatMulNBits, when there are any."""
 
     matmul_nbits: int | None = None
+    eight_bit: int | None = None
+    """of ``matmul_nbits``, the layers kept for 8 bits, lowered to 8-bit MatMulNBits"""
     packed: int | None = None
     """groups of sibling projections packed into one MatMul as the stamped decoder was written (``onnx_pack.py``)"""
     stamped_layers: int | None = None

@@ -38,7 +38,10 @@ from __future__ import annotations
 
 import infopt.quantize.int4_format  # noqa: F401  (registers infopt::int4_linear)
 from infopt.core.errors import BuildError
+from infopt.core.memory import drop_file_pages, file_mappings
 from infopt.quantize.int4_format import pack_int4, unpack_int4
+from infopt.quantize.int8_weights import quantize_8bit
+from infopt.quantize.layer_choice import EIGHT_BIT_BLOCK
 
 DOMAIN = "infopt"
 PLACEHOLDER = "Int4Linear"
@@ -118,13 +121,21 @@ def permute_packed(qweight, perm):
     return pack_int4(unpack_int4(torch.from_numpy(qweight.copy()))[:, torch.from_numpy(perm)]).numpy()
 
 
-def lower_node(graph, node, accuracy_level: int) -> list:
-    """Replace one placeholder in ``graph`` by ``[Gather ->] MatMulNBits``; returns the stored inputs it replaced."""
+def lower_node(graph, node, accuracy_level: int, eight_bit=None) -> list:
+    """Replace one placeholder in ``graph`` by ``[Gather ->] MatMulNBits``; returns the stored inputs it replaced.
+    Where ``eight_bit`` (``layer_choice.EightBitLayers``) holds the layer's float weight, the op holds that weight
+    in 8 bits instead (``quantize/int8_weights.py``, block 32, accuracy level 4)."""
     import numpy as np
 
     where = f"ONNX node {node.name or PLACEHOLDER}"
     x, qweight, scales, zeros, g_idx, bias = (list(node.inputs) + [None] * 6)[:6]
     group_size = node.attributes["group_size"].as_int()
+    prefix = qweight.name.removesuffix("qweight").rstrip(".") or node.name
+    path = prefix.removeprefix("lm.")
+    if eight_bit is not None and path in eight_bit.floats:
+        _lower_8bit(graph, node, x, eight_bit.weight(path), None if bias is None else stored(bias, "bias", where),
+                    prefix)
+        return [v for v in (qweight, scales, zeros, g_idx, bias) if v is not None]
     packed = stored(qweight, "qweight", where)
     k = packed.shape[1] * 2
     perm = None
@@ -132,11 +143,26 @@ def lower_node(graph, node, accuracy_level: int) -> list:
         perm = act_order_permutation(stored(g_idx, "g_idx", where), k, group_size, where)
         if np.array_equal(perm, np.arange(k)):
             perm = None
-    prefix = qweight.name.removesuffix("qweight").rstrip(".") or node.name
     replace_with_nbits(graph, node, x, packed, stored(scales, "scales", where), stored(zeros, "zeros", where),
                        None if bias is None else stored(bias, "bias", where), group_size, accuracy_level, prefix,
                        perm=perm)
     return [v for v in (qweight, scales, zeros, g_idx, bias) if v is not None]
+
+
+EIGHT_BIT_LEVEL = 4
+"""the accuracy level of 8-bit MatMulNBits: ONNX Runtime's CPU kernels for 8-bit weights exist at it alone"""
+
+
+def _lower_8bit(graph, node, x, float_weight, bias, prefix: str) -> None:
+    """``node`` as an 8-bit ``MatMulNBits`` over ``float_weight`` (``(weight [out, in], bias)``, the layer's own)."""
+    import torch
+
+    weight, _ = float_weight
+    block = block_size_for(weight.shape[1], EIGHT_BIT_BLOCK)
+    codes, scales, zeros = quantize_8bit(weight.to(torch.float32), block, False)
+    drop_file_pages(weight, file_mappings())  # read once: a mapped checkpoint's pages go back, as after INT4
+    replace_with_nbits(graph, node, x, codes.numpy(), scales.numpy(), zeros.numpy(), bias, block, EIGHT_BIT_LEVEL,
+                       prefix, bits=8)
 
 
 def replace_with_nbits(graph, node, x, packed, scales, zeros, bias, group_size: int, accuracy_level: int,
@@ -194,20 +220,23 @@ def replace_with_nbits(graph, node, x, packed, scales, zeros, bias, group_size: 
     return new[-1]
 
 
-def lower_int4_nodes(model, accuracy_level: int = 0) -> int:
-    """Rewrite every ``infopt::Int4Linear`` in ``model`` (onnx_ir) in place; returns how many."""
+def lower_int4_nodes(model, accuracy_level: int = 0, eight_bit=None) -> tuple[int, int]:
+    """Rewrite every ``infopt::Int4Linear`` in ``model`` (onnx_ir) in place, those ``eight_bit`` names to 8 bits
+    (:func:`lower_node`); returns how many, and how many of them to 8 bits."""
     import onnx_ir as ir
 
-    count, replaced = 0, []
+    count, eights, replaced = 0, 0, []
     for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
         if node.domain == DOMAIN and node.op_type == PLACEHOLDER:
-            replaced += lower_node(node.graph, node, accuracy_level)
+            path = (node.inputs[1].name or "").removesuffix("qweight").rstrip(".").removeprefix("lm.")
+            eights += eight_bit is not None and path in eight_bit.floats
+            replaced += lower_node(node.graph, node, accuracy_level, eight_bit)
             count += 1
     if not count:
-        return 0
+        return 0, 0
     for value in replaced:
         if value.is_initializer() and not value.uses() and not value.is_graph_output():
             value.graph.initializers.pop(value.name, None)
     model.opset_imports.pop(DOMAIN, None)
     model.opset_imports[MS_DOMAIN] = 1
-    return count
+    return count, eights

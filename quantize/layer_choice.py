@@ -1,0 +1,239 @@
+"""Which INT4 layers go to 8 bits, chosen by accuracy: the smallest share that holds the build's budget.
+
+GPTQ measures each unit's output error ``tr(E H E^T)`` as it rounds it (``weight_only.calibrate_int4``); the units
+with the largest errors per weight, up to :data:`POOL_SHARE` of the weights, keep their float weights meanwhile. Then
+:class:`LayerChoice` runs the rounded model on text the build holds out of calibration (:class:`ChoiceText`),
+with the first units of that ranking back in float (8 bits downstream) up to each share of
+:data:`CHOICE_SHARES`, and keeps the smallest share whose teacher-forced figures hold the budget, under
+``max_bits_per_weight`` where one is given. A budget no share under the cap holds is recorded with the cap that
+would hold it, so a failed verdict can say what to pass next.
+
+Bits per weight count what ONNX Runtime's ``MatMulNBits`` stores: the codes, a float32 scale per group and, on the
+asymmetric grid, a zero point per group (4 bits for 4-bit codes, 8 for 8-bit ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from infopt.core.errors import UsageError
+from infopt.quantize.int4_format import replace_module
+from infopt.validators import generation
+
+CHOICE_SHARES = (0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5)
+"""the shares of the INT4 layers' weights tried in 8 bits, smallest first"""
+POOL_SHARE = CHOICE_SHARES[-1]
+"""the most weights whose float copies are held while GPTQ rounds the rest (file-backed where the checkpoint maps
+them: no resident copy)"""
+FIXED_SHARE = 0.1
+"""``int8_share: auto`` where no text was held out to choose on: a tenth of the weights (the measured default)"""
+PPL_MARGIN = 0.85
+"""the share of the perplexity budget a choice may spend on its own text: the verdict judges other text, through
+ONNX Runtime's kernels (activations rounded to int8 per block), so a choice at the budget's edge would fail it
+about half the time"""
+TOP1_MARGIN = 0.01
+"""top-1 agreement a choice keeps above the budget's, for the same reason"""
+EIGHT_BIT_BLOCK = 32
+
+
+def stored_bits(bits: int, group_size: int, symmetric: bool = False) -> float:
+    """Bits per weight ``MatMulNBits`` stores at ``bits`` per code: the codes, a float32 scale per group, a zero
+    point per group on the asymmetric grid."""
+    return bits + (32 + (0 if symmetric else bits)) / group_size
+
+
+INT8_BITS = stored_bits(8, EIGHT_BIT_BLOCK)
+"""``quantize_int8_weights``' grid: 8-bit codes per block of 32, asymmetric"""
+
+
+@dataclass
+class EightBitLayers:
+    """Layers kept for 8 bits that the module holds in INT4 while it is captured and exported, so its decoder's
+    layers stay alike and one is stamped for all (``passes/lower/onnx_stamp.py``): their float Linears by module
+    path, which ``onnx_export`` lowers to 8-bit ``MatMulNBits`` in their INT4 layers' place, then puts back in the
+    module (:meth:`restore`: the 4-bit checkpoint lists them unquantized). ``Artifact.products``."""
+
+    module: Any
+    floats: dict[str, Any]
+
+    def weight(self, path: str):
+        """``(weight [out, in], bias or None)`` of the layer at ``path`` (``model.layers.3.mlp.down_proj``)."""
+        layer = self.floats[path]
+        return layer.weight.detach(), None if layer.bias is None else layer.bias.detach()
+
+    def restore(self) -> None:
+        for path, layer in self.floats.items():
+            replace_module(self.module, path, layer)
+
+
+@dataclass
+class ChoiceText:
+    """Windows of text held out of calibration and the source model's figures on them, with the budget."""
+
+    windows: list[list[int]]
+    top1: list[np.ndarray]
+    nll: list[np.ndarray]
+    min_top1: float | None
+    max_ppl_delta: float | None
+    source: str
+
+    @classmethod
+    def from_model(cls, lm, windows: list[list[int]], min_top1: float | None, max_ppl_delta: float | None,
+                   source: str) -> "ChoiceText":
+        top1, nll = generation.eager_figures(lm, windows)
+        return cls(windows, top1, nll, min_top1, max_ppl_delta, source)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(w) for w in self.windows)
+
+    def figures(self, lm) -> dict[str, Any]:
+        """``lm``'s teacher-forced figures on the windows against the source model's."""
+        top1, nll = generation.eager_figures(lm, self.windows)
+        return generation.agreement_of(self.top1, self.nll, top1, nll)
+
+    def holds(self, figures: dict[str, Any]) -> bool:
+        """Whether ``figures`` hold the budget with the margins (:data:`PPL_MARGIN`, :data:`TOP1_MARGIN`)."""
+        return ((self.max_ppl_delta is None or figures["ppl_delta"] <= PPL_MARGIN * self.max_ppl_delta)
+                and (self.min_top1 is None or figures["top1"] >= min(1.0, self.min_top1 + TOP1_MARGIN)))
+
+    def budget_text(self) -> str:
+        parts = ([f"ppl_delta <= {PPL_MARGIN * self.max_ppl_delta:.3g}"] if self.max_ppl_delta is not None else []) + \
+                ([f"top1 >= {self.min_top1 + TOP1_MARGIN:.3g}"] if self.min_top1 is not None else [])
+        return ", ".join(parts) or "no budget"
+
+
+@dataclass
+class LayerChoice:
+    """The ladder of :data:`CHOICE_SHARES` on :class:`ChoiceText`, under ``max_bits`` (the INT4 layers' average,
+    8-bit ones counted at :data:`INT8_BITS`), and what it found."""
+
+    text: ChoiceText
+    int4_bits: float
+    max_bits: float | None = None
+    progress: Callable[[str], None] | None = None
+    rungs: list[dict[str, Any]] = field(default_factory=list)
+    chosen: dict[str, Any] | None = None
+    would_pass: dict[str, Any] | None = None
+    """where no share under the cap held: the smallest above it that did (None: none did)"""
+
+    def bits(self, share: float) -> float:
+        return self.int4_bits * (1 - share) + INT8_BITS * share
+
+    def cap_share(self) -> float:
+        """The largest share the cap allows."""
+        if self.max_bits is None:
+            return POOL_SHARE
+        return max(0.0, min(POOL_SHARE, (self.max_bits - self.int4_bits) / (INT8_BITS - self.int4_bits)))
+
+    def __call__(self, model, sizes: list[int], total: int, use: Callable[[int], None]) -> int:
+        """How many of the ranked units (``sizes``, largest error first, of ``total`` weights) go to 8 bits;
+        ``use(k)`` puts the first ``k`` in float and the rest in INT4 in ``model``."""
+        counts = _counts(sizes, total)
+        allowed = [c for c in counts if c["share"] <= self.cap_share() + 1e-9]
+
+        def tried(rung: dict) -> bool:
+            if "passed" not in rung:
+                use(rung["units"])
+                if self.progress:
+                    self.progress(f"INT4 choice: {rung['share']:.0%} of the weights in 8 bits, judged on "
+                                  f"{self.text.tokens} tokens of {self.text.source}")
+                figures = self.text.figures(model)
+                rung.update(bits=round(self.bits(rung["share"]), 3), top1=figures["top1"],
+                            ppl_delta=figures["ppl_delta"], ppl_delta_interval=figures["ppl_delta_interval"],
+                            passed=self.text.holds(figures))
+                self.rungs.append(rung)
+            return rung["passed"]
+
+        best = _first_passing(allowed, tried)
+        if best is None:
+            self.would_pass = _first_passing(counts[len(allowed):], tried)
+            best = allowed[-1]
+            tried(best)
+        self.chosen = best
+        self.rungs.sort(key=lambda r: r["share"])
+        return best["units"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"text": self.text.source, "tokens": self.text.tokens, "budget": self.text.budget_text(),
+                "max_bits_per_weight": self.max_bits, "int4_bits": round(self.int4_bits, 3),
+                "int8_bits": INT8_BITS, "rungs": self.rungs,
+                "chosen": None if self.chosen is None else self.chosen["share"],
+                "held": bool(self.chosen and self.chosen.get("passed")),
+                "would_pass": None if self.would_pass is None else
+                {"share": self.would_pass["share"], "bits": self.would_pass["bits"]}}
+
+
+def _counts(sizes: list[int], total: int) -> list[dict[str, Any]]:
+    """For each share of :data:`CHOICE_SHARES`, the most ranked units within it and their actual share (equal
+    unit counts merged)."""
+    rungs: dict[int, dict[str, Any]] = {}
+    cumulative = np.cumsum([0, *sizes])
+    for share in CHOICE_SHARES:
+        units = int(np.searchsorted(cumulative, share * total + 0.5, side="right")) - 1
+        rungs.setdefault(units, {"units": units, "share": round(float(cumulative[units]) / max(total, 1), 4)})
+    return list(rungs.values())
+
+
+def _first_passing(rungs: list[dict], tried: Callable[[dict], bool]) -> dict | None:
+    """The first rung that passes, by bisection (the figures improve as more weights go to 8 bits): the first
+    tried first (where every layer in INT4 holds the budget, as a larger model's often does, one run decides),
+    then the last (where it fails, none does)."""
+    if not rungs:
+        return None
+    if tried(rungs[0]):
+        return rungs[0]
+    if not tried(rungs[-1]):
+        return None
+    low, high = 1, len(rungs) - 1  # rungs[high] passes
+    while low < high:
+        middle = (low + high) // 2
+        if tried(rungs[middle]):
+            high = middle
+        else:
+            low = middle + 1
+    return rungs[high]
+
+
+MIXED_ROLES = ("q_proj", "k_proj", "v_proj", "qkv_proj", "query_key_value", "attn.c_attn", "Wqkv",
+               "down_proj", "mlp.c_proj", "mlp.fc2", "dense_4h_to_h")
+"""the attention's input projections and the MLP's output projection, as the families' modules name them: the
+layers llama.cpp's mixed strategy keeps at higher precision"""
+
+
+def mixed_layers(blocks: list[list[str]]) -> list[str]:
+    """The Linears of ``blocks`` (each block's layer paths, in order) that llama.cpp's mixed strategy, which ONNX
+    Runtime GenAI's builder takes as ``mixed_layers``, finds most sensitive with no data to measure on: the attention's
+    query/key/value and the MLP's down projection of the first and the last eighth of the blocks and of every third
+    block between. On the real SmolLM2-135M, RTN at group 128 then loses +22 % perplexity instead of +39 %."""
+    n = len(blocks)
+    chosen = [i for i in range(n) if i < n / 8 or i >= 7 * n / 8 or (i - round(n / 8)) % 3 == 2]
+    return [name for i in chosen for name in blocks[i] if name.endswith(MIXED_ROLES)]
+
+
+def checked_cap(max_bits: float | None, int4_bits: float) -> None:
+    """A cap below the INT4 grid's own bits is bad input."""
+    if max_bits is not None and max_bits < int4_bits - 1e-9:
+        raise UsageError(f"--max-bits-per-weight {max_bits:g} is below the INT4 grid's own {int4_bits:.3f} bits per "
+                         "weight (4-bit codes, a float32 scale and a zero point per group)",
+                         fix=f"pass at least {int4_bits:.2f}, or a larger --group-size")
+
+
+def advice(choice: dict[str, Any], recipe: str) -> str:
+    """What to do after a failed verdict, from ``LayerChoice.to_json`` (``recipe``: the bundled recipe's file)."""
+    if not choice["held"] and choice["would_pass"]:
+        return (f"the INT4 choice kept {choice['chosen']:.0%} of the weights in 8 bits, the most "
+                f"--max-bits-per-weight {choice['max_bits_per_weight']:g} allows, and no share under it held the "
+                f"budget on {choice['text']}; --max-bits-per-weight {choice['would_pass']['bits']:g} held it there")
+    if not choice["held"]:
+        return (f"no share of the weights in 8 bits up to {choice['chosen']:.0%} held the budget on {choice['text']}: "
+                "build --int8 (weight-only, every layer in 8 bits), or loosen --max-drift")
+    share = next((s for s in CHOICE_SHARES if s > choice["chosen"] + 0.01), None)
+    step = (f"keep more layers in 8 bits: a copy of {recipe} with quantize_int4's int8_share at {share:g}, built with "
+            "--int4 --recipe FILE --calib ..., or " if share is not None else "")
+    return (f"the INT4 choice held the budget on {choice['text']} with {choice['chosen']:.0%} of the weights in 8 "
+            f"bits, and the --val text judged it otherwise: {step}build --int8; a --calib text like the --val text "
+            "chooses closer to it")
