@@ -208,7 +208,7 @@ def mixed_layers(blocks: list[list[str]]) -> list[str]:
     """The Linears of ``blocks`` (each block's layer paths, in order) that llama.cpp's mixed strategy, which ONNX
     Runtime GenAI's builder takes as ``mixed_layers``, finds most sensitive with no data to measure on: the attention's
     query/key/value and the MLP's down projection of the first and the last eighth of the blocks and of every third
-    block between. On the real SmolLM2-135M, RTN at group 128 then loses +22 % perplexity instead of +39 %."""
+    block between (its figures on the real SmolLM2: ``benchmarks/results/real_llm.md``)."""
     n = len(blocks)
     chosen = [i for i in range(n) if i < n / 8 or i >= 7 * n / 8 or (i - round(n / 8)) % 3 == 2]
     return [name for i in chosen for name in blocks[i] if name.endswith(MIXED_ROLES)]

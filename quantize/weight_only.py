@@ -47,7 +47,6 @@ from infopt.quantize.int4_format import (
     replace_module,
 )
 from infopt.quantize.int4_methods import Int4Method, handler_for
-from infopt.quantize.sensitivity import output_drift
 
 
 @dataclass
@@ -296,8 +295,7 @@ class _Int8Keeper:
         if score is None or size > self.budget:
             return
         self.held.append((score, names, layers))
-        # the most error per weight first (a knapsack's greedy order): on the real SmolLM2-135M, 30 % of the
-        # weights chosen so left +5.6 % perplexity where the largest errors first left +7.4 %
+        # the most error per weight first, a knapsack's greedy order (benchmarks/results/real_llm.md)
         self.held.sort(key=lambda item: -item[0] / sum(layer.weight.numel() for layer in item[2]))
         while sum(layer.weight.numel() for _, _, ls in self.held for layer in ls) > self.budget:
             self.held.pop()
@@ -551,51 +549,3 @@ def quantize_int4(model: nn.Module, config: Int4MethodConfig | Int4Config | None
     return calibrate_int4(model, as_method_config(config), batches, keep=keep, progress=progress, inplace=True,
                           uniform_group_size=uniform_group_size, masks=masks, int8_share=int8_share, choose=choose,
                           for_8bit=for_8bit)
-
-
-def _outputs(model: nn.Module, batches) -> list:
-    """The model's outputs on ``batches`` (tuples of tensors), each output concatenated over them."""
-    import numpy as np
-    from torch.utils._pytree import tree_leaves
-
-    with torch.no_grad():
-        runs = [[t.detach().float().cpu().numpy() for t in tree_leaves(model(*b)) if isinstance(t, torch.Tensor)]
-                for b in batches]
-    return [np.concatenate([r[i] for r in runs]) for i in range(len(runs[0]))]
-
-
-def fall_back_to_budget(original: nn.Module, quantized: nn.Module, result: Int4Result, batches, budget,
-                        progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Put the INT4 layers that cost the most accuracy back in float until ``budget`` holds.
-
-    Each layer's sensitivity is the output drift of ``original`` with that layer alone in INT4 (one
-    forward per layer on ``batches``); the most sensitive are restored one at a time from
-    ``original`` into ``quantized`` (in place) until the whole model meets the budget, the way the
-    INT8 fallback does (``quantize/sensitivity.py``). Returns what it measured and restored."""
-
-    reference = _outputs(original, batches)
-    drift = output_drift(reference, _outputs(quantized, batches))
-    record: dict[str, Any] = {"budget": str(budget), "before": drift, "restored": [], "after": drift}
-    if budget.holds(drift) or not result.weights:
-        return record
-    badness = {}
-    for number, name in enumerate(result.weights, 1):
-        if progress:
-            progress(f"INT4 sensitivity {number}/{len(result.weights)}: {name}")
-        probe = copy.deepcopy(original)
-        layer = probe.get_submodule(name)
-        replace_module(probe, name, Int4Linear(result.weights[name], layer.bias))
-        badness[name] = budget.badness(output_drift(reference, _outputs(probe, batches)))
-    for name in sorted(badness, key=lambda n: -badness[n]):
-        replace_module(quantized, name, copy.deepcopy(original.get_submodule(name)))
-        result.weights.pop(name)
-        result.kept[name] = f"restored to float: among the most sensitive layers under the budget {budget}"
-        record["restored"].append(name)
-        drift = output_drift(reference, _outputs(quantized, batches))
-        if progress:
-            progress(f"INT4 fallback: {len(record['restored'])} layer(s) in float, {budget.metric}={drift.get(budget.metric):.5g}")
-        if budget.holds(drift):
-            break
-    record["after"] = drift
-    result.layers = [row for row in result.layers if row.name in result.weights]
-    return record

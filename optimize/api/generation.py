@@ -112,8 +112,7 @@ FORCED_PARAMETER_TOKENS = 3e11
 """past :data:`JUDGED_PARAMETERS`, a teacher-forced budget judges this many parameter-tokens (a token costs a
 forward of the model in the reference and one in the folder, as a token of the build's own work does, so the
 judging keeps about the same part of the build at every size), never fewer than :data:`MIN_FORCED_TOKENS`:
-2,200 tokens at 135M, enough for the perplexity change's interval to be about +/- 2 points on an INT4 build, 600 at
-0.5B, the floor from 1.2B on (``benchmarks/results/real_llm.md``)"""
+2,200 tokens at 135M, 600 at 0.5B, the floor from 1.2B on; the interval the judging reached is reported with it"""
 WANTED_PPL_HALF_WIDTH = 0.02
 """the perplexity change's 95 % interval a judging aims at, +/- this; the report says how many held-out tokens a
 wider one would have needed"""

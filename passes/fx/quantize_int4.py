@@ -33,11 +33,12 @@ from infopt.exporters.int4_checkpoint import CheckpointSource, checkpoint_format
 from infopt.passes.fx.int4_eight_bit import choice_note, held_in_int4, int8_plan, mixed_rule
 from infopt.passes.fx.int4_sections import int4_sections
 from infopt.quantize.int4_config import Int4Config, Int4MethodConfig, Method
+from infopt.quantize.int4_fallback import fall_back_to_budget
 from infopt.quantize.int4_format import conv1d_as_linear
 from infopt.quantize.layer_choice import INT8_BITS, EightBitLayers, checked_cap, stored_bits
 from infopt.quantize.method_names import CheckpointLayout
 from infopt.quantize.sensitivity import Budget
-from infopt.quantize.weight_only import fall_back_to_budget, quantize_int4
+from infopt.quantize.weight_only import quantize_int4
 from infopt.runtime.backend import package_version
 
 CHECKPOINT_DIR = "servers/vllm"

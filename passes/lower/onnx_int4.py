@@ -121,6 +121,12 @@ def permute_packed(qweight, perm):
     return pack_int4(unpack_int4(torch.from_numpy(qweight.copy()))[:, torch.from_numpy(perm)]).numpy()
 
 
+def module_path(node) -> str:
+    """The module an ``infopt::Int4Linear`` placeholder lowers, from its ``qweight``'s name
+    (``lm.model.layers.3.mlp.down_proj.qweight`` -> ``lm.model.layers.3.mlp.down_proj``)."""
+    return (node.inputs[1].name or "").removesuffix("qweight").rstrip(".")
+
+
 def lower_node(graph, node, accuracy_level: int, eight_bit=None) -> list:
     """Replace one placeholder in ``graph`` by ``[Gather ->] MatMulNBits``; returns the stored inputs it replaced.
     Where ``eight_bit`` (``layer_choice.EightBitLayers``) holds the layer's float weight, the op holds that weight
@@ -130,7 +136,7 @@ def lower_node(graph, node, accuracy_level: int, eight_bit=None) -> list:
     where = f"ONNX node {node.name or PLACEHOLDER}"
     x, qweight, scales, zeros, g_idx, bias = (list(node.inputs) + [None] * 6)[:6]
     group_size = node.attributes["group_size"].as_int()
-    prefix = qweight.name.removesuffix("qweight").rstrip(".") or node.name
+    prefix = module_path(node) or node.name
     path = prefix.removeprefix("lm.")
     if eight_bit is not None and path in eight_bit.floats:
         _lower_8bit(graph, node, x, eight_bit.weight(path), None if bias is None else stored(bias, "bias", where),
@@ -228,8 +234,7 @@ def lower_int4_nodes(model, accuracy_level: int = 0, eight_bit=None) -> tuple[in
     count, eights, replaced = 0, 0, []
     for node in list(ir.traversal.RecursiveGraphIterator(model.graph)):
         if node.domain == DOMAIN and node.op_type == PLACEHOLDER:
-            path = (node.inputs[1].name or "").removesuffix("qweight").rstrip(".").removeprefix("lm.")
-            eights += eight_bit is not None and path in eight_bit.floats
+            eights += eight_bit is not None and module_path(node).removeprefix("lm.") in eight_bit.floats
             replaced += lower_node(node.graph, node, accuracy_level, eight_bit)
             count += 1
     if not count:
