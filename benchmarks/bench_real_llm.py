@@ -67,6 +67,8 @@ ROWS = {
     "int4 gptq g128 auto": ("infopt", ["--int4", "--calib", "calib.txt"]),
     "int4 gptq g32 auto": ("infopt", ["--int4", "--calib", "calib.txt", "--group-size", "32"]),
     "int4 gptq g128 cap 5.2": ("infopt", ["--int4", "--calib", "calib.txt", "--max-bits-per-weight", "5.2"]),
+    "int4 gptq g128 act-order auto": ("infopt", ["--int4", "--calib", "calib.txt", "--act-order"]),
+    "int4 awq g128 auto": ("infopt", ["--int4", "--int4-method", "awq", "--calib", "calib.txt"]),
     "builder fp32": ("builder", ["-p", "fp32"]),
     "builder int8": ("builder", ["-p", "int8"]),
     "builder int4": ("builder", ["-p", "int4"]),

@@ -69,9 +69,11 @@ def _fake_quant(weight: torch.Tensor, group_size: int, symmetric: bool) -> torch
 def search_scale(weight: torch.Tensor, stats: ActivationSample, group_size: int, symmetric: bool,
                  grid_points: int = 20) -> tuple[torch.Tensor | None, float | None]:
     """The ``s`` with the least output error on the sampled rows and its ``alpha``; ``(None, None)``
-    when no scaling beats plain rounding."""
+    when no scaling beats plain rounding. The error ``||x D^T||^2`` (``D`` the rounded weight less the
+    weight) is taken as ``tr(D (x^T x) D^T)``: one ``[K, K]`` product of the rows, not the rows again for
+    every point of the grid."""
     x = stats.sample
-    reference = x @ weight.T
+    gram = x.T @ x
     mean_abs = stats.mean_abs.clamp(min=1e-4)
     rows, cols = weight.shape
     grouped = weight.abs().reshape(rows, cols // group_size, group_size)
@@ -79,10 +81,10 @@ def search_scale(weight: torch.Tensor, stats: ActivationSample, group_size: int,
 
     def error(s: torch.Tensor | None) -> float:
         if s is None:
-            quantized = _fake_quant(weight, group_size, symmetric)
+            diff = _fake_quant(weight, group_size, symmetric) - weight
         else:
-            quantized = _fake_quant(weight * s[None, :], group_size, symmetric) / s[None, :]
-        return float(((x @ quantized.T - reference) ** 2).mean())
+            diff = _fake_quant(weight * s[None, :], group_size, symmetric) / s[None, :] - weight
+        return float(torch.mul(diff @ gram, diff).sum())
 
     best, best_alpha, best_scale = error(None), None, None
     for step in range(grid_points):
@@ -98,12 +100,14 @@ def search_scale(weight: torch.Tensor, stats: ActivationSample, group_size: int,
 def search_clip(weight: torch.Tensor, x: torch.Tensor, group_size: int, symmetric: bool,
                 ratios: int = 20, max_rows: int = 512) -> torch.Tensor:
     """Per output row and group, the shrink ratio ``r`` of the grid's range with the least error
-    of that group's contribution to the output on ``x`` (``[N, K // g]``, values in (0.5, 1])."""
+    of that group's contribution to the output on ``x`` (``[N, K // g]``, values in (0.5, 1]). Each group's
+    error ``||x_g d_g^T||^2`` is taken as ``d_g (x_g^T x_g) d_g^T``, through the group's ``[g, g]`` product of the
+    rows."""
     rows, cols = weight.shape
     groups = cols // group_size
-    x = x[:max_rows].reshape(-1, groups, group_size)
+    by_group = x[:max_rows].reshape(-1, groups, group_size).transpose(0, 1)  # [G, rows, g]
+    gram = by_group.transpose(1, 2) @ by_group  # [G, g, g]
     w = weight.reshape(rows, groups, group_size)
-    reference = torch.einsum("tgk,ngk->tng", x, w)
     best_err = torch.full((rows, groups), float("inf"), device=weight.device)
     best_ratio = torch.ones(rows, groups, device=weight.device)
     lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
@@ -112,7 +116,8 @@ def search_clip(weight: torch.Tensor, x: torch.Tensor, group_size: int, symmetri
         clipped = torch.clamp(w, lo * r, hi * r)
         scale, zero = grid(clipped.reshape(-1, group_size), symmetric)
         quantized = fake_quantize(w.reshape(-1, group_size), scale, zero).reshape(rows, groups, group_size)
-        err = ((torch.einsum("tgk,ngk->tng", x, quantized) - reference) ** 2).mean(0)
+        diff = (quantized - w).transpose(0, 1)  # [G, N, g]
+        err = torch.mul(torch.bmm(diff, gram), diff).sum(-1).T
         better = err < best_err
         best_err = torch.where(better, err, best_err)
         best_ratio = torch.where(better, torch.full_like(best_ratio, r), best_ratio)

@@ -81,6 +81,7 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, 
     scales = torch.zeros(groups, rows, device=w.device)
     zeros = torch.zeros(groups, rows, device=w.device)
     codes = torch.zeros(cols, rows, device=w.device)
+    pivots = torch.diagonal(hinv).tolist()  # each column's divisor as a number: no tensor indexed per column
     for start in range(0, cols, block_size):
         end = min(start + block_size, cols)
         block = wt[start:end].clone()
@@ -92,16 +93,15 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, 
                 inside = block[i:i + group_size]
                 ahead = torch.cat([inside, wt[end:end + group_size - inside.shape[0]]], dim=0)
                 scale, zero = grid(ahead.T, symmetric)
-                inverse_scale = scale.reciprocal()
                 scales[col // group_size], zeros[col // group_size] = scale, zero
-            column = block[i]
-            code = torch.round(column / scale).add_(zero).clamp_(0, MAXQ)
-            codes[col] = code
-            err = column.sub(code.sub(zero).mul_(scale)).div_(hblock[i, i])
+            # written into their rows of codes and errors, each step in place: the loop runs once per input
+            # feature, and its cost is the ops' count more than their size
+            column, code, err = block[i], codes[col], errors[i]
+            torch.div(column, scale, out=code).round_().add_(zero).clamp_(0, MAXQ)
+            torch.sub(code, zero, out=err).mul_(scale)
+            torch.sub(column, err, out=err).div_(pivots[col])
             block[i + 1:].addr_(hblock[i, i + 1:], err, alpha=-1)
-            errors[i] = err
         wt[end:].addmm_(hinv[start:end, end:].T, errors, alpha=-1)
-    del inverse_scale
     codes, scales, zeros = codes.T, scales.T, zeros.T
 
     inverse = torch.argsort(perm).cpu()

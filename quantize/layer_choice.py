@@ -14,6 +14,7 @@ asymmetric grid, a zero point per group (4 bits for 4-bit codes, 8 for 8-bit one
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -60,9 +61,15 @@ class EightBitLayers:
     floats: dict[str, Any]
 
     def weight(self, path: str):
-        """``(weight [out, in], bias or None)`` of the layer at ``path`` (``model.layers.3.mlp.down_proj``)."""
+        """``(weight [out, in], bias or None)`` of the layer at ``path`` (``model.layers.3.mlp.down_proj``), as applied
+        to the input its INT4 layer receives in the graph: AWQ's INT4 layer reads ``x / input_scale``, so the float
+        weight is scaled by ``input_scale`` to give the same output."""
         layer = self.floats[path]
-        return layer.weight.detach(), None if layer.bias is None else layer.bias.detach()
+        weight = layer.weight.detach()
+        scale = getattr(self.module.get_submodule(path), "input_scale", None)
+        if scale is not None:
+            weight = weight * scale.to(weight.dtype)[None, :]
+        return weight, None if layer.bias is None else layer.bias.detach()
 
     def restore(self) -> None:
         for path, layer in self.floats.items():
@@ -141,16 +148,17 @@ class LayerChoice:
                 if self.progress:
                     self.progress(f"INT4 choice: {rung['share']:.0%} of the weights in 8 bits, judged on "
                                   f"{self.text.tokens} tokens of {self.text.source}")
+                started = time.perf_counter()
                 figures = self.text.figures(model)
                 rung.update(bits=round(self.bits(rung["share"]), 3), top1=figures["top1"],
                             ppl_delta=figures["ppl_delta"], ppl_delta_interval=figures["ppl_delta_interval"],
-                            passed=self.text.holds(figures))
+                            passed=self.text.holds(figures), seconds=round(time.perf_counter() - started, 2))
                 self.rungs.append(rung)
             return rung["passed"]
 
         best = _first_passing(allowed, tried)
         if best is None:
-            self.would_pass = _first_passing(counts[len(allowed):], tried)
+            self.would_pass = _first_passing(counts[len(allowed):], tried, last_first=True)
             best = allowed[-1]
             tried(best)
         self.chosen = best
@@ -178,24 +186,26 @@ def _counts(sizes: list[int], total: int) -> list[dict[str, Any]]:
     return list(rungs.values())
 
 
-def _first_passing(rungs: list[dict], tried: Callable[[dict], bool]) -> dict | None:
-    """The first rung that passes, by bisection (the figures improve as more weights go to 8 bits): the first
-    tried first (where every layer in INT4 holds the budget, as a larger model's often does, one run decides),
-    then the last (where it fails, none does)."""
+def _first_passing(rungs: list[dict], tried: Callable[[dict], bool], last_first: bool = False) -> dict | None:
+    """The first rung that passes, by bisection (the figures improve as more weights go to 8 bits). The first is
+    tried first: where every layer in INT4 holds the budget, as a larger model's often does, one run decides. Then
+    the others by bisection as if the last passed, the last run only where the bisection ends on it: each run is a
+    forward of the model over the choice text, and the last is seldom the one chosen. ``last_first``: the last
+    tried first instead, where it failing (none passing) is the likely answer."""
     if not rungs:
         return None
-    if tried(rungs[0]):
-        return rungs[0]
-    if not tried(rungs[-1]):
+    if last_first and not tried(rungs[-1]):
         return None
-    low, high = 1, len(rungs) - 1  # rungs[high] passes
+    if not last_first and tried(rungs[0]):
+        return rungs[0]
+    low, high = (0 if last_first else 1), len(rungs) - 1  # rungs[high] passes, or is the last, not yet run
     while low < high:
         middle = (low + high) // 2
         if tried(rungs[middle]):
             high = middle
         else:
             low = middle + 1
-    return rungs[high]
+    return rungs[high] if tried(rungs[high]) else None
 
 
 MIXED_ROLES = ("q_proj", "k_proj", "v_proj", "qkv_proj", "query_key_value", "attn.c_attn", "Wqkv",

@@ -47,6 +47,7 @@ from infopt.quantize.int4_format import (
     replace_module,
 )
 from infopt.quantize.int4_methods import Int4Method, handler_for
+from infopt.runtime.memory_estimate import available_bytes
 
 
 @dataclass
@@ -237,6 +238,8 @@ def calibrate_int4(model: nn.Module, config: Int4MethodConfig | Int4Config,
     masks = [None if m is None else m.to(device).bool() for m in masks] if masks is not None else [None] * len(batches)
     groups = layer_groups(work, names)
     keeper = _Int8Keeper(int8_share, sum(work.get_submodule(n).weight.numel() for n in names))
+    # the choice runs the whole rounded model several times: its layers then stay dequantized where that fits
+    dense = choose is not None and _dense_fits(work, names)
     inputs = None  # each batch's (args, kwargs) at the current block's entry, once the first block caught them
     for number, (block, members) in enumerate(groups, 1):
         stats = {n: method.statistic(config, work.get_submodule(n).in_features) for n in members}
@@ -267,14 +270,15 @@ def calibrate_int4(model: nn.Module, config: Int4MethodConfig | Int4Config,
                 drop_file_pages(layer.weight, mappings)
         if block is not None and inputs is not None:
             inputs = _block_outputs(block, inputs)  # the next block's inputs: this one's, quantized, on them
-            _packed(work, members)
-    _packed(work, names)
+            if not dense:
+                _packed(work, members)
     count = None
     if choose is not None and keeper.held:
         use = keeper.in_use(work)
         count = choose(work, [sum(layer.weight.numel() for layer in ls) for _, _, ls in keeper.held], keeper.total,
                        use)
         use(0)
+    _packed(work, names)
     keeper.restore(work, result, count)
     if inplace:
         work.to(home).train(training)
@@ -350,6 +354,19 @@ class Rounded(nn.Module):
         if p.input_scale is not None:
             x = x / p.input_scale.to(x.dtype)
         return nn.functional.linear(x, self.dense[x.dtype], None if p.bias is None else p.bias.to(x.dtype))
+
+
+DENSE_SHARE = 0.5
+"""the share of the memory still available that the rounded layers' dequantized weights may take while the INT4
+choice runs the model: each run would otherwise dequantize every layer once a batch"""
+
+
+def _dense_fits(work: nn.Module, names: Sequence[str]) -> bool:
+    """Whether ``names``' weights, dequantized in the model's dtype, fit :data:`DENSE_SHARE` of the memory left."""
+    layers = [work.get_submodule(n) for n in names]
+    needed = sum(layer.weight.numel() * layer.weight.element_size() for layer in layers)
+    left = available_bytes()
+    return left is None or needed <= DENSE_SHARE * left
 
 
 def _packed(work: nn.Module, names: Sequence[str]) -> None:

@@ -21,7 +21,8 @@ def int4_sections(d) -> list[Section]:
     choice = getattr(d, "choice", None)
     if choice:
         ladder = [[f"{r['share']:.1%}", f"{r['bits']:g}", f"{r['ppl_delta']:+.2%}", f"{r['top1']:.4f}",
-                   "yes" if r["passed"] else "no", "chosen" if r["share"] == choice["chosen"] else ""]
+                   "yes" if r["passed"] else "no", f"{r['seconds']:.1f}" if "seconds" in r else "",
+                   "chosen" if r["share"] == choice["chosen"] else ""]
                   for r in choice["rungs"]]
         said = [f"the share of the INT4 layers' weights kept for 8 bits, the most error per weight first, judged on "
                 f"{choice['tokens']} tokens of {choice['text']} against {choice['budget']}"
@@ -31,5 +32,5 @@ def int4_sections(d) -> list[Section]:
             said.append(f"{choice['would_pass']['share']:.1%} ({choice['would_pass']['bits']:g} bits per weight) held "
                         "it, above the cap")
         sections.append(Section("INT4 choice of 8-bit layers", ["share in 8 bits", "bits per weight", "perplexity",
-                                                                 "top-1", "held", ""], ladder, said))
+                                                                 "top-1", "held", "seconds", ""], ladder, said))
     return sections

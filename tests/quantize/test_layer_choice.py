@@ -74,7 +74,8 @@ def test_a_loose_budget_keeps_every_layer_in_int4_and_a_strict_one_the_most_the_
     chooser, result = gptq(lm, strict)
     found = chooser.to_json()
     assert not found["held"] and found["would_pass"] is None and found["chosen"] <= POOL_SHARE
-    assert all(not r["passed"] for r in found["rungs"]) and len(found["rungs"]) == 2  # none and the most failed
+    assert all(not r["passed"] for r in found["rungs"]) and found["rungs"][0]["share"] == 0.0
+    assert found["rungs"][-1]["share"] == found["chosen"] and len(found["rungs"]) <= 5  # none, a bisection, the most
     kept = sum(lm.get_submodule(n).weight.numel() for n in result.for_8bit)
     total = kept + sum(w.out_features * w.in_features for w in result.weights.values())
     assert result.for_8bit and abs(kept / total - found["chosen"]) < 1e-3
@@ -90,7 +91,8 @@ def test_a_cap_limits_the_share_kept_for_8_bits():
     assert chooser.cap_share() == pytest.approx(0.3)
     assert 0 < chooser.chosen["share"] <= 0.3 + 1e-9 and chooser.chosen["bits"] <= cap + 1e-3
     assert not chooser.chosen["passed"] and chooser.would_pass is None  # nothing up to the pool's most held either
-    assert len(chooser.rungs) == 3  # none, the cap's most, then the pool's most: none above the cap holds
+    above = [r["share"] for r in chooser.rungs if r["share"] > 0.3 + 1e-9]
+    assert above == [chooser.rungs[-1]["share"]]  # above the cap, the pool's most alone: it failing, none holds
 
 
 class Ladder(ChoiceText):
@@ -122,7 +124,10 @@ def search(ppl_at, max_bits=None):
 def test_the_search_finds_the_smallest_share_that_holds_by_bisection():
     chooser, count, evaluated = search(lambda share: 0.2 - share)  # ppl_delta <= 0.085 from share 0.115
     assert chooser.chosen["share"] == 0.15 and count == 15 and chooser.chosen["passed"]
-    assert evaluated[:2] == [0.0, POOL_SHARE] and len(evaluated) <= 5 < len(CHOICE_SHARES)
+    # none first, then a bisection as if the pool's most held: that one, seldom chosen, is never run
+    assert evaluated[0] == 0.0 and POOL_SHARE not in evaluated and len(evaluated) <= 4 < len(CHOICE_SHARES)
+    chooser, count, evaluated = search(lambda share: 0.5 - share)  # only the pool's most holds: run last
+    assert chooser.chosen["share"] == POOL_SHARE and chooser.chosen["passed"] and evaluated[-1] == POOL_SHARE
     chooser, count, evaluated = search(lambda share: 0.01)  # every layer in INT4 holds it: one run decides
     assert count == 0 and evaluated == [0.0]
 
@@ -156,16 +161,18 @@ def test_the_mixed_strategy_picks_the_builders_blocks_and_roles():
                                                                                  "transformer.h.0.mlp.c_proj"]
 
 
-@pytest.mark.parametrize("method", ["rtn", "gptq"])
+@pytest.mark.parametrize("method", ["rtn", "gptq", "awq"])
 def test_layers_kept_for_8_bits_are_held_in_int4_so_the_decoder_layers_stay_alike(method):
     """The layers kept for 8 bits go back in the module as their INT4 layers, their float Linears held aside for
     the export: every block is built alike, so the decoder is captured with two and stamped (the RTN rule and
-    the GPTQ choice alike), and the held floats go back once the export is done."""
+    the GPTQ choice alike), and the held floats go back once the export is done. The weight the export
+    writes in 8 bits gives the float layer's output from the input the INT4 layer reads in the graph (AWQ's
+    divided by its input scale)."""
     import torch
 
     from infopt.exporters.layer_probe import plan
     from infopt.passes.fx.int4_eight_bit import held_in_int4
-    from infopt.quantize.int4_config import GPTQConfig, RTNConfig
+    from infopt.quantize.int4_config import AWQConfig, GPTQConfig, RTNConfig
     from infopt.quantize.weight_only import layer_groups, quantize_int4
 
     torch.manual_seed(0)
@@ -178,12 +185,22 @@ def test_layers_kept_for_8_bits_are_held_in_int4_so_the_decoder_layers_stay_alik
         result = quantize_int4(lm, RTNConfig(group_size=32), for_8bit=rule)
         assert sorted(result.for_8bit) == sorted(rule)
     else:
-        result = quantize_int4(lm, GPTQConfig(group_size=32), [(torch.tensor(windows(4, 1)),)], int8_share=0.3)
+        config = (GPTQConfig if method == "gptq" else AWQConfig)(group_size=32)
+        result = quantize_int4(lm, config, [(torch.tensor(windows(4, 1)),)], int8_share=0.3)
     assert result.for_8bit and all(type(lm.get_submodule(n)).__name__ == "Linear" for n in result.for_8bit)
     held = held_in_int4(lm, result)
-    assert isinstance(plan(lm, 8), tuple)  # every layer alike: (path, layers), not a reason
+    if method != "awq":  # AWQ keeps an input scale only on the layers where one beat plain rounding: not alike
+        assert isinstance(plan(lm, 8), tuple)  # every layer alike: (path, layers), not a reason
     assert all(type(lm.get_submodule(n)).__name__ == "Int4Linear" for n in result.for_8bit)
     weight, _ = held.weight(result.for_8bit[0])
     assert weight.dtype == torch.float32 and weight.shape[1] == 64
+    scales = []
+    for name in result.for_8bit:
+        x = torch.randn(5, held.floats[name].in_features)
+        scale = lm.get_submodule(name).input_scale
+        scales.append(scale is not None)
+        read = x if scale is None else x / scale  # what the INT4 layer's op receives
+        torch.testing.assert_close(read @ held.weight(name)[0].T, held.floats[name](x), rtol=1e-4, atol=1e-5)
+    assert any(scales) == (method == "awq")
     held.restore()
     assert all(type(lm.get_submodule(n)).__name__ == "Linear" for n in result.for_8bit)
