@@ -407,6 +407,18 @@ def test_a_causal_lm_builds_logits_where_text_generation_cannot_and_says_why(tra
     assert ("note: building --task logits; a causal LM's default, --task text-generation, builds fp32, int8 and "
             "int4, not bf16") in proc.stderr
 
+    # a copy of the INT4 recipe with --calib and no precision flag: the recipe's INT4, so text generation
+    recipe = tmp_path / "my-int4.yaml"
+    recipe.write_text((Path(__file__).resolve().parent.parent / "recipes" / "pipelines" / "int4-onnxruntime-genai.yaml").read_text()
+                      .replace("int8_share: auto", "int8_share: 0.2").replace("name: int4-onnxruntime-genai", "name: my-int4"))
+    assert default_task(lm, **{**choose, "calib": "calib.txt", "recipe": recipe}) == ("text-generation", None)
+    proc = run_cli_here("build", str(lm), "--recipe", "my-int4.yaml", "--calib", str(trained / "calib.txt"),
+                        "--dry-run", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plan = json.loads(proc.stdout)
+    assert plan["task"] == "text-generation" and plan["candidates"][0]["precision"] == "int4", plan
+    assert plan["candidates"][0]["recipe"] == "my-int4" and "building --task logits" not in proc.stderr
+
 
 def test_quantized_generation_refuses_what_it_cannot_do(trained, tmp_path):
     lm = str(trained / "lm")

@@ -338,6 +338,14 @@ def task_recipe(recipe: str | Path | None, backend: str = "auto") -> Recipe | No
     return found
 
 
+def recipe_precision(recipe: str | Path | None) -> str | None:
+    """The precision of ``recipe`` where it is this task's (None: no recipe, another task's, or one that does not
+    load, which the build reports)."""
+    if recipe is None or not is_task_recipe(recipe):
+        return None
+    return load_recipe(recipe).precision
+
+
 def is_task_recipe(recipe: str | Path) -> bool:
     """Whether ``recipe`` loads and builds this task (for choosing the task; a broken recipe is reported by the build)."""
     try:

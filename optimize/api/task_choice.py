@@ -14,7 +14,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from infopt.api.generation import PRECISIONS, generation_passes, is_task_recipe
+from infopt.api.generation import PRECISIONS, generation_passes, is_task_recipe, recipe_precision
 from infopt.core.errors import UsageError
 from infopt.exporters.genai_folder import has_tokenizer
 from infopt.runtime import hub
@@ -40,13 +40,15 @@ def causal_lm_folder(model: str | Path) -> Path | None:
 
 
 def default_task(model: str | Path, *, precision: str | None, target: str, val: str | Path | None,
-                 calib: str | Path | None, max_drift: str | None, logits_flags: list[str]) -> tuple[str, str | None]:
+                 calib: str | Path | None, max_drift: str | None, logits_flags: list[str],
+                 recipe: str | Path | None = None) -> tuple[str, str | None]:
     """``(task, why)``: ``text-generation`` for a causal LM that task can build as asked, else ``logits``;
-    ``why`` completes "--task text-generation ..." for a causal LM kept on ``logits`` (None otherwise)."""
+    ``why`` completes "--task text-generation ..." for a causal LM kept on ``logits`` (None otherwise). With no
+    precision asked, a text-generation ``recipe`` gives its own (``--recipe my-int4.yaml --calib t.txt`` is INT4)."""
     folder = causal_lm_folder(model)
     if folder is None:
         return "logits", None
-    precision = precision or "fp32"
+    precision = precision or recipe_precision(recipe) or "fp32"
     metrics = [part.partition("=")[0].strip() for part in (max_drift or "").split(",") if part.strip()]
     reasons = [  # each completes "--task text-generation ..."
         (precision not in PRECISIONS, f"builds {', '.join(PRECISIONS[:-1])} and {PRECISIONS[-1]}, not {precision}"),
@@ -93,10 +95,13 @@ def generation_arguments(model, task: str | None, given: dict, defaults: dict, s
     calib = given["calibration"]
     if calib is not None and not isinstance(calib, (str, Path)):
         extra.append("calibration (as anything but a text file)")
+    # the default precision, not asked for, leaves a text-generation recipe its own
+    asked = None if given["recipe"] is not None and given["precision"] == defaults.get("precision") else given["precision"]
     if task is None:
-        task, why = default_task(model, precision=given["precision"], target=given["target"], val=given["val"],
+        task, why = default_task(model, precision=asked, target=given["target"], val=given["val"],
                                  calib=calib if isinstance(calib, (str, Path)) else None,
-                                 max_drift=given["max_drift"], logits_flags=[f"{name}=" for name in extra])
+                                 max_drift=given["max_drift"], logits_flags=[f"{name}=" for name in extra],
+                                 recipe=given["recipe"])
         if why:
             say(f"note: building task='logits'; a causal LM's default, task='text-generation', {why}")
         if task == "logits":
@@ -105,7 +110,7 @@ def generation_arguments(model, task: str | None, given: dict, defaults: dict, s
         raise UsageError(f"task='text-generation' does not take {', '.join(extra)}",
                          fix="drop them: it builds the ONNX Runtime GenAI folder for the cpu target")
     return {"output": given["output"], "name": given["name"], "force": given["force"], "val": given["val"],
-            "precision": given["precision"], "target": given["target"], "calib": calib,
+            "precision": asked, "target": given["target"], "calib": calib,
             "max_drift": given["max_drift"], "price_per_hour": given["price_per_hour"],
             "int4_method": given["int4_method"], "group_size": given["group_size"], "act_order": given["act_order"],
             "pass_options": options or None, "recipe": given["recipe"], "backend": given["backend"],

@@ -102,8 +102,9 @@ def build(
                  "--strict": strict, "--max-abs": max_abs is not None, "--min-cosine": min_cosine is not None,
                  "--min-top1": min_top1 is not None, "--min-sqnr-db": min_sqnr_db is not None,
                  "--max-p99-ms": max_p99_ms is not None}
-        task, why = default_task(model, precision=api_flags.precision(flags, precision), target=target, val=val,
-                                 calib=calib, max_drift=max_drift, logits_flags=[f for f, on in given.items() if on])
+        asked = api_flags.precision(flags, precision) if precision or any(flags.values()) else None  # else the recipe's
+        task, why = default_task(model, precision=asked, target=target, val=val, calib=calib, max_drift=max_drift,
+                                 logits_flags=[f for f, on in given.items() if on], recipe=recipe)
         if why and not quiet and not as_json:
             print(f"note: building --task logits; a causal LM's default, --task text-generation, {why}", file=sys.stderr)
     if task == "text-generation":
