@@ -341,9 +341,13 @@ def task_recipe(recipe: str | Path | None, backend: str = "auto") -> Recipe | No
 def recipe_precision(recipe: str | Path | None) -> str | None:
     """The precision of ``recipe`` where it is this task's (None: no recipe, another task's, or one that does not
     load, which the build reports)."""
-    if recipe is None or not is_task_recipe(recipe):
+    if recipe is None:
         return None
-    return load_recipe(recipe).precision
+    try:
+        found = load_recipe(recipe)
+    except Exception:  # noqa: BLE001 - RecipeError and whatever a broken file raises
+        return None
+    return found.precision if found.task == TASK else None
 
 
 def is_task_recipe(recipe: str | Path) -> bool:

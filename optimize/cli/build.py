@@ -88,6 +88,7 @@ def build(
     flags = {"fp32": fp32, "fp16": fp16, "bf16": bf16, "fp8": fp8, "int8": int8, "int4": int4}
     if task not in (None, "logits", "text-generation"):
         raise UsageError(f"unknown --task {task!r}", fix="pass --task text-generation or --task logits (the default)")
+    asked = api_flags.precision(flags, precision) if precision or any(flags.values()) else None  # else the recipe's
     if task is None:
         from infopt.api.task_choice import default_task, logits_choices
 
@@ -102,14 +103,12 @@ def build(
                  "--strict": strict, "--max-abs": max_abs is not None, "--min-cosine": min_cosine is not None,
                  "--min-top1": min_top1 is not None, "--min-sqnr-db": min_sqnr_db is not None,
                  "--max-p99-ms": max_p99_ms is not None}
-        asked = api_flags.precision(flags, precision) if precision or any(flags.values()) else None  # else the recipe's
         task, why = default_task(model, precision=asked, target=target, val=val, calib=calib, max_drift=max_drift,
                                  logits_flags=[f for f, on in given.items() if on], recipe=recipe)
         if why and not quiet and not as_json:
             print(f"note: building --task logits; a causal LM's default, --task text-generation, {why}", file=sys.stderr)
     if task == "text-generation":
         api_flags.int4_settings(int4_method, group_size, act_order, None)  # an unknown --int4-method exits 2 here
-        asked = api_flags.precision(flags, precision) if precision or any(flags.values()) else None  # else the recipe's
         _build_generation(model, precision=asked, target=target, val=val,
                           name=name, output=output, force=force, calib=calib, max_drift=max_drift,
                           int4_method=int4_method, group_size=group_size, act_order=act_order,
