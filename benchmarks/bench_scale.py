@@ -10,6 +10,9 @@ what was written before it is on disk (``os.sync``):
   (``held-out.txt``: the test sentences six to a line, 40 lines of 162-345 tokens, each cut to the judging's 128;
   ``--val none`` leaves it out;
   INT4: RTN, no calibration, as the builder's int4 is; no drift budget, random weights agreeing little);
+- precision ``int4-calib``: ``--int4 --calib calib.txt`` (GPTQ and the INT4 choice; ``calib.txt``: the test
+  sentences after the first 240, six to a line, none of them in ``held-out.txt``); the builder has no calibrated
+  INT4, so its row of this precision is left out and infopt's is read against the builder's ``int4``;
 - ``python -m onnxruntime_genai.models.builder -i FOLDER -o OUT -p fp32|int4 -e cpu``.
 
 infopt runs with an empty cache folder, as a user's first build of a model does. For each: wall time, the peak
@@ -19,7 +22,7 @@ Then both folders of a precision are timed with ``onnxruntime_genai`` in interle
 given infopt's intra-op thread count (``bench_generation.py``'s harness): TTFT of a 128-token prompt and
 TPOT at batch 1 and 8. A build that fails or is killed is a row with its exit status.
 
-    python benchmarks/bench_scale.py [--models qwen2.5-0.5b,qwen2.5-1.5b] [--precisions fp32,int4]
+    python benchmarks/bench_scale.py [--models qwen2.5-0.5b,qwen2.5-1.5b] [--precisions fp32,int4,int4-calib]
                                      [--rounds 4] [--val held-out|none|FILE] [--markdown benchmarks/results/scale.md]
 """
 
@@ -117,13 +120,23 @@ def held_out_text(path: Path) -> Path:
     return path
 
 
+def calibration_text(path: Path) -> Path:
+    """``path`` written with the test sentences after the first 240 (those of ``held_out_text``), six to a line."""
+    sentences = [s.strip() for s in (ROOT / "tests" / "data" / "sentences.txt").read_text().splitlines() if s.strip()]
+    rest = sentences[240:]
+    path.write_text("\n".join(" ".join(rest[i:i + 6]) for i in range(0, len(rest), 6)) + "\n")
+    return path
+
+
 def build(model: Path, work: Path, tool: str, precision: str, limit_s: float, val: Path | None = None) -> dict:
     out = work / f"{tool}-{precision}"
     if tool == "infopt":
         command = [str(INFOPT), "build", str(model), "--task", "text-generation", "-o", str(out), "-q", "--force"]
         command += ["--val", str(val)] if val is not None else []
-        if precision == "int4":
+        if precision.startswith("int4"):
             command += ["--int4", "--max-drift", "top1=0,ppl_delta=100"]
+        if precision == "int4-calib":
+            command += ["--calib", str(calibration_text(work / "calib.txt"))]
         folder = out / "servers" / "onnxruntime-genai"
     else:
         command = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(model), "-o", str(out),
@@ -189,7 +202,8 @@ def main() -> None:
             val = (None if args.val == "none" else held_out_text(work / "held-out.txt") if args.val == "held-out"
                    else Path(args.val).absolute())
             rows = [build(model, work, tool, precision, args.limit_s, val)
-                    for precision in args.precisions.split(",") for tool in args.tools.split(",")]
+                    for precision in args.precisions.split(",") for tool in args.tools.split(",")
+                    if not (tool == "builder" and precision == "int4-calib")]
             timed(rows, work, args.rounds, CONFIGS[name]["vocab_size"])
             for r in rows:
                 lines.append(

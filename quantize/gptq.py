@@ -21,7 +21,7 @@ import torch
 
 from infopt.quantize.int4_config import GPTQConfig
 from infopt.quantize.int4_format import MAXQ, Int4Weight, grid
-from infopt.quantize.int4_methods import Int4Method, Quantized, output_errors, register
+from infopt.quantize.int4_methods import Int4Method, Quantized, register
 
 
 class Hessian:
@@ -46,16 +46,17 @@ class Hessian:
         return self.sum * (2.0 / max(self.rows, 1))
 
 
-def _inverse_cholesky(h: torch.Tensor, damp: float) -> torch.Tensor:
-    """Upper Cholesky factor of ``(H + damp * mean(diag H) * I)^-1``, raising the damping until
+def _inverse_cholesky(h: torch.Tensor, damp: float) -> tuple[torch.Tensor, float]:
+    """Upper Cholesky factor of ``(H + lam * I)^-1`` and the ``lam`` it took: ``damp * mean(diag H)``, raised until
     ``H`` factors (a rank-deficient ``H`` comes from too few calibration rows)."""
-    mean = torch.mean(torch.diag(h))
+    mean = float(torch.mean(torch.diag(h)))
     eye = torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
     for attempt in range(6):
+        lam = damp * 10 ** attempt * mean
         try:
-            factor = torch.linalg.cholesky(h + eye * (damp * 10 ** attempt) * mean)
+            factor = torch.linalg.cholesky(h + eye * lam)
             inverse = torch.cholesky_inverse(factor)
-            return torch.linalg.cholesky(inverse, upper=True)
+            return torch.linalg.cholesky(inverse, upper=True), lam
         except torch.linalg.LinAlgError:
             continue
     raise torch.linalg.LinAlgError("the Hessian is not positive definite even with 1e5x damping")
@@ -64,6 +65,16 @@ def _inverse_cholesky(h: torch.Tensor, damp: float) -> torch.Tensor:
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, symmetric: bool, *,
                   damp: float = 0.01, act_order: bool = False, block_size: int = 128) -> Int4Weight:
     """GPTQ (Algorithm 1 with lazy batches) of ``weight`` ``[N, K]`` under ``hessian`` ``[K, K]``."""
+    return _gptq(weight, hessian, group_size, symmetric, damp, act_order, block_size)[0]
+
+
+def _gptq(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, symmetric: bool, damp: float,
+          act_order: bool, block_size: int) -> tuple[Int4Weight, float]:
+    """:func:`gptq_quantize`, and the output error ``tr(E H E^T)`` of the rounding, ``E = W - Q``.
+
+    Each step's loss ``err^2`` is what fixing that column adds to the error under the damped Hessian
+    ``H + lam * I`` (the rest of the row then optimal), so their sum is ``tr(E (H + lam * I) E^T)``: less
+    ``lam * ||E||^2``, the error under ``H``. One product of ``E`` with ``H`` fewer than computing it again."""
     w = weight.detach().float().clone()
     h = hessian.detach().float().clone()
     rows, cols = w.shape
@@ -72,7 +83,7 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, 
     w[:, dead] = 0
     perm = torch.argsort(torch.diag(h), descending=True) if act_order else torch.arange(cols, device=w.device)
     w, h = w[:, perm], h[perm][:, perm]
-    hinv = _inverse_cholesky(h, damp)
+    hinv, lam = _inverse_cholesky(h, damp)
 
     # columns as rows ([K, N]): each column GPTQ rounds is contiguous, and its error reaches the rest of the lazy
     # block in one rank-1 update (addr_)
@@ -82,6 +93,7 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, 
     zeros = torch.zeros(groups, rows, device=w.device)
     codes = torch.zeros(cols, rows, device=w.device)
     pivots = torch.diagonal(hinv).tolist()  # each column's divisor as a number: no tensor indexed per column
+    damped = 0.0
     for start in range(0, cols, block_size):
         end = min(start + block_size, cols)
         block = wt[start:end].clone()
@@ -102,19 +114,27 @@ def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, 
             torch.sub(column, err, out=err).div_(pivots[col])
             block[i + 1:].addr_(hblock[i, i + 1:], err, alpha=-1)
         wt[end:].addmm_(hinv[start:end, end:].T, errors, alpha=-1)
+        damped += float(errors.square().sum(dtype=torch.float64))
     codes, scales, zeros = codes.T, scales.T, zeros.T
 
     inverse = torch.argsort(perm).cpu()
     g_idx = (torch.arange(cols) // group_size)[inverse] if act_order else None
-    return Int4Weight.from_codes(codes.cpu()[:, inverse], scales.cpu(), zeros.cpu(), group_size, symmetric, g_idx=g_idx)
+    packed = Int4Weight.from_codes(codes.cpu()[:, inverse], scales.cpu(), zeros.cpu(), group_size, symmetric,
+                                   g_idx=g_idx)
+    # the dead columns' weights were zeroed (H has no row for them): E taken on what was rounded
+    rounded = weight.detach().float().cpu().clone()
+    rounded[:, dead.cpu()] = 0
+    spread = float(torch.sub(rounded, packed.effective_weight()).square().sum(dtype=torch.float64))
+    return packed, max(damped - lam * spread, 0.0)
 
 
 def _quantize(weight: torch.Tensor, hessian: Hessian, config: GPTQConfig) -> Quantized:
     matrix = hessian.matrix
-    packed = gptq_quantize(weight, matrix, config.group_size, config.symmetric, damp=config.damp,
-                           act_order=config.act_order, block_size=config.block_size)
-    absolute, relative = output_errors(weight.cpu(), packed.effective_weight(), matrix.cpu())
-    return Quantized(packed, relative, output_error=absolute)
+    packed, absolute = _gptq(weight, matrix, config.group_size, config.symmetric, config.damp, config.act_order,
+                             config.block_size)
+    w = weight.detach().float().cpu()
+    whole = float(torch.mul(w @ matrix.cpu(), w).sum())
+    return Quantized(packed, absolute / whole if whole > 0 else 0.0, output_error=absolute)
 
 
 HANDLER = register(Int4Method(GPTQConfig, _quantize, lambda config, in_features: Hessian(in_features), stacks=True))

@@ -11,9 +11,9 @@ from torch import nn
 from infopt.core.errors import UsageError
 from infopt.quantize.awq import ActivationSample, awq_quantize
 from infopt.quantize.gptq import Hessian, gptq_quantize
-from infopt.quantize.int4_config import Int4Config
+from infopt.quantize.int4_config import GPTQConfig, Int4Config
 from infopt.quantize.int4_format import Int4Linear, decompose_int4, pack_int4, unpack_int4
-from infopt.quantize.int4_methods import weighted_error
+from infopt.quantize.int4_methods import handler_for, output_errors, weighted_error
 from infopt.quantize.rtn import rtn_quantize
 from infopt.quantize.weight_only import calibrate_int4, layer_groups, quantize_int4
 from infopt.validators.metrics import cosine
@@ -99,6 +99,23 @@ def test_hessian_streamed_in_batches_equals_the_whole_gram_matrix():
         hessian.add(part.reshape(1, -1, 32))
     assert hessian.rows == 300
     torch.testing.assert_close(hessian.matrix, 2 * x.T @ x / 300, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_gptq_reports_the_output_error_of_the_weight_it_wrote(act_order):
+    """GPTQ reads ``tr(E H E^T)`` from its own steps' losses (less the damping's share), not from a product with
+    ``H``: it must be the figure the written weight gives, a dead input feature and act-order included."""
+    weight = torch.randn(96, 256, generator=torch.Generator().manual_seed(3)) * 0.05
+    x = correlated_inputs(1024, 256, seed=1)
+    x[:, 7] = 0  # a feature the calibration never lit: its Hessian row is zero
+    hessian = Hessian(256)
+    hessian.add(x)
+    config = GPTQConfig(group_size=64, act_order=act_order)
+    done = handler_for(config).quantize(weight, hessian, config)
+    absolute, relative = output_errors(weight, done.weight.effective_weight(), hessian.matrix)
+    assert done.output_error == pytest.approx(absolute, rel=1e-4)
+    assert done.error == pytest.approx(relative, rel=1e-4)
+    assert 0 < relative < 0.05
 
 
 @pytest.mark.parametrize("act_order", [False, True])
