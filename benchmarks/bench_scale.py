@@ -112,20 +112,23 @@ def judging_share(out: Path) -> str:
     return f"{judged:.0f} of {timings['total_s']:.0f} s ({judged / timings['total_s']:.0%})"
 
 
-def held_out_text(path: Path) -> Path:
-    """``path`` written with the test sentences six to a line: 40 lines of 162-345 tokens through the tokenizer
-    ``tokenizer_for`` trains on them, each longer than the judging's 128-token cut."""
+def _six_to_a_line(path: Path, start: int, stop: int | None) -> Path:
+    """``path`` written with the test sentences ``start:stop``, six to a line."""
     sentences = [s.strip() for s in (ROOT / "tests" / "data" / "sentences.txt").read_text().splitlines() if s.strip()]
-    path.write_text("\n".join(" ".join(sentences[i:i + 6]) for i in range(0, 240, 6)) + "\n")
+    chosen = sentences[start:stop]
+    path.write_text("\n".join(" ".join(chosen[i:i + 6]) for i in range(0, len(chosen), 6)) + "\n")
     return path
+
+
+def held_out_text(path: Path) -> Path:
+    """``path`` written with the first 240 test sentences six to a line: 40 lines of 162-345 tokens through the
+    tokenizer ``tokenizer_for`` trains on them, each longer than the judging's 128-token cut."""
+    return _six_to_a_line(path, 0, 240)
 
 
 def calibration_text(path: Path) -> Path:
-    """``path`` written with the test sentences after the first 240 (those of ``held_out_text``), six to a line."""
-    sentences = [s.strip() for s in (ROOT / "tests" / "data" / "sentences.txt").read_text().splitlines() if s.strip()]
-    rest = sentences[240:]
-    path.write_text("\n".join(" ".join(rest[i:i + 6]) for i in range(0, len(rest), 6)) + "\n")
-    return path
+    """``path`` written with the test sentences after those of ``held_out_text``, six to a line."""
+    return _six_to_a_line(path, 240, None)
 
 
 def build(model: Path, work: Path, tool: str, precision: str, limit_s: float, val: Path | None = None) -> dict:

@@ -21,7 +21,7 @@ import torch
 
 from infopt.quantize.int4_config import GPTQConfig
 from infopt.quantize.int4_format import MAXQ, Int4Weight, grid
-from infopt.quantize.int4_methods import Int4Method, Quantized, register
+from infopt.quantize.int4_methods import Int4Method, Quantized, register, relative_error
 
 
 class Hessian:
@@ -121,10 +121,8 @@ def _gptq(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, symmetri
     g_idx = (torch.arange(cols) // group_size)[inverse] if act_order else None
     packed = Int4Weight.from_codes(codes.cpu()[:, inverse], scales.cpu(), zeros.cpu(), group_size, symmetric,
                                    g_idx=g_idx)
-    # the dead columns' weights were zeroed (H has no row for them): E taken on what was rounded
-    rounded = weight.detach().float().cpu().clone()
-    rounded[:, dead.cpu()] = 0
-    spread = float(torch.sub(rounded, packed.effective_weight()).square().sum(dtype=torch.float64))
+    # E taken on what was rounded: the weight with its dead columns zeroed (H has no row for them), in its order
+    spread = float(torch.sub(w.cpu()[:, inverse], packed.effective_weight()).square().sum(dtype=torch.float64))
     return packed, max(damped - lam * spread, 0.0)
 
 
@@ -132,9 +130,8 @@ def _quantize(weight: torch.Tensor, hessian: Hessian, config: GPTQConfig) -> Qua
     matrix = hessian.matrix
     packed, absolute = _gptq(weight, matrix, config.group_size, config.symmetric, config.damp, config.act_order,
                              config.block_size)
-    w = weight.detach().float().cpu()
-    whole = float(torch.mul(w @ matrix.cpu(), w).sum())
-    return Quantized(packed, absolute / whole if whole > 0 else 0.0, output_error=absolute)
+    return Quantized(packed, relative_error(absolute, weight.detach().float().cpu(), matrix.cpu()),
+                     output_error=absolute)
 
 
 HANDLER = register(Int4Method(GPTQConfig, _quantize, lambda config, in_features: Hessian(in_features), stacks=True))

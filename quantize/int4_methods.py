@@ -69,10 +69,19 @@ def handler_for(config: Int4MethodConfig) -> Int4Method:
 def output_errors(weight: torch.Tensor, quantized: torch.Tensor, hessian: torch.Tensor) -> tuple[float, float]:
     """``tr(E H E^T)`` with ``E = W - Q`` (the output error on the calibration data), and that over ``tr(W H W^T)``
     (relative: 0 is exact)."""
-    err = weight - quantized
-    num = float(torch.mul(err @ hessian, err).sum())
-    den = float(torch.mul(weight @ hessian, weight).sum())
-    return num, (num / den if den > 0 else 0.0)
+    num = output_energy(weight - quantized, hessian)
+    return num, relative_error(num, weight, hessian)
+
+
+def output_energy(weight: torch.Tensor, hessian: torch.Tensor) -> float:
+    """``tr(W H W^T)``: what the layer's output carries on the calibration data."""
+    return float(torch.mul(weight @ hessian, weight).sum())
+
+
+def relative_error(error: float, weight: torch.Tensor, hessian: torch.Tensor) -> float:
+    """``error`` (``tr(E H E^T)``) over ``tr(W H W^T)``; 0 for a layer whose output is nothing."""
+    whole = output_energy(weight, hessian)
+    return error / whole if whole > 0 else 0.0
 
 
 def weighted_error(weight: torch.Tensor, quantized: torch.Tensor, hessian: torch.Tensor) -> float:
