@@ -8,9 +8,9 @@ columns are scaled up by ``s = mean|x|^alpha / mean_w^(1 - alpha)`` before round
 input is divided by ``s``: ``Q(W diag(s)) (x / s)``. ``mean_w`` is each input feature's mean
 ``|w|`` relative to its group's largest (the reference implementation's "duo scaling").
 ``alpha`` is searched on a grid over [0, 1) to minimize the layer's output error
-``||x W^T - (x / s) Q(W diag(s))^T||^2`` on calibration rows; plain rounding (no ``s``) stays
-when nothing beats it. Clip search (the reference code's ``auto_clip``): per output row and
-group, the grid's range is shrunk to ``r * max|w|`` for ``r`` in (0.5, 1] when that lowers the
+``||x W^T - (x / s) Q(W diag(s))^T||^2`` on calibration rows, the candidates compared through
+bf16 products; plain rounding (no ``s``) stays when nothing beats it. Clip search (the reference
+code's ``auto_clip``): per output row and group, the grid's range is shrunk to ``r * max|w|`` for ``r`` in (0.5, 1] when that lowers the
 group's share of the output error.
 
 :class:`ActivationSample` streams the statistics: the mean ``|x|`` per feature over every row
@@ -73,7 +73,9 @@ def search_scale(weight: torch.Tensor, stats: ActivationSample, group_size: int,
     weight) is taken as ``tr(D (x^T x) D^T)``: one ``[K, K]`` product of the rows, not the rows again for
     every point of the grid."""
     x = stats.sample
-    gram = x.T @ x
+    # the candidates' errors through bf16 products (the sum of each row of products in fp32): on the real SmolLM2's
+    # layers the same alpha as in fp32 at half the search's time (benchmarks/results/real_llm.md)
+    gram = (x.T @ x).bfloat16()
     mean_abs = stats.mean_abs.clamp(min=1e-4)
     rows, cols = weight.shape
     grouped = weight.abs().reshape(rows, cols // group_size, group_size)
@@ -84,7 +86,7 @@ def search_scale(weight: torch.Tensor, stats: ActivationSample, group_size: int,
             diff = _fake_quant(weight, group_size, symmetric) - weight
         else:
             diff = _fake_quant(weight * s[None, :], group_size, symmetric) / s[None, :] - weight
-        return float(torch.mul(diff @ gram, diff).sum())
+        return float(torch.mul((diff.bfloat16() @ gram).float(), diff).sum())
 
     best, best_alpha, best_scale = error(None), None, None
     for step in range(grid_points):

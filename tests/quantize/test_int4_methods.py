@@ -101,6 +101,42 @@ def test_hessian_streamed_in_batches_equals_the_whole_gram_matrix():
     torch.testing.assert_close(hessian.matrix, 2 * x.T @ x / 300, rtol=1e-4, atol=1e-3)
 
 
+
+def test_a_bf16_models_hessian_is_the_float32_sum_of_its_activations_to_bf16_rounding():
+    """bf16 activations are multiplied in bf16 (each batch's sum rounded once, then summed in fp32): the matrix
+    stays within bf16's rounding of the exact one, and GPTQ's error under the exact matrix barely moves."""
+    x = correlated_inputs(4096, 256).bfloat16()
+    fast, exact = Hessian(256), Hessian(256)
+    for part in torch.split(x, 512):
+        fast.add(part)
+        exact.add(part.float())
+    assert fast.rows == exact.rows == 4096 and fast.sum.dtype == torch.float32
+    assert 0 < float((fast.matrix - exact.matrix).norm() / exact.matrix.norm()) < 2 ** -8
+    weight = torch.randn(64, 256, generator=torch.Generator().manual_seed(5)) * 0.05
+    errors = [weighted_error(weight, gptq_quantize(weight, h.matrix, 64, False).effective_weight(), exact.matrix)
+              for h in (fast, exact)]
+    assert errors[0] == pytest.approx(errors[1], rel=0.02)
+
+
+@pytest.mark.parametrize("features", [64, 1000])
+def test_gptq_factor_is_the_upper_cholesky_factor_of_the_damped_inverse(features):
+    """One Cholesky of the reversed matrix and a triangular inverse (blocked above 512 features) give ``U`` with
+    ``U^T U = (H + lam I)^-1``; too few rows for ``H`` to factor raise the damping instead of failing."""
+    from infopt.quantize.gptq import _inverse_cholesky
+
+    x = correlated_inputs(4 * features, features).double()
+    h = x.T @ x / x.shape[0]
+    factor, lam = _inverse_cholesky(h.float(), 0.01)
+    assert lam == pytest.approx(0.01 * float(h.diagonal().mean()), rel=1e-5)
+    assert torch.equal(factor, factor.triu())
+    wanted = torch.linalg.inv(h + lam * torch.eye(features, dtype=torch.float64))
+    # fp32 with loud features: inverting H and factoring the inverse came within 1.4e-4 at 1,000 features too
+    assert float((factor.double().T @ factor.double() - wanted).norm() / wanted.norm()) < 1e-3
+    few = x[: features // 2]  # fewer rows than features: H is singular, and factors once damped enough
+    singular = (few.T @ few / few.shape[0]).float()
+    factor, lam = _inverse_cholesky(singular, 1e-9)
+    assert lam > 1e-9 * float(singular.diagonal().mean()) and bool(torch.isfinite(factor).all())
+
 @pytest.mark.parametrize("act_order", [False, True])
 def test_gptq_reports_the_output_error_of_the_weight_it_wrote(act_order):
     """GPTQ reads ``tr(E H E^T)`` from its own steps' losses (less the damping's share), not from a product with
