@@ -68,7 +68,20 @@ ROWS = {
     "int4 gptq g32 auto": ("infopt", ["--int4", "--calib", "calib.txt", "--group-size", "32"]),
     "int4 gptq g128 cap 5.2": ("infopt", ["--int4", "--calib", "calib.txt", "--max-bits-per-weight", "5.2"]),
     "int4 gptq g128 act-order auto": ("infopt", ["--int4", "--calib", "calib.txt", "--act-order"]),
+    # act-order against plain order, and the symmetric grid against the asymmetric one, at one share, so that
+    # their sizes and TPOT compare
+    **{f"int4 gptq g{g} sym int8 share 0.25": ("infopt", ["--int4", "--calib", "calib.txt", "--group-size", str(g),
+                                                          "--recipe", "RECIPE:int4-sym-share-0.25", "--max-drift",
+                                                          "top1=0,ppl_delta=100"]) for g in (32, 128)},
+    "int4 gptq g32 int8 share 0.25": ("infopt", ["--int4", "--calib", "calib.txt", "--group-size", "32", "--recipe",
+                                                 "RECIPE:int4-share-0.25", "--max-drift", "top1=0,ppl_delta=100"]),
+    "int4 gptq g128 act-order int8 share 0.25": ("infopt", ["--int4", "--calib", "calib.txt", "--act-order", "--recipe",
+                                                            "RECIPE:int4-share-0.25", "--max-drift", "top1=0,ppl_delta=100"]),
     "int4 awq g128 auto": ("infopt", ["--int4", "--int4-method", "awq", "--calib", "calib.txt"]),
+    "int4 awq-gptq g128 auto": ("infopt", ["--int4", "--int4-method", "awq-gptq", "--calib", "calib.txt"]),
+    "int4 awq-gptq g128 int8 share 0.25": ("infopt", ["--int4", "--int4-method", "awq-gptq", "--calib", "calib.txt",
+                                                      "--recipe", "RECIPE:int4-share-0.25", "--max-drift",
+                                                      "top1=0,ppl_delta=100"]),
     "builder fp32": ("builder", ["-p", "fp32"]),
     "builder int8": ("builder", ["-p", "int8"]),
     "builder int4": ("builder", ["-p", "int4"]),
@@ -91,9 +104,12 @@ def variant_recipe(work: Path, name: str) -> Path:
     elif name == "int4-calib1":  # each calibration passage run alone, at its own length
         text = (bundled / "int4-onnxruntime-genai.yaml").read_text().replace(
             "      in_place: true\n", "      in_place: true\n      calibration_batch: 1\n")
-    elif name.startswith("int4-share-"):  # the layers adding the most output error, up to a share, at 8 bits
+    elif name.startswith(("int4-share-", "int4-sym-share-")):  # the layers adding the most output error, up to
+        # a share, at 8 bits; "sym": on the symmetric grid
         text = (bundled / "int4-onnxruntime-genai.yaml").read_text().replace(
-            "      in_place: true\n", f"      in_place: true\n      int8_share: {float(name.split('-')[-1])}\n")
+            "      int8_share: auto\n", f"      int8_share: {float(name.split('-')[-1])}\n")
+        if "-sym-" in name:
+            text = text.replace("      in_place: true\n", "      in_place: true\n      symmetric: true\n")
     else:
         raise ValueError(name)
     path = work / f"{name}.yaml"

@@ -28,8 +28,7 @@ UNLISTED = (MANIFEST, SIGNATURE)
 EXTERNAL_DATA_BYTES = 256 * 2**20
 """Past this many bytes of weights, they go to ``model.onnx.data``: one protobuf cannot hold 2 GB, and below
 that a model whose tensors lie beside its graph lets every pass that changes only the graph read and write
-kilobytes instead of the weights (BERT-large's 1.3 GB, 2026-11-27: the mask fill took 14 s and ONNX Runtime's
-optimization 25 s before, each under 6 s after)."""
+kilobytes instead of the weights (measured on BERT-large in benchmarks/results/rules.md)."""
 
 
 def data_sha256(batches: Iterable[dict[str, Any]]) -> str:

@@ -32,8 +32,7 @@ def huge_pages_for_tensors() -> None:
     """Ask torch, before it allocates, to back its large CPU tensors with transparent huge pages (unless
     ``THP_MEM_ALLOC_ENABLE`` is set already: ``0`` turns it off). A build writes gigabytes of fresh tensors (a
     checkpoint widened to float32, an export's packed weights), and a page fault per 4 KB page was a large part of
-    that: on 2 cores (2026-11-28), three Qwen2.5-0.5B-shaped float32 builds took 25-32 s with it, 29-36 s without,
-    two at 1.5B 61-65 s against 69-70 s, the peak memory the same."""
+    that: huge pages make such builds faster at the same peak memory (measured in benchmarks/results/rules.md)."""
     os.environ.setdefault(TENSOR_HUGE_PAGES, "1")
 
 

@@ -19,6 +19,7 @@ from infopt.core.artifact import STAGE
 from infopt.core.errors import RecipeError
 from infopt.core.registry import get_pass
 from infopt.core.target import BackendName, Precision, Target, targets
+from infopt.core.yaml_files import load_yaml
 from infopt.recipes import PIPELINES_DIR
 
 
@@ -165,7 +166,7 @@ def load_recipe(path: str | Path) -> Recipe:
         path = bundled_recipes()[str(path)]
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml(path.read_text())
     except OSError as exc:
         raise RecipeError(f"cannot read recipe {path}: {exc.strerror}", where=str(path),
                           fix="pass a recipe YAML file, or a bundled recipe's name (see `infopt recipes`)") from exc
@@ -214,7 +215,7 @@ def backends_for(target: Target) -> dict[str, list[str]]:
 @functools.lru_cache(maxsize=None)
 def _declared_devices(path: Path) -> tuple[str, ...] | None:
     """A recipe file's ``devices``, read without validating the recipe (which needs the passes registered)."""
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = load_yaml(Path(path).read_text()) or {}
     return tuple(data["devices"]) if data.get("devices") else None
 
 

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from infopt.core.errors import InfoptError, UsageError
 from infopt.core.recipe import recipes_for
 from infopt.core.target import Precision, get_target
+from infopt.core.yaml_files import load_yaml
 
 THRESHOLD_FLAGS = ("max_abs", "min_cosine", "min_top1", "min_sqnr_db", "max_p99_ms")
 
@@ -122,7 +123,7 @@ class Cell:
 def read_sweep(path: str | Path) -> SweepSpec:
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = load_yaml(path.read_text())
     except OSError as exc:
         raise UsageError(f"cannot read the sweep file {path}: {exc.strerror}", fix="pass the path of a sweep YAML file") from exc
     except yaml.YAMLError as exc:

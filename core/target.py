@@ -10,6 +10,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from infopt.core.errors import RecipeError
+from infopt.core.yaml_files import load_yaml
 from infopt.recipes import TARGETS_FILE
 
 Precision = Literal["fp32", "fp16", "bf16", "fp8", "int8", "int4"]
@@ -45,7 +46,7 @@ class Target(BaseModel):
 @cache
 def _load(path: Path) -> dict[str, Target]:
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = load_yaml(path.read_text()) or {}
         return {name: Target(name=name, **fields) for name, fields in raw.items()}
     except (OSError, yaml.YAMLError, ValidationError, TypeError) as exc:
         raise RecipeError(f"cannot read targets file: {exc}", where=str(path)) from exc

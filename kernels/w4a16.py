@@ -7,10 +7,10 @@ features), ``scales`` float ``[N, K // g]`` and ``zeros`` uint8 ``[N, K // g]``.
 
 **The kernel** computes ``y.T`` tile by tile: one program per ``BLOCK_N`` output features,
 ``BLOCK_M`` rows of ``x`` and one of ``SPLIT_K`` runs of ``K``'s groups. Split-K is what gives a
-decoding-shaped problem enough bytes in flight: on an H100 (2026-11-25, ``benchmarks/tune_w4a16.py``)
-whole-``K`` programs read the weight at 20-34% of the copy bandwidth, split over 2 to 16 programs at
-36-50%. The output is zeroed first and each program adds its part with an atomic add in ``x.dtype``
-(one kernel after the zeroing, no fp32 partials, no epilogue op). So the parts are summed in no
+decoding-shaped problem enough bytes in flight: whole-``K`` programs read the weight at a smaller share of the
+copy bandwidth than programs split over 2 to 16 runs of ``K`` (measured on an H100 with
+``benchmarks/tune_w4a16.py``; benchmarks/results/rules.md). The output is zeroed first and each program adds
+its part with an atomic add in ``x.dtype`` (one kernel after the zeroing, no fp32 partials, no epilogue op). So the parts are summed in no
 fixed order, two runs can differ in the last bit, and each part is rounded to ``x.dtype`` before it
 is added: the max error to the fp32 result measured up to 3.7x torch fp16's and 2.5x torch bf16's on
 the same weight (``benchmarks/results/w4a16.md``). For each group a program loads the group's
@@ -149,7 +149,7 @@ GEMM_CONFIGS = [  # (BLOCK_N, BLOCK_M, GROUPS_PER_STEP, SPLIT_K, warps, stages)
     (64, 32, 1, 4, 4, 3), (64, 64, 1, 2, 4, 3), (64, 64, 1, 4, 4, 3), (128, 64, 1, 4, 8, 3), (64, 128, 1, 2, 4, 3),
     (64, 128, 1, 4, 4, 3), (128, 128, 1, 2, 8, 3), (128, 128, 1, 1, 8, 3),
 ]
-"""Chosen from ``benchmarks/tune_w4a16.py`` on an H100 (2026-11-25): the fastest configs at M = 1, 16,
+"""Chosen from ``benchmarks/tune_w4a16.py`` on an H100 (benchmarks/results/rules.md): the fastest configs at M = 1, 16,
 64 and 256 on Llama-7B's layer shapes split ``K`` over 2 to 16 programs per output tile."""
 
 

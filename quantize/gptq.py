@@ -42,7 +42,7 @@ class Hessian:
         if x.dtype == torch.bfloat16:
             # a bf16 model's activations are exact in bf16, and the matmul sums their products in fp32: only each
             # batch's sum is rounded (to 8 bits), then added here in fp32. Several times faster on CPUs with bf16
-            # units, with GPTQ's error unchanged (measured in benchmarks/results/int4_methods.md)
+            # units, with GPTQ's error unchanged (measured in benchmarks/results/real_llm.md)
             self.sum.add_(x.T @ x)
         else:
             self.sum.addmm_(x.T.float(), x.float())
@@ -60,10 +60,13 @@ def _inverse_cholesky(h: torch.Tensor, damp: float) -> tuple[torch.Tensor, float
     so ``H^-1 = (R^-1)^T R^-1``: the factor is ``R^-1 = J L^-1 J``. One Cholesky and one triangular inverse, where
     inverting ``H`` and factoring its inverse take two Cholesky factorizations and an inverse."""
     mean = float(torch.mean(torch.diag(h)))
-    eye = torch.eye(h.shape[0], dtype=h.dtype, device=h.device)
+    reversed_h = h.flip(0, 1)  # a copy; its diagonal is H's, reversed
+    added = 0.0
     for attempt in range(6):
         lam = damp * 10 ** attempt * mean
-        factor, info = torch.linalg.cholesky_ex((h + eye * lam).flip(0, 1))
+        reversed_h.diagonal().add_(lam - added)
+        added = lam
+        factor, info = torch.linalg.cholesky_ex(reversed_h)
         if int(info) == 0:
             return _lower_inverse(factor).flip(0, 1), lam
     raise torch.linalg.LinAlgError("the Hessian is not positive definite even with 1e5x damping")
@@ -71,7 +74,7 @@ def _inverse_cholesky(h: torch.Tensor, damp: float) -> tuple[torch.Tensor, float
 
 TRIANGULAR_BLOCK = 512
 """below this size a triangular inverse is one triangular solve; above it, two half-size inverses and two products,
-which run at the matrix product's speed (timed in benchmarks/results/int4_methods.md)"""
+which run at the matrix product's speed (timed in benchmarks/results/real_llm.md)"""
 
 
 def _lower_inverse(lower: torch.Tensor) -> torch.Tensor:
@@ -90,11 +93,11 @@ def _lower_inverse(lower: torch.Tensor) -> torch.Tensor:
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, symmetric: bool, *,
                   damp: float = 0.01, act_order: bool = False, block_size: int = 128) -> Int4Weight:
     """GPTQ (Algorithm 1 with lazy batches) of ``weight`` ``[N, K]`` under ``hessian`` ``[K, K]``."""
-    return _gptq(weight, hessian, group_size, symmetric, damp, act_order, block_size)[0]
+    return gptq_with_error(weight, hessian, group_size, symmetric, damp, act_order, block_size)[0]
 
 
-def _gptq(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, symmetric: bool, damp: float,
-          act_order: bool, block_size: int) -> tuple[Int4Weight, float]:
+def gptq_with_error(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, symmetric: bool, damp: float,
+                    act_order: bool, block_size: int) -> tuple[Int4Weight, float]:
     """:func:`gptq_quantize`, and the output error ``tr(E H E^T)`` of the rounding, ``E = W - Q``.
 
     Each step's loss ``err^2`` is what fixing that column adds to the error under the damped Hessian
@@ -153,7 +156,7 @@ def _gptq(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, symmetri
 
 def _quantize(weight: torch.Tensor, hessian: Hessian, config: GPTQConfig) -> Quantized:
     matrix = hessian.matrix
-    packed, absolute = _gptq(weight, matrix, config.group_size, config.symmetric, config.damp, config.act_order,
+    packed, absolute = gptq_with_error(weight, matrix, config.group_size, config.symmetric, config.damp, config.act_order,
                              config.block_size)
     return Quantized(packed, relative_error(absolute, weight.detach().float().cpu(), matrix.cpu()),
                      output_error=absolute)

@@ -2,8 +2,8 @@
 :class:`Int4Config` that recipes and the ``quantize_int4`` pass take.
 
 As in torchao, a method is a config class with a handler registered for it
-(``quantize/int4_methods.py``): :class:`RTNConfig`, :class:`GPTQConfig` and :class:`AWQConfig` each
-carry the settings shared by every method (group size, symmetry, device) and their own.
+(``quantize/int4_methods.py``): :class:`RTNConfig`, :class:`GPTQConfig`, :class:`AWQConfig` and
+:class:`AWQGPTQConfig` each carry the settings shared by every method (group size, symmetry, device) and their own.
 :class:`Int4Config` holds every method's settings side by side, the way a recipe's YAML writes them,
 and :meth:`Int4Config.method_config` turns it into the chosen method's class, refusing a setting
 that belongs to another method.
@@ -29,6 +29,8 @@ class Int4MethodConfig(BaseModel):
     """the method's name, as ``--int4-method`` and recipes give it"""
     needs_data: ClassVar[bool] = True
     """whether the method calibrates on data (RTN does not)"""
+    input_scales: ClassVar[bool] = False
+    """whether the method may keep per-input scales before a layer (AWQ's), which no 4-bit checkpoint layout holds"""
 
     group_size: int = Field(128, ge=2, description="input features per scale/zero group")
     symmetric: bool = Field(False, description="symmetric grid (zero point 8) instead of min/max")
@@ -73,9 +75,21 @@ class AWQConfig(Int4MethodConfig):
     """AWQ: per-input scales and clipping searched on the layer's activations before rounding."""
 
     name: ClassVar[str] = "awq"
+    input_scales: ClassVar[bool] = True
 
     awq_grid: int = Field(20, ge=1, description="AWQ: points on the alpha grid of the scale search")
     awq_clip: bool = Field(True, description="AWQ: search a clipping ratio per row and group")
+    awq_rows: int = Field(2048, ge=16, description="AWQ: calibration rows kept per layer for the searches")
+
+
+@METHOD_CONFIGS.register
+class AWQGPTQConfig(GPTQConfig):
+    """AWQ's per-input scales searched first, then GPTQ rounds the scaled weight under the scaled inputs' Hessian."""
+
+    name: ClassVar[str] = "awq-gptq"
+    input_scales: ClassVar[bool] = True
+
+    awq_grid: int = Field(20, ge=1, description="AWQ: points on the alpha grid of the scale search")
     awq_rows: int = Field(2048, ge=16, description="AWQ: calibration rows kept per layer for the searches")
 
 
@@ -88,7 +102,7 @@ class Int4Config(RTNConfig, GPTQConfig, AWQConfig):
 
     model_config = ConfigDict(extra="forbid", frozen=False)
 
-    method: Method = Field("gptq", description="rtn (no data), gptq or awq (calibration data)")
+    method: Method = Field("gptq", description="rtn (no data), gptq, awq or awq-gptq (calibration data)")
 
     def method_config(self) -> Int4MethodConfig:
         """The chosen method's config, with the settings given here. A setting given explicitly that

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-Int4MethodName = Literal["rtn", "gptq", "awq"]
+Int4MethodName = Literal["rtn", "gptq", "awq", "awq-gptq"]
 """the INT4 methods: the names in ``int4_config.METHOD_CONFIGS`` (a test keeps them equal)"""
 
 CheckpointLayout = Literal["auto", "gptq", "awq", "none"]

@@ -34,7 +34,7 @@ from torch import nn
 
 from infopt.core.errors import UsageError
 from infopt.core.memory import drop_file_pages, file_mappings
-from infopt.quantize import awq, gptq, rtn  # noqa: F401 - each registers its method's handler
+from infopt.quantize import awq, awq_gptq, gptq, rtn  # noqa: F401 - each registers its method's handler
 from infopt.quantize.int4_config import Int4Config, Int4MethodConfig, as_method_config
 from infopt.quantize.int4_format import (
     Int4Linear,

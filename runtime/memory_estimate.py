@@ -1,20 +1,16 @@
 """What a build of a checkpoint needs in memory, read from the checkpoint before anything is loaded.
 
-A model that does not fit used to be found out late: a Qwen2.5-3B-shaped folder (5.8 GB of bf16) was killed
-by the kernel's OOM killer after 23 s at 24.3 GB, while quantizing, and printed nothing. Here the
+A model that does not fit used to be found out late: the kernel's OOM killer ended the build while it quantized,
+and nothing was printed. Here the
 checkpoint's size is read from its safetensors headers (a few kilobytes each: the parameter count and the
 dtype of every tensor, nothing loaded), the build's peak is estimated from it, and a build whose estimate
 exceeds the memory this machine has available is refused with exit 2 before any work, saying what it needs.
 
-The estimate is a line through what builds measured on this machine (``benchmarks/bench_scale.py``, random
-weights in Qwen2.5's and Llama-3.1's configs, 2026-11-27): a fixed part (the interpreter with torch,
-transformers and ONNX Runtime imported, and the export's own working memory) plus a multiple of the weights, in
-fp32 or as stored. A build that keeps its weights in float through the ONNX export (fp32, int8, every logits
-build) peaked at 8.2 GB at Qwen2.5-0.5B's shape (2.0 GB of fp32 weights) and was killed by the OOM killer past
-22.2 GB at 1.5B's (6.2 GB); an INT4 text-generation build, which rounds the module in place before exporting it,
-peaked at 5.3, 9.4 and 19.0 GB at 0.5B, 1.5B and 3B (12.4 GB of fp32 weights) while it widened bf16 checkpoints
-to fp32, and at 11.3 and 21.9 GB at Qwen2.5-3B and Llama-3.1-8B (6.2 and 16.1 GB of bf16) once it kept them in
-bf16 (peak RSS, the checkpoint's memory-mapped pages included). The lines lie at or above those.
+The estimate is a line through what builds measured (``benchmarks/bench_scale.py``, random weights in
+Qwen2.5's and Llama-3.1's configs; the figures are in benchmarks/results/rules.md): a fixed part (the interpreter
+with torch, transformers and ONNX Runtime imported, and the export's own working memory) plus a multiple of the
+weights, in fp32 or as stored. The lines lie at or above the peaks measured (peak RSS, the checkpoint's
+memory-mapped pages included).
 ``INFOPT_SKIP_MEMORY_CHECK=1`` builds anyway.
 """
 
@@ -33,17 +29,10 @@ FOOTPRINTS = {"float": (1.6e9, 3.6, "fp32"), "fp32 text generation": (1.6e9, 1.2
               "int4 in place": (3.4e9, 1.3, "fp32"), "int4 in place, bf16": (1.6e9, 1.0, "stored")}
 """how a build holds its weights -> (fixed bytes, multiple, of which bytes: the weights in fp32 or as stored) of
 its peak. An INT4 build of a bf16 checkpoint keeps it in bf16 (``int4 in place, bf16``), one of another dtype
-widens it to fp32 (``int4 in place``). An fp32 text-generation build, measured again once the ONNX passes changed
-only the graph (weights past 256 MB beside it), peaked at 6.2 GB at Qwen2.5-0.5B's shape (2.0 GB of fp32 weights)
-and 17.5 GB at 1.5B's (6.2 GB), 2026-11-27: its line (``fp32 text generation``) admits the 1.5B on a 24 GB
-machine, which the older ``float`` line (kept for INT8 and logits builds, not measured again) refused. Since a bf16
-checkpoint is widened one tensor at a time and the judging holds the folder it ships, it peaks at 3.3 GB at 0.5B,
-7.9 GB at 1.5B and 14.4 GB at Qwen2.5-3B's shape (12.4 GB of fp32 weights; 2026-11-28), 1.6 GB plus 0.86-1.04x:
-the line is 1.2x, which admits the 3B on a 24 GB machine (2.7x refused it). An INT4 build of a bf16 checkpoint,
-since the fused-graph check stopped folding the float32 head and the INT4 checkpoint is written tensor by tensor,
-peaks at 2.2, 3.9, 6.9 and 16.4 GB at Qwen2.5-0.5B, 1.5B, 3B and Llama-3.1-8B (0.99, 3.09, 6.17 and 16.06 GB of
-bf16; 2026-11-28; 1.8 GB at 0.5B once the vLLM checkpoint was written before the judging): its line is 1.6 GB plus
-the stored bytes (4.7 GB plus 1.07x before)."""
+widens it to fp32 (``int4 in place``). ``fp32 text generation`` is an fp32 build whose ONNX passes change only
+the graph (weights past 256 MB beside it) and which widens a bf16 checkpoint one tensor at a time; ``float`` is
+the older line, kept for INT8 and logits builds. The peaks each line was drawn through are in
+benchmarks/results/rules.md."""
 SKIP_ENV = "INFOPT_SKIP_MEMORY_CHECK"
 DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
                "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}

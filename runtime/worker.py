@@ -1,8 +1,8 @@
 """A runner in a worker process: native code that crashes takes the worker down, not the build.
 
 An AOTInductor package, a TensorRT engine or an execution provider's kernels run native code that Python
-cannot catch: on an H200 (torch 2.11+cu130, 2026-11-27) loading any AOTInductor package ended the process with
-SIGSEGV. :class:`WorkerRunner` opens the model in a child process (``python -m infopt.runtime.worker_main``) and
+cannot catch: loading an AOTInductor package has ended the process with SIGSEGV (benchmarks/results/rules.md).
+:class:`WorkerRunner` opens the model in a child process (``python -m infopt.runtime.worker_main``) and
 sends it feeds over a pipe; when the child dies, the call raises :class:`RunnerCrashed`, which says which
 signal, while doing what, and the last lines the child wrote to stderr (Python's faulthandler stack among
 them). The build fails that candidate with that reason and goes on with the others.

@@ -9,6 +9,7 @@ one under ``TYPE_CHECKING`` and a string in ``importlib`` are all seen.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -227,3 +228,13 @@ def test_no_module_outside_the_passes_names_a_pass():
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno} names pass {node.value!r}")
     assert not found, "\n".join(found)
+
+
+DATE = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")
+
+
+def test_no_source_module_holds_a_dated_measurement():
+    """Dated figures live in benchmarks/results/; a docstring or comment says the rule and links there."""
+    dated = [f"{path.relative_to(ROOT)}:{number}: {line.strip()[:80]}" for path in modules().values()
+             for number, line in enumerate(path.read_text().splitlines(), 1) if DATE.search(line)]
+    assert not dated, "\n".join(dated)

@@ -181,6 +181,8 @@ def _workspace(folder: Path) -> None:
     (folder / "notes" / "todo.txt").write_text("mine")
     (folder / "afile").write_text("x")
     (folder / "bad.yaml").write_text("name: [unclosed\n")
+    (folder / "twice.yaml").write_text("name: mine\nbackend: onnxruntime\nprecision: fp32\npasses:\n  - name: onnx_export\n"
+                                       "    options:\n      opset: 17\n      opset: 18\n")
     (folder / "gate_bad_key.yaml").write_text("latency:\n  max_ratoi: 1.1\n")
     (folder / "junk.pem").write_text("not a key\n")
     (folder / "public.pem").write_bytes(_public_key_pem())
@@ -239,6 +241,8 @@ TABLE = [
     ("build: drift budget not METRIC=VALUE", ["build", *TS, "--int8", "--max-drift", "tight"], 2, "drift budget 'tight'"),
     ("build: unknown recipe", ["build", *TS, "--recipe", "no-such-recipe"], 2, "no-such-recipe"),
     ("build: recipe not YAML", ["build", *TS, "--recipe", "bad.yaml"], 2, "not valid YAML"),
+    ("build: a recipe key written twice", ["build", *TS, "--recipe", "twice.yaml"], 2,
+     "the key 'opset' is written twice in one mapping (first on line 7)"),
     ("build: validation data missing", ["build", *TS, "--val", "missing.npz"], 2, "missing.npz"),
     ("build: validation data a text file", ["build", *TS, "--val", "s.txt"], 2, "s.txt"),
     ("build: validation data another input", ["build", *TS, "--val", "wrong_name.npz"], 2, "wrong_name.npz"),

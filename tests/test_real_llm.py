@@ -35,7 +35,7 @@ def real(tmp_path_factory) -> dict:
     folder = smollm2_folder(work / "smollm2")
     lines = [s for s in SENTENCES.read_text().splitlines() if s.strip()]
     # 40 sentences (691 tokens) left the verdict's interval at +/- 3.7 points: a build at +7 % on held-out prose then
-    # passed or failed its +10 % budget by the rounding of its Hessians (benchmarks/results/int4_methods.md)
+    # passed or failed its +10 % budget by the rounding of its Hessians (benchmarks/results/real_llm.md)
     (work / "val.txt").write_text("\n".join(lines[:120]) + "\n")
     (work / "calib.txt").write_text("\n".join(lines[120:]) + "\n")
     windows = prose_windows(folder, WINDOWS)

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from infopt.core.errors import UsageError
 from infopt.core.recipe import DriftThresholds
+from infopt.core.yaml_files import load_yaml
 
 
 class _Strict(BaseModel):
@@ -99,7 +100,7 @@ def load_gate_file(path: str | Path | None) -> GateConfig:
         return GateConfig()
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = load_yaml(path.read_text())
     except OSError as exc:
         raise UsageError(f"cannot read the gate file {path}: {exc.strerror or exc}",
                          fix="pass an existing YAML file to --gate-file") from exc

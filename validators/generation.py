@@ -238,10 +238,9 @@ TALL_PRODUCT_ROWS = 16
 def tall_products(model):
     """While the block runs, the float32 ``nn.Linear`` layers of ``model`` given 2 to :data:`TALL_PRODUCT_ROWS` rows on
     the CPU compute ``(weight @ x.T).T``, the same product with the weight on the left. torch's ``F.linear`` hands
-    such a product to MKL's sgemm with the weight transposed, which read Qwen2.5-0.5B's 545 MB head at 6.6 GB/s
-    for 4 rows, against 24 GB/s the other way round (2-core AMD EPYC, 2026-11-29): the reference's greedy decode
-    of 4 prompts took 2.8 s at 0.5B and 8.7 s at 1.5B, 1.7 s and 6.9 s with it, the same tokens. The sums are
-    float32's in another order, as any runtime's are."""
+    such a product to MKL's sgemm with the weight transposed, which reads a large head several times slower than
+    the other way round, and the reference's greedy decode is faster with it, with the same tokens (measured in
+    benchmarks/results/rules.md). The sums are float32's in another order, as any runtime's are."""
     import torch
 
     def forward(layer, x):
@@ -406,6 +405,20 @@ def ppl_delta_interval(reference_nll: list[np.ndarray], candidate_nll: list[np.n
     # the ratio estimator's variance: the runs' deviations from the mean change, as many as there are runs
     spread = float(np.sqrt(((runs_a - mean * counts_a) ** 2).sum() * runs_a.size / (runs_a.size - 1))) / total
     return float(np.expm1(mean - z * spread)), float(np.expm1(mean + z * spread))
+
+
+WANTED_HALF_WIDTH = 0.02
+"""the half-width of the perplexity change's 95 % interval a judging aims at: +/- 2 points"""
+
+
+def tokens_to_narrow(interval, tokens: int, half_width: float = WANTED_HALF_WIDTH) -> int | None:
+    """The tokens that would narrow ``interval`` (a figure's 95 % interval over ``tokens``) to +/- ``half_width``:
+    intervals narrow as the square root of the tokens. None where it is that narrow already, or unbounded."""
+    low, high = interval or (None, None)
+    if low is None or high == float("inf") or not tokens:
+        return None
+    half = (high - low) / 2
+    return int(np.ceil(tokens * (half / half_width) ** 2)) if half > half_width else None
 
 
 def wilson_interval(share: float, count: int, z: float = 1.96) -> tuple[float, float]:

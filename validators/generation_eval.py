@@ -153,8 +153,9 @@ def evaluate(folder: Path, samples: GenerationSamples, budgets: GenerationBudget
         if limit is not None:
             value = forced[metric]
             checks.append({"name": metric, "measured": value, "limit": limit,
-                           "passed": bool(value >= limit if way == "min" else value <= limit)})
-    reasons = [_reason(c) for c in checks if not c["passed"]]
+                           "passed": bool(value >= limit if way == "min" else value <= limit),
+                           "interval": forced.get(f"{metric}_interval")})
+    reasons = [_reason(c, forced["tokens"]) for c in checks if not c["passed"]]
     return {"greedy": greedy, "teacher_forced": forced,
             "verdict": {"passed": not reasons, "reasons": reasons, "checks": checks}}
 
@@ -165,10 +166,22 @@ def evaluate_in(worker, folder: Path, samples: GenerationSamples, budgets: Gener
     return worker.call(evaluate, folder, samples, budgets, doing="generating from the GenAI folder with onnxruntime_genai")
 
 
-def _reason(check: dict) -> str:
+def _reason(check: dict, tokens: int) -> str:
     if check["name"] == "greedy_tokens_equal":
         return (f"greedy tokens equal on {check['measured']} of {check['limit']} prompts: the folder generates other "
                 "tokens than the source model")
     way, _, meaning = METRICS[check["name"]]
-    return (f"{check['name']} {check['measured']:.4g} {'<' if way == 'min' else '>'} {check['limit']:g} ({meaning}); "
-            f"{FIX}")
+    said = f"{check['name']} {check['measured']:.4g} {'<' if way == 'min' else '>'} {check['limit']:g} ({meaning})"
+    return f"{said}{_undecided(check, tokens)}; {FIX}"
+
+
+def _undecided(check: dict, tokens: int) -> str:
+    """Where the figure's 95 % interval holds the limit: the text judged cannot tell, and how much more could."""
+    low, high = check.get("interval") or (None, None)
+    if low is None or not low <= check["limit"] <= high or not tokens:
+        return ""
+    needed = generation.tokens_to_narrow((low, high), tokens)
+    more = (f"; about {needed:,} teacher-forced tokens of --val text ({needed / tokens:.1f}x as much) narrow it to "
+            f"+/- {generation.WANTED_HALF_WIDTH * 100:g} points" if needed else "")
+    return (f", but its 95 % interval ({low:.4g} to {high:.4g}) holds the limit: {tokens:,} tokens of --val text cannot "
+            f"tell{more}")

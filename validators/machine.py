@@ -27,8 +27,8 @@ COPY_REPEATS = 3
 MATMUL_N = 1024
 MATMUL_REPEATS = 5
 MATMUL_SECONDS = 0.5
-"""the matmul runs at least this long in all: on a shared 2-core machine five runs (50 ms) ranged from 0.14 to
-0.24 TFLOP/s from one build to the next (2026-11-27); the best over half a second is steadier"""
+"""the matmul runs at least this long in all: five short runs ranged widely from one build to the next on a shared
+machine, and the best over half a second is steadier (benchmarks/results/rules.md)"""
 ROOF_MAX_AGE_S = 24 * 3600
 
 

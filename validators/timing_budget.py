@@ -2,7 +2,7 @@
 
 A small model's runs take milliseconds, and the recipe's settings (``latency.seconds`` per runner and
 batch size, ``curve_seconds`` per point) bound its timing. A large one's take seconds: timed as a small
-one is, BERT-large's latency and curve took 310 s of a 750 s build (2026-11-27). So both steps share a
+one is, BERT-large's latency and curve took a large part of its build (benchmarks/results/rules.md). So both steps share a
 budget of ``SHARE`` of the build's time before them (validation included), at least ``FLOOR_S``:
 the latency step gets ``LATENCY_PART`` of it, split evenly over its runners and batch sizes (never
 more than the recipe's ``seconds``), and the curve what the latency step left. Each latency row still

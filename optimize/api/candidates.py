@@ -90,11 +90,9 @@ def blocked_reason(recipe: Recipe, target, source_kind: str, python_module: bool
 ROOF_SHARE = 0.65
 """A first candidate that computes at this share (or more) of the machine's measured fp32 matmul peak leaves the
 others little worth their build: the model is already about as fast as this machine multiplies, and another
-backend's gain lies in the few ops that are not matmuls, while its build costs minutes. Measured here (2 cores,
-peak 0.24-0.29 TFLOP/s, 2026-11-27): BERT-large through ONNX Runtime at batch 8 ran at 75-95 % of the peak, and
-AOTInductor, which took 97 s to compile it, within 10 % of it (within the noise of the timing);
-all-MiniLM-L6-v2 at 52-62 % (its batch-8 p50 of 152 ms against that range of peaks) keeps its candidates. 0.65
-lies between the two."""
+backend's gain lies in the few ops that are not matmuls, while its build costs minutes. 0.65 lies between an
+encoder that ran near the peak, where another backend gained nothing, and one that ran well below it
+(benchmarks/results/rules.md)."""
 
 
 PROBE_RUNS = 2
@@ -105,9 +103,8 @@ sooner. The first run's outputs are the candidate's on that validation batch for
 (:func:`validation_outputs`), so only the second is run for the probe alone."""
 PROBE_AFTER_S = 20.0
 """the probe runs only where the first candidate took at least this long to build: where builds take seconds,
-building the others costs less than being wrong about them. BERT-large's first candidate builds in 30-32 s here
-(2026-11-29): at 30 s the probe ran or not by the second, and one build not probed built AOTInductor for 86 s
-(232 s in all against 83-95)"""
+building the others costs less than being wrong about them. It sits below BERT-large's first candidate's build
+time, so that the probe runs there every time (benchmarks/results/rules.md)"""
 PROBE_MIN_RUN_S = 0.01
 """a run shorter than this is the runtime's overhead as much as arithmetic: its FLOP rate says nothing"""
 

@@ -113,7 +113,7 @@ FORCED_PARAMETER_TOKENS = 3e11
 forward of the model in the reference and one in the folder, as a token of the build's own work does, so the
 judging keeps about the same part of the build at every size), never fewer than :data:`MIN_FORCED_TOKENS`:
 2,200 tokens at 135M, 600 at 0.5B, the floor from 1.2B on; the interval the judging reached is reported with it"""
-WANTED_PPL_HALF_WIDTH = 0.02
+WANTED_PPL_HALF_WIDTH = generation.WANTED_HALF_WIDTH
 """the perplexity change's 95 % interval a judging aims at, +/- this; the report says how many held-out tokens a
 wider one would have needed"""
 LM_INPUTS = ("input_ids:int64[batch,seq]", "attention_mask:int64[batch,seq]")
@@ -488,13 +488,11 @@ def judging_share_note(parameters: int, new_tokens: int, kept: int, offered: int
 
 def interval_note(forced: dict) -> str | None:
     """What a perplexity change's interval wider than +/- :data:`WANTED_PPL_HALF_WIDTH` would have needed, or None."""
-    low, high = forced.get("ppl_delta_interval") or (None, None)
-    if low is None or high == float("inf"):
+    interval = forced.get("ppl_delta_interval")
+    needed = generation.tokens_to_narrow(interval, forced["tokens"], WANTED_PPL_HALF_WIDTH)
+    if needed is None:
         return None
-    half = (high - low) / 2
-    if half <= WANTED_PPL_HALF_WIDTH:
-        return None
-    needed = int(np.ceil(forced["tokens"] * (half / WANTED_PPL_HALF_WIDTH) ** 2))
+    half = (interval[1] - interval[0]) / 2
     return (f"the perplexity change is known to +/- {half * 100:.1f} points (95 %) over {forced['tokens']} tokens: "
             f"about {needed} held-out tokens would narrow it to +/- {WANTED_PPL_HALF_WIDTH * 100:g} (more or longer "
             f"--val lines)")

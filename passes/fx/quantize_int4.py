@@ -211,7 +211,8 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
     model = module.eval() if options.in_place else copy.deepcopy(module).eval()
     conv1d = conv1d_as_linear(model)  # GPT-2's Conv1D projections are Linears with the weight transposed
     # a checkpoint's config holds one group size: decided before calibrating, for every layer
-    checkpoint = options.checkpoint in ("gptq", "awq") or (options.checkpoint == "auto" and method != "awq" and not conv1d)
+    checkpoint = options.checkpoint in ("gptq", "awq") or (options.checkpoint == "auto" and not config.input_scales
+                                                           and not conv1d)
     uniform = checkpoint and hf_model(model) is not None
     share, chooser, int4_bits = int8_plan(model, config, options, context, uniform)
     rule = mixed_rule(model, config, options, uniform, int4_bits)

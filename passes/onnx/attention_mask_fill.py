@@ -3,9 +3,8 @@
 A transformer masks padded keys by adding a large negative number to their attention scores before
 the Softmax: ``where(mask, 0, finfo.min)`` or ``(1 - mask) * -10000``. Every masked score then
 reaches ONNX Runtime's CPU Softmax as an exponent below about -80, where its exp kernel leaves the
-fast path on some CPUs: on an Intel Xeon (onnxruntime 1.32, 2026-11-24), with all-MiniLM-L6-v2 at
-sequence 128 and 22 real tokens a row, Softmax took 30% of the whole model, 12x what it takes on the
-same shape unmasked; on an AMD EPYC (2026-11-25) the fill made no difference (benchmarks/README.md).
+fast path on some CPUs: there Softmax can take many times what it takes on the same shape unmasked,
+while on others the fill makes no difference (benchmarks/results/rules.md).
 
 -40 masks as well: a masked key's weight is at most exp(-40 + d) of the strongest real key's, d being
 how far its raw score is above that key's (exp(-40) is 4e-18; d would have to pass 24 for the

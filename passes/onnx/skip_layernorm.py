@@ -1,10 +1,8 @@
 """SkipLayerNormalization taken back apart into Sum + LayerNormalization where that runs faster.
 
 ONNX Runtime's offline optimization fuses a residual ``Add`` and the ``LayerNormalization`` after it
-into its contrib ``SkipLayerNormalization``. On CPU that fused kernel can be the slower form: on an
-AMD EPYC with onnxruntime 1.32 (2026-11-25) it took 3.0 ms on [32, 128, 384] against 0.6 ms for
-``Sum`` + ``LayerNormalization``; ONNX Runtime's profiler put 25 of about 180 ms of all-MiniLM-L6-v2's
-dynamic INT8 kernel time in its six (batch 32, seq 128; benchmarks/README.md). Which form is faster
+into its contrib ``SkipLayerNormalization``. On CPU that fused kernel can be the slower form, several times
+slower than ``Sum`` + ``LayerNormalization`` on one machine (benchmarks/results/rules.md). Which form is faster
 depends on the CPU and the runtime, so it is measured here, on the machine that builds, at the
 model's hidden size, and the graph is only changed when the pair is clearly faster.
 

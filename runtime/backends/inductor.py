@@ -115,6 +115,6 @@ def unavailable(precision: str, device: str) -> str | None:
 BACKEND = register(Backend(
     name="inductor", representation="aoti", suffix=".pt2", runner_kind=AotiRunner.kind,
     open_runner=open_runner, unavailable=unavailable, describe=describe, graphs=True, checks=checks,
-    # on an H200 (torch 2.11+cu130, 2026-11-27) loading any package, a CPU one too, ended the process with SIGSEGV
+    # loading a package, a CPU one too, has ended the process with SIGSEGV (benchmarks/results/rules.md)
     fenced=lambda device: True, worker_imports=("torch",),
 ))
