@@ -372,7 +372,7 @@ class BuildRequest:
     """what the build was asked for that passes take (the flags), given to every pass's pipeline"""
 
 
-def _build_in(work, loaded, artifact, reference, ctx: BuildRequest, forward: tuple[dict, list] | None = None):
+def _build_in(work_dir, loaded, artifact, reference, ctx: BuildRequest, forward: tuple[dict, list] | None = None):
     spec, recipes, target, name, out, force = ctx.spec, ctx.recipes, ctx.target, ctx.name, ctx.out, ctx.force
     val, max_samples, console = ctx.val, ctx.max_samples, ctx.console
 
@@ -388,7 +388,7 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest, forward: tup
         eager_run_s = (time.perf_counter() - began + taken * ctx.times.seconds("forward check")) / max(1, len(batches))
         # a --dim range the model itself cannot take is refused now, before any candidate's minutes of building
         ends = range_ends(spec, reference, loaded.module)
-    candidates = _build_candidates(work, artifact, recipes, target, console, ctx.calib, ctx.budget, batches, checked_on,
+    candidates = _build_candidates(work_dir, artifact, recipes, target, console, ctx.calib, ctx.budget, batches, checked_on,
                                    ctx.allow_partial, ctx.times, ref_out, ctx.settings, loaded.module)
     built = [c for c in candidates if c.status == "built"]
     status = progress_display.status(console, "validating: drift against the eager reference")
@@ -466,12 +466,12 @@ def _build_in(work, loaded, artifact, reference, ctx: BuildRequest, forward: tup
         notes.append(f"target {target.name} is a {target.device} device; drift and latency were measured here on "
                      f"{cand.runner_description(chosen.runner)}, not on the target")
     with ctx.times.step("work count"):
-        work = _work(loaded.module, spec, final.path)
+        flops = _work(loaded.module, spec, final.path)
     latency = [t.to_json() for t in timings.of("eager")]
     latency += [{**t.to_json(), "runner": "infopt"} for t in timings.of(chosen.label)]
     validation = {"device": cand.runner_description(chosen.runner), "runs_on": chosen.runner.device, "notes": notes,
                   "drift": chosen.drift.to_json(),
-                  "latency": latency, "curve": curve, "work": work,
+                  "latency": latency, "curve": curve, "work": flops,
                   "timing_notes": noise_notes(timings.of("eager") + timings.of(chosen.label)) + budget_notes,
                   "verdict": chosen.verdict.to_json()}
     names = tuple(o[0] for o in chosen.outputs)

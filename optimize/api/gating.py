@@ -55,7 +55,9 @@ REPORTED_DRIFT = ("max_abs", "min_cosine", "min_sqnr_db", "min_top1")
 
 
 @dataclass
-class Artifact:
+class BuiltFolder:
+    """An output folder of ``infopt build``, its files checked against its manifest: a candidate or a baseline."""
+
     label: str
     root: Path
     manifest: Manifest
@@ -73,7 +75,7 @@ class Artifact:
                 "created": m.created, "build_passed": m.validation.verdict.passed}
 
 
-def open_artifact(path: str | Path, label: str, key: str | Path | None = None) -> Artifact:
+def open_built_folder(path: str | Path, label: str, key: str | Path | None = None) -> BuiltFolder:
     """An output folder (or its manifest.json) whose files match its manifest (and, with ``key``,
     whose manifest's signature verifies); else exit 2."""
 
@@ -82,10 +84,10 @@ def open_artifact(path: str | Path, label: str, key: str | Path | None = None) -
         raise UsageError(f"the {label} {path} does not exist", fix="pass an output folder of `infopt build`, or its manifest.json")
     manifest = read_manifest(root)
     check_sealed(root, manifest, label, key)
-    return Artifact(label, root, manifest)
+    return BuiltFolder(label, root, manifest)
 
 
-def check_same_model(candidate: Artifact, baseline: Artifact) -> None:
+def check_same_model(candidate: BuiltFolder, baseline: BuiltFolder) -> None:
     """The two must take the same inputs and give the same outputs; else exit 2 naming the difference."""
     cs, bs = candidate.spec, baseline.spec
     problems = []
@@ -105,7 +107,7 @@ def check_same_model(candidate: Artifact, baseline: Artifact) -> None:
                          fix="gate a candidate against an earlier build of the same model (same inputs and outputs)")
 
 
-def _runner(artifact: Artifact):
+def _runner(artifact: BuiltFolder):
     """The artifact's runner; its files were checked when it was opened."""
     try:
         return manifest_runner(artifact.root, artifact.manifest, fenced=True)
@@ -139,7 +141,7 @@ def gate(candidate: str | Path, baseline: str | Path, *, config: GateConfig | No
 
     config = config or GateConfig()
     say = progress or (lambda _msg: None)
-    cand, base = open_artifact(candidate, "candidate", key), open_artifact(baseline, "baseline", key)
+    cand, base = open_built_folder(candidate, "candidate", key), open_built_folder(baseline, "baseline", key)
     check_same_model(cand, base)
     result = GateResult(cand.describe(), base.describe())
     own = result.candidate["build_passed"]
@@ -167,7 +169,7 @@ def gate(candidate: str | Path, baseline: str | Path, *, config: GateConfig | No
     return result
 
 
-def judge_for(cand: Artifact, base: Artifact):
+def judge_for(cand: BuiltFolder, base: BuiltFolder):
     """The task's judge: text generation when either build generates (both must), else the logits judge."""
     if gating_generation.is_generation(cand.manifest) or gating_generation.is_generation(base.manifest):
         return gating_generation.GenerationJudge(same_source(cand, base))
@@ -184,7 +186,7 @@ class LogitsJudge:
     def __init__(self) -> None:
         self.runners: tuple = ()
 
-    def accuracy(self, result: GateResult, config: GateConfig, cand: Artifact, base: Artifact, val, max_val_samples: int,
+    def accuracy(self, result: GateResult, config: GateConfig, cand: BuiltFolder, base: BuiltFolder, val, max_val_samples: int,
                  say) -> None:
         say("loading both models")
         cand_runner, base_runner = self.runners = _runner(cand), _runner(base)
@@ -221,7 +223,7 @@ class LogitsJudge:
         if val is not None:
             _task_checks(result, config, val, counts, names, cand_out, base_out)
 
-    def latency(self, result: GateResult, config: GateConfig, cand: Artifact, base: Artifact, say) -> None:
+    def latency(self, result: GateResult, config: GateConfig, cand: BuiltFolder, base: BuiltFolder, say) -> None:
         say("timing both models side by side")
         _latency_checks(result, config, cand, base, *self.runners, say)
 
@@ -233,7 +235,7 @@ DEFAULT_BASELINE_TOP1 = 0.99
 """Top-1 agreement with the baseline a candidate of the same source model must keep when no limit is given."""
 
 
-def same_source(cand: Artifact, base: Artifact) -> bool:
+def same_source(cand: BuiltFolder, base: BuiltFolder) -> bool:
     """Both built from the same model: the same file sha256 (or the same files, or the same weights)."""
     c, b = cand.manifest.source, base.manifest.source
     if c.sha256 and c.sha256 == b.sha256:
@@ -241,7 +243,7 @@ def same_source(cand: Artifact, base: Artifact) -> bool:
     return bool(c.files) and c.files == b.files
 
 
-def _baseline_limits(config: GateConfig, cand: Artifact, base: Artifact, report) -> tuple[Any, str]:
+def _baseline_limits(config: GateConfig, cand: BuiltFolder, base: BuiltFolder, report) -> tuple[Any, str]:
     """The baseline section's limits; with none given and the same source model on both sides, the
     candidate recipe's drift limits and top-1 agreement >= 0.99 (for a classifier's outputs)."""
 
