@@ -7,7 +7,8 @@ scale search on AWQ's sample of the activations, then GPTQ on ``W diag(s)`` unde
 ``x / s``, ``diag(1/s) H diag(1/s)``, both from the same calibration rows. The scale stays the layer's
 ``input_scale``, as AWQ's does. GPTQ picks each group's grid from the columns it has updated, so AWQ's clip search
 is not run. The output error GPTQ reports under the scaled Hessian is the error in the layer's own output:
-``(x / s) (W s - Q)^T = x (W - Q / s)^T``.
+``(x / s) (W s - Q)^T = x (W - Q / s)^T``. A layer that no scale helps keeps a scale of ones, so that every layer
+has one.
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ def _quantize(weight: torch.Tensor, statistic: SampleAndHessian, config: AWQGPTQ
         scaled_hessian = hessian / scale[:, None] / scale[None, :]
     packed, absolute = gptq.gptq_with_error(scaled, scaled_hessian, config.group_size, config.symmetric,
                                             config.damp, config.act_order, config.block_size)
-    if scale is not None:
-        packed = dataclasses.replace(packed, input_scale=scale.float().cpu().contiguous())
+    # a layer no scale helped keeps a scale of ones: every layer then has one, so the decoder's layers stay alike
+    # and one is captured for all (a single unscaled layer made the real SmolLM2's export 8x longer)
+    ones = torch.ones(weight.shape[1])
+    packed = dataclasses.replace(packed, input_scale=ones if scale is None else scale.float().cpu().contiguous())
     return Quantized(packed, relative_error(absolute, weight.cpu(), hessian.cpu()), alpha, output_error=absolute)
 
 

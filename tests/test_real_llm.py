@@ -126,6 +126,9 @@ def test_awq_then_gptq_passes_its_budget_smaller_than_gptq_with_its_scales_in_th
     assert sum(row["alpha"] is not None for row in details["details"]["layers"]) > 100  # scales searched per layer
     assert any("no 4-bit checkpoint: AWQ's per-input scales" in note for note in details["notes"])
     assert not (work / "awq-gptq" / "servers" / "vllm").exists()
+    # every layer keeps a scale (ones where none helped): the decoder's layers stay alike, one captured for all
+    passes = {p["name"]: p for p in manifest["passes"]}
+    assert passes["capture_kv_decoder"]["details"]["stamped"] is True
     judged = judge_folder(work / "awq-gptq" / "servers" / "onnxruntime-genai", real["windows"], real["reference"])
     # GPTQ's default folder: +7.2 % at 106 MiB on 48 windows; this one +6.3 % at 98 MiB on 12
     assert judged["ppl_delta"] <= 0.09 and judged["top1"] >= 0.82, judged

@@ -190,7 +190,8 @@ def test_awq_scales_loud_features_and_beats_rtn():
 
 
 @pytest.mark.parametrize("act_order", [False, True])
-def test_awq_then_gptq_keeps_the_scales_rounds_under_the_scaled_hessian_and_reports_the_true_error(act_order):
+def test_awq_then_gptq_keeps_the_scales_rounds_under_the_scaled_hessian_and_reports_the_true_error(act_order,
+                                                                                                  monkeypatch):
     """AWQ's scales, then GPTQ on the scaled weight: less output error than AWQ, GPTQ or RTN alone on inputs with
     loud features, the scale kept as the layer's input scale, and the error reported that of the weight written."""
     from infopt.quantize.int4_config import AWQConfig, AWQGPTQConfig
@@ -221,6 +222,15 @@ def test_awq_then_gptq_keeps_the_scales_rounds_under_the_scaled_hessian_and_repo
     hessian = Hessian(256)
     hessian.add(x)
     assert both < 0.5 * output_error(weight, gptq_quantize(weight, hessian.matrix, 64, False).effective_weight(), x)
+
+    # a layer no scale helps keeps a scale of ones (its decoder's layers stay alike), and GPTQ's codes as they are
+    import infopt.quantize.awq_gptq as awq_gptq
+
+    monkeypatch.setattr(awq_gptq, "search_scale", lambda *args, **kwargs: (None, None))
+    plain = handler.quantize(weight, statistic, config)
+    assert plain.alpha is None and torch.equal(plain.weight.input_scale, torch.ones(256))
+    alone = gptq_quantize(weight, statistic.hessian.matrix, 64, False, act_order=act_order)
+    assert torch.equal(plain.weight.qweight, alone.qweight)
     assert both < 0.5 * output_error(weight, rtn_quantize(weight, 64, False).effective_weight(), x)
 
 
