@@ -13,80 +13,91 @@ bf16 products; plain rounding (no ``s``) stays when nothing beats it. Clip searc
 code's ``auto_clip``): per output row and group, the grid's range is shrunk to ``r * max|w|`` for ``r`` in (0.5, 1] when that lowers the
 group's share of the output error.
 
-:class:`ActivationSample` streams the statistics: the mean ``|x|`` per feature over every row
-seen and a bounded reservoir of rows for the searches, never all activations. The scale is kept
-as the layer's ``input_scale`` (the model divides by it before the layer); folding it into the
-layer before is not done here.
+:class:`ActivationStatistics` streams what the searches need over every calibration row: the mean ``|x|`` per
+feature and the layer's Hessian ``X^T X`` (GPTQ's, summed through bf16 products for a bf16 model). Each error is a
+trace under it, ``tr(D H D^T)``, so no rows are kept and each layer's searches see all of them. The scale is kept as
+the layer's ``input_scale`` (the model divides by it before the layer); folding it into the layer before is not done
+here.
 """
 
 from __future__ import annotations
 
 import torch
 
+from infopt.quantize.gptq import Hessian
 from infopt.quantize.int4_config import AWQConfig
-from infopt.quantize.int4_format import Int4Weight, fake_quantize, grid
+from infopt.quantize.int4_format import MAXQ, Int4Weight, range_grid
 from infopt.quantize.int4_methods import Int4Method, Quantized, output_errors, register
 from infopt.quantize.rtn import group_codes, group_grid
 
 
-class ActivationSample:
-    """Mean ``|x|`` per input feature over all rows, and up to ``max_rows`` rows kept at random."""
+class ActivationStatistics:
+    """Mean ``|x|`` per input feature and the Hessian ``2 X^T X / n`` over every row a layer sees."""
 
-    def __init__(self, in_features: int, max_rows: int = 2048, seed: int = 0):
+    def __init__(self, in_features: int):
         self.abs_sum = torch.zeros(in_features, dtype=torch.float64)
-        self.rows = 0
-        self.max_rows = max_rows
-        self.kept: list[torch.Tensor] = []
-        self.generator = torch.Generator().manual_seed(seed)
+        self.hessian = Hessian(in_features)
+
+    @property
+    def rows(self) -> int:
+        return self.hessian.rows
 
     def add(self, inputs: torch.Tensor) -> None:
-        x = inputs.detach().reshape(-1, inputs.shape[-1]).float()
+        x = inputs.detach().reshape(-1, inputs.shape[-1])
         if self.abs_sum.device != x.device:
             self.abs_sum = self.abs_sum.to(x.device)
         self.abs_sum += x.abs().sum(0, dtype=torch.float64)
-        self.rows += x.shape[0]
-        self.kept.append(x[torch.randperm(x.shape[0], generator=self.generator)[: self.max_rows].to(x.device)])
-        pool = torch.cat(self.kept)
-        if pool.shape[0] > self.max_rows:
-            pool = pool[torch.randperm(pool.shape[0], generator=self.generator)[: self.max_rows].to(x.device)]
-        self.kept = [pool]
+        self.hessian.add(x)
 
     @property
     def mean_abs(self) -> torch.Tensor:
         return (self.abs_sum / max(self.rows, 1)).float()
 
-    @property
-    def sample(self) -> torch.Tensor:
-        return torch.cat(self.kept) if self.kept else torch.zeros(0, self.abs_sum.shape[0])
+
+def scaled_hessian(hessian: torch.Tensor, s: torch.Tensor | None) -> torch.Tensor:
+    """The Hessian of the inputs divided by ``s``: ``diag(1/s) H diag(1/s)``."""
+    return hessian if s is None else hessian / s[:, None] / s[None, :]
 
 
-def _fake_quant(weight: torch.Tensor, group_size: int, symmetric: bool) -> torch.Tensor:
-    """``weight`` rounded to its RTN group grid and back."""
-    scales, zeros = group_grid(weight, group_size, symmetric)
-    return fake_quantize(weight, scales.repeat_interleave(group_size, 1), zeros.repeat_interleave(group_size, 1))
+def ones_if_none(scale: torch.Tensor | None, in_features: int) -> torch.Tensor:
+    """The input scale a layer keeps: its own, or ones where no scale helped. Every layer then has one, so the
+    decoder's layers stay alike and one is captured for all (a single layer without one made the real SmolLM2's
+    capture and export several times longer: benchmarks/results/real_llm.md)."""
+    return torch.ones(in_features) if scale is None else scale.float().cpu().contiguous()
 
 
-def search_scale(weight: torch.Tensor, stats: ActivationSample, group_size: int, symmetric: bool,
+def _rounding_error(weight: torch.Tensor, s: torch.Tensor | None, group_size: int, symmetric: bool,
+                    out: torch.Tensor) -> torch.Tensor:
+    """``Q(W diag(s)) diag(1/s) - W`` into ``out`` (``W`` without ``s``): the weight scaled, rounded to its RTN group
+    grid and back, less the weight. Each step runs in place on ``out``, so a candidate costs a few passes over one
+    buffer and no copies of the grid per element."""
+    rows, cols = weight.shape
+    scaled = (torch.mul(weight, s, out=out) if s is not None else out.copy_(weight)).view(rows, cols // group_size,
+                                                                                            group_size)
+    scale, zero = range_grid(scaled.amin(-1, keepdim=True), scaled.amax(-1, keepdim=True), symmetric)
+    scaled.div_(scale).round_().add_(zero).clamp_(0, MAXQ).sub_(zero).mul_(scale)
+    if s is not None:
+        out.div_(s)
+    return out.sub_(weight)
+
+
+def search_scale(weight: torch.Tensor, stats: ActivationStatistics, group_size: int, symmetric: bool,
                  grid_points: int = 20) -> tuple[torch.Tensor | None, float | None]:
-    """The ``s`` with the least output error on the sampled rows and its ``alpha``; ``(None, None)``
-    when no scaling beats plain rounding. The error ``||x D^T||^2`` (``D`` the rounded weight less the
-    weight) is taken as ``tr(D (x^T x) D^T)``: one ``[K, K]`` product of the rows, not the rows again for
-    every point of the grid."""
-    x = stats.sample
+    """The ``s`` with the least output error on the calibration rows and its ``alpha``; ``(None, None)``
+    when no scaling beats plain rounding. The error ``||X D^T||^2`` (``D`` the rounded weight less the
+    weight) is taken as ``tr(D H D^T)`` under the layer's Hessian, not the rows again for every point of the grid."""
     # the candidates' errors through bf16 products (the sum of each row of products in fp32): on the real SmolLM2's
     # layers the same alpha as in fp32 at half the search's time (benchmarks/results/real_llm.md)
-    gram = (x.T @ x).bfloat16()
-    mean_abs = stats.mean_abs.clamp(min=1e-4)
+    gram = stats.hessian.matrix.to(weight.device).bfloat16()
+    mean_abs = stats.mean_abs.to(weight.device).clamp(min=1e-4)
     rows, cols = weight.shape
     grouped = weight.abs().reshape(rows, cols // group_size, group_size)
     weight_mag = (grouped / grouped.amax(-1, keepdim=True).clamp(min=1e-8)).reshape(rows, cols).mean(0)
+    buffer = torch.empty_like(weight)
 
     def error(s: torch.Tensor | None) -> float:
-        if s is None:
-            diff = _fake_quant(weight, group_size, symmetric) - weight
-        else:
-            diff = _fake_quant(weight * s[None, :], group_size, symmetric) / s[None, :] - weight
-        return float(torch.mul((diff.bfloat16() @ gram).float(), diff).sum())
+        diff = _rounding_error(weight, s, group_size, symmetric, buffer)
+        return float(torch.dot((diff.bfloat16() @ gram).float().view(-1), diff.view(-1)))
 
     best, best_alpha, best_scale = error(None), None, None
     for step in range(grid_points):
@@ -99,44 +110,44 @@ def search_scale(weight: torch.Tensor, stats: ActivationSample, group_size: int,
     return best_scale, best_alpha
 
 
-def search_clip(weight: torch.Tensor, x: torch.Tensor, group_size: int, symmetric: bool,
-                ratios: int = 20, max_rows: int = 512) -> torch.Tensor:
+def search_clip(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, symmetric: bool,
+                ratios: int = 20) -> torch.Tensor:
     """Per output row and group, the shrink ratio ``r`` of the grid's range with the least error
-    of that group's contribution to the output on ``x`` (``[N, K // g]``, values in (0.5, 1]). Each group's
-    error ``||x_g d_g^T||^2`` is taken as ``d_g (x_g^T x_g) d_g^T``, through the group's ``[g, g]`` product of the
-    rows."""
+    of that group's contribution to the output (``[N, K // g]``, values in (0.5, 1]). Each group's
+    error ``||X_g d_g^T||^2`` is taken as ``d_g H_gg d_g^T``, with ``H_gg`` the group's ``[g, g]`` block of the
+    Hessian. Clipping the range to ``[r min, r max]`` is rounding on the grid of that range (the codes' clamp clips),
+    so each ratio's grid comes from the group's least and greatest value, without a pass over the weight."""
     rows, cols = weight.shape
     groups = cols // group_size
-    by_group = x[:max_rows].reshape(-1, groups, group_size).transpose(0, 1)  # [G, rows, g]
-    gram = by_group.transpose(1, 2) @ by_group  # [G, g, g]
-    w = weight.reshape(rows, groups, group_size)
-    best_err = torch.full((rows, groups), float("inf"), device=weight.device)
-    best_ratio = torch.ones(rows, groups, device=weight.device)
+    gram = hessian.reshape(groups, group_size, groups, group_size).diagonal(dim1=0, dim2=2).permute(2, 0, 1)
+    gram = gram.contiguous()  # [G, g, g]: the Hessian's diagonal blocks
+    w = weight.reshape(rows, groups, group_size).transpose(0, 1).contiguous()  # [G, N, g]
+    best_err = torch.full((groups, rows), float("inf"), device=weight.device)
+    best_ratio = torch.ones(groups, rows, device=weight.device)
     lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
+    diff = torch.empty_like(w)
     for step in range(ratios):
         r = 1.0 - step * 0.5 / ratios
-        clipped = torch.clamp(w, lo * r, hi * r)
-        scale, zero = grid(clipped.reshape(-1, group_size), symmetric)
-        quantized = fake_quantize(w.reshape(-1, group_size), scale, zero).reshape(rows, groups, group_size)
-        diff = (quantized - w).transpose(0, 1)  # [G, N, g]
-        err = torch.mul(torch.bmm(diff, gram), diff).sum(-1).T
+        scale, zero = range_grid(lo * r, hi * r, symmetric)
+        torch.div(w, scale, out=diff).round_().add_(zero).clamp_(0, MAXQ).sub_(zero).mul_(scale).sub_(w)
+        err = torch.bmm(diff, gram).mul_(diff).sum(-1)
         better = err < best_err
         best_err = torch.where(better, err, best_err)
-        best_ratio = torch.where(better, torch.full_like(best_ratio, r), best_ratio)
-    return best_ratio
+        best_ratio.masked_fill_(better, r)
+    return best_ratio.T
 
 
-def awq_quantize(weight: torch.Tensor, stats: ActivationSample, group_size: int, symmetric: bool, *,
+def awq_quantize(weight: torch.Tensor, stats: ActivationStatistics, group_size: int, symmetric: bool, *,
                  grid_points: int = 20, clip: bool = True) -> tuple[Int4Weight, float | None]:
     """AWQ of ``weight`` ``[N, K]``: scale search, then clip search, then rounding on the clipped
     grid. Returns the weight and the ``alpha`` chosen (None: no scale)."""
     weight = weight.detach().float()
     scale, alpha = search_scale(weight, stats, group_size, symmetric, grid_points)
     scaled = weight * scale[None, :] if scale is not None else weight
-    x = stats.sample / scale[None, :] if scale is not None else stats.sample
     rows, cols = scaled.shape
     if clip:
-        ratio = search_clip(scaled, x, group_size, symmetric)[..., None]
+        hessian = scaled_hessian(stats.hessian.matrix.to(weight.device), scale)
+        ratio = search_clip(scaled, hessian, group_size, symmetric)[..., None]
         grouped = scaled.reshape(rows, cols // group_size, group_size)
         clipped = torch.clamp(grouped, grouped.amin(-1, keepdim=True) * ratio, grouped.amax(-1, keepdim=True) * ratio)
         scales, zeros = group_grid(clipped.reshape(rows, cols), group_size, symmetric)
@@ -144,16 +155,18 @@ def awq_quantize(weight: torch.Tensor, stats: ActivationSample, group_size: int,
         scales, zeros = group_grid(scaled, group_size, symmetric)
     codes = group_codes(scaled, scales, zeros, group_size)
     return Int4Weight.from_codes(codes.cpu(), scales.cpu(), zeros.cpu(), group_size, symmetric,
-                                 input_scale=None if scale is None else scale.cpu()), alpha
+                                 input_scale=ones_if_none(scale, cols)), alpha
 
 
-def _quantize(weight: torch.Tensor, stats: ActivationSample, config: AWQConfig) -> Quantized:
+def _quantize(weight: torch.Tensor, stats: ActivationStatistics, config: AWQConfig) -> Quantized:
     packed, alpha = awq_quantize(weight, stats, config.group_size, config.symmetric,
                                  grid_points=config.awq_grid, clip=config.awq_clip)
-    x = stats.sample.cpu()
-    absolute, relative = output_errors(weight.cpu(), packed.effective_weight(), (x.T @ x) / max(x.shape[0], 1))
+    # the reported error through bf16 products, as the searches' (a share of a percent of it, for ranking layers)
+    absolute, relative = output_errors(weight.detach().float().cpu(), packed.effective_weight(),
+                                       stats.hessian.matrix.cpu().bfloat16())
     return Quantized(packed, relative, alpha, output_error=absolute)
 
 
-HANDLER = register(Int4Method(AWQConfig, _quantize,
-                              lambda config, in_features: ActivationSample(in_features, max_rows=config.awq_rows)))
+# one scale per layer, not per input: on the real MiniLM a scale shared by the query, key and value projections
+# lost accuracy (mean cosine 0.978 against 0.98 or more); AWQ-GPTQ shares one, which folds into the norm
+HANDLER = register(Int4Method(AWQConfig, _quantize, lambda config, in_features: ActivationStatistics(in_features)))

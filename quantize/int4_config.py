@@ -70,27 +70,28 @@ class GPTQConfig(Int4MethodConfig):
     block_size: int = Field(128, ge=1, description="GPTQ: columns per lazy batch update")
 
 
+class AWQScaleSearch(Int4MethodConfig):
+    """The settings of AWQ's per-input scale search, shared by the methods that search one (not a method itself)."""
+
+    input_scales: ClassVar[bool] = True
+
+    awq_grid: int = Field(20, ge=1, description="AWQ: points on the alpha grid of the scale search")
+
+
 @METHOD_CONFIGS.register
-class AWQConfig(Int4MethodConfig):
+class AWQConfig(AWQScaleSearch):
     """AWQ: per-input scales and clipping searched on the layer's activations before rounding."""
 
     name: ClassVar[str] = "awq"
-    input_scales: ClassVar[bool] = True
 
-    awq_grid: int = Field(20, ge=1, description="AWQ: points on the alpha grid of the scale search")
     awq_clip: bool = Field(True, description="AWQ: search a clipping ratio per row and group")
-    awq_rows: int = Field(2048, ge=16, description="AWQ: calibration rows kept per layer for the searches")
 
 
 @METHOD_CONFIGS.register
-class AWQGPTQConfig(GPTQConfig):
+class AWQGPTQConfig(GPTQConfig, AWQScaleSearch):
     """AWQ's per-input scales searched first, then GPTQ rounds the scaled weight under the scaled inputs' Hessian."""
 
     name: ClassVar[str] = "awq-gptq"
-    input_scales: ClassVar[bool] = True
-
-    awq_grid: int = Field(20, ge=1, description="AWQ: points on the alpha grid of the scale search")
-    awq_rows: int = Field(2048, ge=16, description="AWQ: calibration rows kept per layer for the searches")
 
 
 Method = Int4MethodName

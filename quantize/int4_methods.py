@@ -74,8 +74,10 @@ def output_errors(weight: torch.Tensor, quantized: torch.Tensor, hessian: torch.
 
 
 def output_energy(weight: torch.Tensor, hessian: torch.Tensor) -> float:
-    """``tr(W H W^T)``: what the layer's output carries on the calibration data."""
-    return float(torch.mul(weight @ hessian, weight).sum())
+    """``tr(W H W^T)``: what the layer's output carries on the calibration data. A bf16 ``hessian`` takes the product
+    through bf16 (each sum of products in fp32), several times faster on CPUs with bf16 units."""
+    product = weight.to(hessian.dtype) @ hessian
+    return float(torch.dot(product.float().view(-1), weight.float().reshape(-1)))
 
 
 def relative_error(error: float, weight: torch.Tensor, hessian: torch.Tensor) -> float:

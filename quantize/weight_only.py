@@ -25,6 +25,7 @@ are held, never every layer's activations.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
@@ -47,6 +48,7 @@ from infopt.quantize.int4_format import (
     replace_module,
 )
 from infopt.quantize.int4_methods import Int4Method, handler_for
+from infopt.quantize.scale_folding import fold_input_scales
 from infopt.runtime.memory_estimate import available_bytes
 
 
@@ -83,6 +85,8 @@ class Int4Result:
     spare: dict[str, Int4Weight] = field(default_factory=dict)
     """the INT4 weights of ``for_8bit``'s layers: a graph with every layer alike holds them until it is written
     (``onnx_export`` stamps one layer for all, then lowers these to 8 bits from their float weights)"""
+    folded: list[str] = field(default_factory=list)
+    """layers whose input scale went into the norm before them (``fold_scales``): they divide nothing"""
 
 
 class _Stop(Exception):
@@ -184,7 +188,8 @@ def calibrate_int4(model: nn.Module, config: Int4MethodConfig | Int4Config,
                    keep: LinearFilter = default_filter, progress: Callable[[str], None] | None = None,
                    inplace: bool = False, uniform_group_size: bool = False,
                    masks: Sequence[torch.Tensor | None] | None = None, int8_share: float = 0.0,
-                   choose: Callable | None = None, for_8bit: Sequence[str] = ()) -> Int4Result:
+                   choose: Callable | None = None, for_8bit: Sequence[str] = (),
+                   fold_scales: bool = False) -> Int4Result:
     """Packed INT4 weights for every quantizable Linear of ``model``.
 
     ``batches`` are tuples of input tensors in the model's argument order; a method that
@@ -199,6 +204,9 @@ def calibrate_int4(model: nn.Module, config: Int4MethodConfig | Int4Config,
     then says how many of them, the largest error per weight first, stay in float (``int8_share`` is then the most
     it may choose). ``for_8bit``: layers chosen beforehand (``layer_choice.mixed_layers``), for RTN, left in float
     for 8 bits the same way. Their INT4 weights are in ``result.spare`` either way.
+
+    ``fold_scales`` (in place only): a method's input scales go into the norm before the layers where that is exact
+    (``scale_folding.py``), and those layers divide nothing; the float Linears held for 8 bits are scaled to match.
     """
     config = as_method_config(config)
     method = handler_for(config)
@@ -252,7 +260,8 @@ def calibrate_int4(model: nn.Module, config: Int4MethodConfig | Int4Config,
             result.rows = max(result.rows, _collect_block(work, block, members, stats, inputs, masks))
         else:
             result.rows = max(result.rows, _collect(work, block, members, stats, batches, masks))
-        for unit in _units(members, stats, plan.group_sizes, method):
+        units = _units(members, stats, plan.group_sizes, method)
+        for unit in units:
             if progress:
                 progress(f"layer {len(result.layers) + 1}/{len(names)} {' + '.join(unit)}"
                          f"{eta(started, len(result.layers), len(names))}")
@@ -268,6 +277,8 @@ def calibrate_int4(model: nn.Module, config: Int4MethodConfig | Int4Config,
                 # dequantizes on every call: half the block's time at 128 passages)
                 replace_module(work, name, Rounded(Int4Linear(weight, layer.bias).to(device)))
                 drop_file_pages(layer.weight, mappings)
+        if fold_scales and inplace and config.input_scales and block is not None and inputs is not None:
+            _fold(work, block, members, units, inputs[0], result, keeper)
         if block is not None and inputs is not None:
             inputs = _block_outputs(block, inputs)  # the next block's inputs: this one's, quantized, on them
             if not dense:
@@ -283,6 +294,16 @@ def calibrate_int4(model: nn.Module, config: Int4MethodConfig | Int4Config,
     if inplace:
         work.to(home).train(training)
     return result
+
+
+def _fold(work: nn.Module, block: nn.Module, members: list[str], units: list[list[str]], inputs,
+          result: Int4Result, keeper: _Int8Keeper) -> None:
+    """The block's input scales folded into its norms where exact; the weights and held float Linears to match."""
+    for fold in fold_input_scales(block, {n: work.get_submodule(n) for n in members}, units, inputs):
+        for name in fold.names:
+            result.weights[name] = dataclasses.replace(result.weights[name], input_scale=None)
+            result.folded.append(name)
+        keeper.scale_inputs(fold.names, fold.scale)
 
 
 class _Int8Keeper:
@@ -303,6 +324,15 @@ class _Int8Keeper:
         self.held.sort(key=lambda item: -item[0] / sum(layer.weight.numel() for layer in item[2]))
         while sum(layer.weight.numel() for _, _, ls in self.held for layer in ls) > self.budget:
             self.held.pop()
+
+    def scale_inputs(self, names: list[str], scale: torch.Tensor) -> None:
+        """The held float Linears of ``names`` made to read inputs divided by ``scale``: ``W diag(scale)``."""
+        for _, held_names, layers in self.held:
+            if held_names == names:
+                for layer in layers:
+                    weight = layer.weight.detach()
+                    layer.weight = nn.Parameter((weight.float() * scale.to(weight.device)).to(weight.dtype),
+                                                requires_grad=False)
 
     def in_use(self, work: nn.Module) -> Callable[[int], None]:
         """A function putting the first ``k`` held units (most error per weight first) in float in ``work``, the others in
@@ -559,10 +589,11 @@ def quantize_int4(model: nn.Module, config: Int4MethodConfig | Int4Config | None
                   batches: Iterable[Sequence[torch.Tensor]] | None = None, *, keep: LinearFilter = default_filter,
                   progress: Callable[[str], None] | None = None, uniform_group_size: bool = False,
                   masks: Sequence[torch.Tensor | None] | None = None, int8_share: float = 0.0,
-                  choose: Callable | None = None, for_8bit: Sequence[str] = ()) -> Int4Result:
+                  choose: Callable | None = None, for_8bit: Sequence[str] = (),
+                  fold_scales: bool = False) -> Int4Result:
     """Calibrate in place: ``model`` ends with its quantizable Linears as INT4 (one group size for all
-    with ``uniform_group_size``); ``masks``, ``int8_share``, ``choose`` and ``for_8bit`` as :func:`calibrate_int4`
-    takes them."""
+    with ``uniform_group_size``); ``masks``, ``int8_share``, ``choose``, ``for_8bit`` and ``fold_scales`` as
+    :func:`calibrate_int4` takes them."""
     return calibrate_int4(model, as_method_config(config), batches, keep=keep, progress=progress, inplace=True,
                           uniform_group_size=uniform_group_size, masks=masks, int8_share=int8_share, choose=choose,
-                          for_8bit=for_8bit)
+                          for_8bit=for_8bit, fold_scales=fold_scales)

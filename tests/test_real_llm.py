@@ -114,7 +114,7 @@ def test_int4_with_calibration_text_passes_its_default_budget_with_its_most_sens
 def test_awq_then_gptq_passes_its_budget_smaller_than_gptq_with_its_scales_in_the_model(real):
     """``--int4-method awq-gptq``: AWQ's scales, then GPTQ on the scaled weights. On this model it loses less than
     GPTQ alone with fewer layers in 8 bits (benchmarks/results/real_llm.md); its scales stay in the graph, so no
-    4-bit checkpoint is written."""
+    4-bit checkpoint is written. Those of the layers reading a norm are folded into it, so they divide nothing."""
     work = real["work"]
     proc = run_cli("build", "smollm2", "--int4", "--int4-method", "awq-gptq", "--calib", "calib.txt", "--val",
                    "val.txt", "-o", "awq-gptq", "--json", "-q", cwd=work, timeout=900, env={"HF_HUB_OFFLINE": "1"})
@@ -125,6 +125,8 @@ def test_awq_then_gptq_passes_its_budget_smaller_than_gptq_with_its_scales_in_th
     details = next(p for p in manifest["passes"] if p["name"] == "quantize_int4")
     assert sum(row["alpha"] is not None for row in details["details"]["layers"]) > 100  # scales searched per layer
     assert any("no 4-bit checkpoint: AWQ's per-input scales" in note for note in details["notes"])
+    # the scales of the layers reading a norm went into it (query, key, value, gate, up: 5 of each block's 7)
+    assert any(note.startswith("150 layers' AWQ input scales folded into the norm") for note in details["notes"])
     assert not (work / "awq-gptq" / "servers" / "vllm").exists()
     # every layer keeps a scale (ones where none helped): the decoder's layers stay alike, one captured for all
     passes = {p["name"]: p for p in manifest["passes"]}

@@ -218,7 +218,7 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
     rule = mixed_rule(model, config, options, uniform, int4_bits)
     result = quantize_int4(model, config, batches, progress=context.say, uniform_group_size=uniform,
                            masks=calibration_masks(batches, artifact.spec) if batches else None,
-                           int8_share=share, choose=chooser, for_8bit=rule)
+                           int8_share=share, choose=chooser, for_8bit=rule, fold_scales=options.in_place)
     fallback = None if options.in_place else _fall_back(module, model, result, options, context, artifact.spec)
     eight_bit = held_in_int4(model, result) if options.eight_bit_in_export else None
     layers = [row.to_json() for row in result.layers]
@@ -254,6 +254,10 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
         metric = fallback["budget"].split()[0]
         notes.append(f"{len(fallback['restored'])} most sensitive layer(s) back in float to hold {fallback['budget']}: "
                      f"{metric} {before.get(metric):.4g} -> {after.get(metric):.4g} (the INT4 layers table names them)")
+    if result.folded:
+        scaled = sum(1 for w in result.weights.values() if w.input_scale is not None)
+        notes.append(f"{len(result.folded)} layers' AWQ input scales folded into the norm before them (no division "
+                     f"left there); {scaled} layers still divide their input by theirs")
     if conv1d:
         notes.append(f"{len(conv1d)} transformers Conv1D layers quantized as the Linears they are (weight transposed)")
     if options.method == "auto" and method == "rtn":

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from infopt.core.errors import UsageError
-from infopt.quantize.awq import ActivationSample, awq_quantize
+from infopt.quantize.awq import ActivationStatistics, awq_quantize
 from infopt.quantize.gptq import Hessian, gptq_quantize
 from infopt.quantize.int4_config import GPTQConfig, Int4Config
 from infopt.quantize.int4_format import Int4Linear, decompose_int4, pack_int4, unpack_int4
@@ -178,10 +178,11 @@ def test_awq_scales_loud_features_and_beats_rtn():
     weight = torch.randn(64, 256, generator=g) * 0.05
     x = torch.randn(4096, 256, generator=g)
     x[:, 7::32] *= 30
-    stats = ActivationSample(256, max_rows=1024)
+    stats = ActivationStatistics(256)
     for part in torch.split(x, 512):
         stats.add(part)
-    assert stats.rows == 4096 and stats.sample.shape == (1024, 256)
+    assert stats.rows == 4096 and torch.allclose(stats.mean_abs, x.abs().mean(0), rtol=1e-5)
+    assert torch.allclose(stats.hessian.matrix, 2 * x.T @ x / 4096, rtol=1e-4, atol=1e-3)
     awq, alpha = awq_quantize(weight, stats, 64, False)
     rtn = rtn_quantize(weight, 64, False)
     assert alpha is not None and awq.input_scale is not None
