@@ -28,11 +28,13 @@ SCHEMA_FILE = "manifest.schema.json"
 
 
 class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow", validate_assignment=True)
+    # a field's docstring is its description in the JSON schema (and in docs/reference/manifest.md)
+    model_config = ConfigDict(extra="allow", validate_assignment=True, use_attribute_docstrings=True)
 
 
 class HubSource(_Open):
     repo_id: str
+    """the model's id on the hub (``org/name``)"""
     revision: str
     """as asked"""
     commit: str
@@ -48,8 +50,11 @@ class TaskInfo(_Open):
 
 class Source(_Open):
     path: str
+    """the model file or folder as given, or ``(in-memory module)`` for the Python API"""
     format: str
+    """how it was read: TorchScript, ``pt2``, state dict, ``onnx``, a Hugging Face folder..."""
     sha256: str | None = None
+    """a file source: its sha256; an in-memory module: that of its weights"""
     files: dict[str, str] | None = None
     """a folder source: each file's sha256"""
     hub: HubSource | None = None
@@ -60,14 +65,23 @@ class Source(_Open):
 
 class TargetInfo(_Open):
     name: str
+    """the target's name, as ``--target`` gives it"""
     description: str = ""
+    """the hardware, in words"""
     device: Literal["cpu", "cuda"]
+    """where the target runs the model"""
     arch: str = ""
+    """the CPU or GPU architecture (``x86_64``, ``sm_90``)"""
     precisions: list[str] = Field(default_factory=list)
+    """the precisions it builds"""
     backends: list[str] = Field(default_factory=list)
+    """the backends it runs"""
     memory_bandwidth_gbs: float | None = None
+    """memory bandwidth in GB/s, for the roofline"""
     peak_tflops: dict[str, float] = Field(default_factory=dict)
+    """peak throughput per precision in TFLOP/s (TOP/s for integers)"""
     price_per_hour: float | None = None
+    """USD per hour, for the report's cost per million predictions"""
     accelerator_type: str | None = None
     """the GPU's name as Ray labels a node (``infopt sweep --ray``)"""
     measured: str | None = None
@@ -76,37 +90,53 @@ class TargetInfo(_Open):
 
 class TensorInfo(_Open):
     name: str
+    """the tensor's name in the model file"""
     dtype: str
+    """its element type (``float32``, ``int64``...)"""
     shape: list[int | str]
+    """its dims: a number, or the name of a symbolic dim"""
 
 
 class DimInfo(_Open):
     min: int
+    """the smallest size the model takes"""
     opt: int
+    """the size it is tuned for"""
     max: int
+    """the largest size it takes"""
 
 
 class Inputs(_Open):
     inputs: list[TensorInfo]
+    """each input, in the order the model takes them"""
     dims: dict[str, DimInfo] = Field(default_factory=dict)
+    """each symbolic dim's range, by name (``--dim``)"""
 
 
 class Verdict(_Open):
     passed: bool
+    """whether every check held"""
     reasons: list[str] = Field(default_factory=list)
+    """why it failed, one line per check missed"""
     checks: list[Any] = Field(default_factory=list)
+    """each check: its name, what was measured, the limit, and whether it passed"""
 
 
 class LatencyRow(_Open):
     """One runner's latency at one batch size (``validators/timing.py`` measures it)."""
 
     runner: str
+    """``eager`` (the source model in PyTorch) or ``infopt`` (the shipped model)"""
     batch: int
+    """the batch size"""
     p50_ms: float
     """the median of the blocks' medians"""
     p90_ms: float
+    """the 90th percentile, in ms"""
     p99_ms: float
+    """the 99th percentile, in ms"""
     mean_ms: float
+    """the mean, in ms"""
     throughput: float
     """samples per second at the p50: batch / p50"""
     iterations: int
@@ -120,12 +150,17 @@ class LatencyRow(_Open):
 
 class Validation(_Open):
     device: str
+    """where the shipped model was validated and timed, in words"""
     runs_on: str | None = None
+    """the device of that runner (``cpu``, ``cuda``)"""
     notes: list[str] = Field(default_factory=list)
+    """what the build says about its measurements"""
     timing_notes: list[str] = Field(default_factory=list)
     """what the timings themselves say (a noisy machine): they differ between two builds, as timings do"""
     drift: dict[str, Any] = Field(default_factory=dict)
+    """the shipped model's drift from eager PyTorch on the stored samples, by metric"""
     latency: list[LatencyRow] = Field(default_factory=list)
+    """eager's and the shipped model's latency at each batch size timed"""
     curve: list[dict[str, Any]] = Field(default_factory=list)
     """the shipped model's latency at each batch size: batch, p50_ms, ..., throughput"""
     work: dict[str, Any] | None = None
@@ -133,28 +168,39 @@ class Validation(_Open):
     stored_samples: int | None = None
     """how many inputs ``validation/samples.npz`` holds"""
     verdict: Verdict
+    """passed or not, and why"""
 
 
 class DataRecord(_Open):
     source: str
+    """the data as given (a file, a folder, ``module:function``, or random inputs)"""
     samples: int
+    """how many samples were used"""
     sha256: str
+    """a hash of the samples, so two builds on the same data can be told"""
 
 
 class Provenance(_Open):
     command: str | None = None
+    """the ``infopt`` command line that built it"""
     python_call: str | None = None
+    """the Python API call that built it, where no command did"""
     recipe: str
+    """the shipped recipe's name, or its file"""
     settings: dict[str, Any] = Field(default_factory=dict)
     """the build settings the user gave (``--int4-method``, ``--calib-method``, ``--batch-sizes``...): the passes that
     take one put it in their options over the recipe's"""
     calibration: DataRecord | None = None
+    """the calibration data (``--calib``)"""
     validation_data: DataRecord | None = None
+    """the validation data (``--val``, or random inputs)"""
 
 
 class FileEntry(_Open):
     bytes: int
+    """the file's size"""
     sha256: str
+    """the file's sha256, which ``verify`` and ``validate`` check"""
 
 
 class Artifacts(_Open):
@@ -173,6 +219,7 @@ class StepTime(_Open):
     step: str
     """a build step (load, validation, latency, curve, emit...) or a pass (capture, onnx_export, aoti_compile...)"""
     seconds: float
+    """wall-clock seconds the step took"""
     of: str | None = None
     """the candidate (recipe) a pass ran for; a pass candidates share ran once, for the first"""
 
@@ -183,34 +230,54 @@ class Timings(_Open):
     total_s: float
     """from the call to the manifest written, less writing the reports and the manifest itself"""
     steps: list[StepTime]
+    """each step and pass, in the order it ran"""
 
 
 class Manifest(_Open):
     """``manifest.json`` of an output folder."""
 
     schema_: Literal["infopt.manifest/1"] = Field(alias="schema")
+    """the manifest's schema and version; a reader refuses another"""
     name: str
+    """the model's name (``--name``, by default the source file's stem)"""
     created: str
+    """when the build wrote it, in UTC (ISO 8601)"""
     source: Source
+    """the model built from: its path, format and hashes"""
     target: TargetInfo
+    """the target built for, as ``recipes/targets.yaml`` describes it"""
     precision: str
     """what the model computes in"""
     precision_asked: str | None = None
     """set when it differs from ``precision``: INT8 asked, FP32 shipped because it was faster here"""
     backend: str
+    """the backend that runs the shipped model"""
     inputs: Inputs
+    """the model's inputs and the ranges of their symbolic dims"""
     outputs: list[TensorInfo]
+    """the model's outputs"""
     recipe: dict[str, Any]
+    """the recipe of the shipped candidate, as it ran"""
     passes: list[PassRecord]
+    """the shipped model's lineage: each pass, in order"""
     validation: Validation
+    """drift, latency and the verdict, measured on the stored samples"""
     versions: dict[str, str]
+    """the versions of infopt and the libraries the build used"""
     candidates: list[dict[str, Any]] = Field(default_factory=list)
+    """one row per candidate recipe: its verdict, drift and timings, or why it was skipped"""
     selection: str | None = None
+    """why the shipped candidate was chosen"""
     provenance: Provenance | None = None
+    """how to build it again: the command, the recipe, the settings and the data"""
     artifacts: Artifacts
+    """where the model file and each server's folder are"""
     triton_tuning: dict[str, Any] | None = None
+    """the dynamic batcher and instance settings tuned for Triton"""
     timings: Timings | None = None
+    """where the build's time went"""
     files: dict[str, FileEntry]
+    """every file of the output folder with its size and sha256"""
 
     @property
     def output_names(self) -> tuple[str, ...]:

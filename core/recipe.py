@@ -228,12 +228,12 @@ PRECISIONS = ("fp32", "fp16", "bf16", "fp8", "int8", "int4")
 
 
 def build_table() -> dict[str, dict[str, list[str]]]:
-    """Target -> precision -> backends: what each bundled target builds (the README's table)."""
+    """Target -> precision -> backends: what each bundled target builds (the table in docs/guide/targets-and-backends.md)."""
     return {name: backends_for(target) for name, target in targets().items()}
 
 
 def build_table_markdown() -> str:
-    """:func:`build_table` as the Markdown table the README shows."""
+    """:func:`build_table` as the Markdown table docs/guide/targets-and-backends.md shows."""
     lines = ["| target | " + " | ".join(PRECISIONS) + " |", "| --- |" + " --- |" * len(PRECISIONS)]
     for name, row in build_table().items():
         lines.append(f"| {name} | " + " | ".join(", ".join(row.get(p) or []) or "-" for p in PRECISIONS) + " |")

@@ -134,7 +134,7 @@ def read_sweep(path: str | Path) -> SweepSpec:
         first = exc.errors()[0]
         where = ".".join(map(str, first["loc"])) or "(top)"
         raise UsageError(f"{path}: {where}: {first['msg']}", where=str(path),
-                         fix="see the sweep file format in README.md (Sweeps)") from None
+                         fix="see the sweep file format in docs/guide/sweeps.md") from None
     for name in spec.targets:
         get_target(name)  # an unknown target is the file's mistake (exit 2), not a cell's
     return spec

@@ -1,6 +1,6 @@
 """FP8 for real: ``--fp8`` writes E4M3 Q/DQ (``passes/onnx/quantize_fp8.py``), calibrated, into the ONNX model that
 TensorRT builds FP8 engines from, and ONNX Runtime's CPU provider validates it (FP8 emulated: the drift is real).
-The real all-MiniLM-L6-v2 and transformers' text families are built from the command line, as the README shows."""
+The real all-MiniLM-L6-v2 and transformers' text families are built from the command line, as docs/guide/targets-and-backends.md shows."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ def hub(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.xdist_group("minilm-int8")
 def test_int8_build_from_a_hub_id_ships_the_sentence_embedding(hub, tmp_path):
-    """The README's command as it stands: the hub id and --int8, every other setting its default."""
+    """docs/guide/models-and-inputs.md's command as it stands: the hub id and --int8, every other setting its default."""
     env, _ = hub
     _, evaluation = sentences()
     proc = run_cli("build", REPO, "--int8", cwd=tmp_path, env=env, timeout=600)

@@ -45,8 +45,8 @@ def llama(tmp_path_factory):
 
 
 def build(llama, out, *args, process: bool = False):
-    """``infopt build tiny-llama --int4 ...`` in the folder that holds it, with relative paths, as the README shows it:
-    the CLI's entry point in this process, or with ``process`` in an interpreter of its own (what stderr shows).
+    """``infopt build tiny-llama --int4 ...`` in the folder that holds it, with relative paths, as docs/guide/int4.md shows
+    it: the CLI's entry point in this process, or with ``process`` in an interpreter of its own (what stderr shows).
     Batches up to 8: the default 64 times the latency curve and the range check on 64 x 32 x 30522 logits."""
     args = ("build", "tiny-llama", "--int4", "-o", str(out.relative_to(llama)), "--json", "--quiet",
             "--dim", "seq=1:32:64", "--dim", "batch=1:4:8", "--batch-sizes", "1,4", *args)

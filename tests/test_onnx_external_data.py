@@ -1,6 +1,6 @@
 """An ONNX model that keeps its weights in a file beside it, as every model over 2 GB must and as hubs ship
-large ones, builds from the command line at each precision the README claims for ONNX sources, and its
-output folder is whole: the model and the servers' copies open with their tensors from the output alone.
+large ones, builds from the command line at each precision docs/guide/targets-and-backends.md claims for ONNX
+sources, and its output folder is whole: the model and the servers' copies open with their tensors from the output alone.
 
 The weights file has a name of the exporter's choosing (``weights.bin``), not infopt's ``<model>.data``;
 each pass that writes a new graph (ONNX Runtime's optimizer, INT4 on the graph) and the output step must

@@ -1,5 +1,6 @@
-"""The README's own commands, typed as it shows them: a fresh working directory, relative paths,
-default output folders. Only the model is ours (the trained digits CNN, so shapes are 1x8x8)."""
+"""The commands README.md and the guide (docs/guide/) show, typed as they show them: a fresh working directory,
+relative paths, default output folders. Only the model is ours (the trained digits CNN, so shapes are 1x8x8).
+Each test names the page whose commands it runs; tests/test_docs.py maps every README command to its test."""
 
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ def manifest(folder):
 
 
 def test_first_command_default_output(workdir):
+    """README.md's first build, also on docs/guide/output-folder.md and targets-and-backends.md: ``dist/model/``."""
     proc = ok(run_cli("build", "model.pt", "--target", "cpu", "--val", "val.npz", cwd=workdir))
     assert "wrote dist/model/" in proc.stdout
     m = manifest(workdir / "dist" / "model")
@@ -59,7 +61,8 @@ def test_first_command_default_output(workdir):
     assert "## Build time" in (workdir / "dist" / "model" / "report.md").read_text()
 
 
-def test_quickstart(workdir):
+def test_models_and_inputs_commands(workdir):
+    """docs/guide/models-and-inputs.md's inspect, build and validate; README.md's ``infopt validate dist/model``."""
     proc = ok(run_cli("inspect", "model.pt", "--input", CNN_INPUT, cwd=workdir))
     assert "Conv" in proc.stdout or "conv" in proc.stdout
     ok(run_cli("build", "model.pt", "--input", CNN_INPUT, "--dim", "batch=1:8:64", "--val", "data/val/",
@@ -72,6 +75,7 @@ def test_quickstart(workdir):
 
 
 def test_int8_example(workdir):
+    """README.md's and docs/guide/int8.md's INT8 build."""
     ok(run_cli("build", "model.pt", "--int8", "--calib", "data/calib/", "--val", "data/val/",
                "--max-drift", "cosine_mean=0.995", cwd=workdir))
     m = manifest(workdir / "dist" / "model")
@@ -81,6 +85,7 @@ def test_int8_example(workdir):
 
 
 def test_int8_without_val_is_judged_on_held_out_calibration_samples(workdir):
+    """docs/guide/int8.md's build with --calib and no --val."""
     ok(run_cli("build", "model.pt", "--input", CNN_INPUT, "--int8", "--calib", "data/calib/", cwd=workdir))
     m = manifest(workdir / "dist" / "model")
     drift = m["validation"]["drift"]
@@ -91,6 +96,8 @@ def test_int8_without_val_is_judged_on_held_out_calibration_samples(workdir):
 
 
 def test_gate_example(workdir):
+    """README.md's gate, and docs/guide/release-gate.md's with the baseline's manifest and a summary (5 trials, not
+    15, to keep the test short)."""
     ok(run_cli("build", "model.pt", "--target", "cpu", "--val", "data/val/", "--output", "dist/model", cwd=workdir))
     shutil.copytree(workdir / "dist" / "model", workdir / "released" / "model")
     proc = run_cli("gate", "dist/model", "--baseline", "released/model", "--val", "data/val/", "--junit", "gate.xml",
@@ -99,11 +106,15 @@ def test_gate_example(workdir):
     suite = ET.parse(workdir / "gate.xml").getroot()
     cases = suite.iter("testcase")
     assert sum(1 for _ in cases) >= 5 and not list(suite.iter("failure"))
+    proc = run_cli("gate", "dist/model", "--baseline", "released/model/manifest.json", "--val", "data/val/",
+                   "--junit", "gate.xml", "--summary", "gate.md", "--trials", "5", cwd=workdir)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert (workdir / "gate.md").read_text().strip() and not list(ET.parse(workdir / "gate.xml").getroot().iter("failure"))
 
 
 @pytest.mark.slow
 def test_make_demo_commands(tmp_path):
-    """What ``make demo`` runs, from a fresh folder: train the examples, build with relative paths."""
+    """What README.md's ``make demo`` runs, from a fresh folder: train the examples, build with relative paths."""
     import os
     import subprocess
 

@@ -90,8 +90,8 @@ def ops(path: Path) -> dict[str, int]:
 
 
 def built(folder: Path, name: str, *flags: str, code: int = 0) -> dict:
-    """``infopt build lm FLAGS --val held-out.txt``: no --task, since a causal LM with its tokenizer builds
-    text-generation by default."""
+    """``infopt build lm FLAGS --val held-out.txt``, as README.md and docs/guide/text-generation.md show it: no --task,
+    since a causal LM with its tokenizer builds text-generation by default."""
     proc = run_cli("build", "lm", *flags, "--val", "held-out.txt", "-o", name, "--json", "-q", cwd=folder, timeout=600)
     assert proc.returncode == code, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "warning" not in proc.stderr.lower()

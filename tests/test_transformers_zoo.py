@@ -14,7 +14,7 @@ what the default adds; the CPU matrix covers it).
 The builds run the CLI's own entry point (``infopt.cli.app.main``: the same argument parsing, loading,
 build and exit codes) in the test's process, as the CPU matrix does, so that each cell does not pay
 the interpreter's start-up and the imports of torch and transformers again (about 5 s a cell); the
-refusals below, and the text-generation, hub and README tests, run ``python -m infopt.cli`` in a
+refusals below, and the text-generation, hub and documented-command tests, run ``python -m infopt.cli`` in a
 process of its own."""
 
 from __future__ import annotations

@@ -64,6 +64,12 @@ NOISY_LOGGERS = (
 """Loggers whose warnings a user cannot act on; shown with -v."""
 
 
+INTERRUPTED = 130
+"""The exit code of a command stopped by Ctrl-C (SIGINT)."""
+TERMINATED = 143
+"""The exit code of a command stopped by SIGTERM (128 + 15)."""
+
+
 app.command()(build)
 app.command()(validate)
 app.command()(verify)
@@ -79,7 +85,7 @@ app.command()(serve)
 
 def main() -> None:
     """Run the CLI; an ``InfoptError`` or a usage error becomes its message and exit code, never a
-    traceback. SIGTERM removes what this process staged and exits 143 at once (see ``_on_sigterm``)."""
+    traceback. SIGTERM removes what this process staged and exits 143 (``TERMINATED``) at once (see ``_on_sigterm``)."""
     import signal
 
     from infopt.core.errors import InfoptError
@@ -97,10 +103,10 @@ def main() -> None:
         _json_error(_print_usage_error(exc), 2)
         sys.exit(2)
     except (KeyboardInterrupt, typer.Abort):
-        code = 130
-    if code == 130:
+        code = INTERRUPTED
+    if code == INTERRUPTED:
         _print_error("interrupted", STOPPED)
-        _json_error(InfoptError(STOPPED), 130, kind="interrupted")
+        _json_error(InfoptError(STOPPED), INTERRUPTED, kind="interrupted")
     sys.exit(code if isinstance(code, int) else 0)
 
 
@@ -169,7 +175,7 @@ def _on_sigterm():
     def terminated(signum, frame) -> None:
         stop_now()
         os.write(2, message)
-        os._exit(143)
+        os._exit(TERMINATED)
 
     return terminated
 

@@ -13,7 +13,7 @@ from infopt.cli.output import print_json, shown_path, stdout, table
 
 def targets(
     as_json: o.Json = False,
-    markdown: Annotated[bool, typer.Option("--markdown", metavar="", help="Print what each target builds (precision x backend) as the README's Markdown table.")] = False,
+    markdown: Annotated[bool, typer.Option("--markdown", metavar="", help="Print what each target builds (precision x backend) as the Markdown table of docs/guide/targets-and-backends.md.")] = False,
 ) -> None:
     """List the targets and what they run."""
     import infopt.api.registries  # noqa: F401 - registers every bundled pass, then the plugins' (a plugin's passes listed too)

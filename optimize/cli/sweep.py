@@ -12,7 +12,7 @@ from infopt.cli.output import print_json, shown_path, stderr, stdout
 
 
 def sweep(
-    spec: Annotated[Path, typer.Argument(help="A sweep YAML file: models, targets, precisions, backends, data, thresholds, output (see README: Sweeps).")],
+    spec: Annotated[Path, typer.Argument(help="A sweep YAML file: models, targets, precisions, backends, data, thresholds, output (see docs/guide/sweeps.md).")],
     jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, help="Local builds at once (default: one per cpus_per_cell cores, 2 unless the file says, at most one per 4 GiB of memory; not used with --ray).")] = None,
     ray: Annotated[Optional[str], typer.Option("--ray", metavar="auto|ADDRESS", help="Run each cell as a Ray task: `auto` for RAY_ADDRESS's or this machine's Ray (else a new local one), or a cluster's address. GPU cells go to nodes with the target's GPU.")] = None,
     junit: Annotated[Optional[Path], typer.Option("--junit", help="Also write a JUnit XML file: one testcase per cell.")] = None,

@@ -171,7 +171,7 @@ def test_the_model_refuses_numpy_2_which_the_backend_would_serve_zeros_under():
 
 
 def test_infopt_serve_starts_triton_prints_a_request_that_works_and_stops_on_ctrl_c(served):
-    """``infopt serve dist/digits`` as the README shows it: an AOTInductor build goes to the bundled Triton."""
+    """``infopt serve dist/digits`` as README.md and docs/guide/servers.md show it: an AOTInductor build goes to the bundled Triton."""
     from tests.served import serve_and_ask
 
     _, cnn, _, root = served

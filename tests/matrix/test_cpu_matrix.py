@@ -1,4 +1,5 @@
-"""Every CPU cell of the README's target table, from the command line, the way users call it.
+"""Every CPU cell of the target table in docs/guide/targets-and-backends.md, from the command line, the way users
+call it.
 
 Each cell runs ``infopt build`` in a fresh working directory, on a model file given by a relative
 path, with the default output folder (``dist/<name>``), over five architectures that break builds
@@ -31,7 +32,7 @@ FLOOR = {"fp32": ("sqnr_db", 60.0), "bf16": ("cosine_mean", 0.995), "fp8": ("cos
 
 
 def cpu_cells() -> list[tuple[str, str, str]]:
-    """(precision, backend, int8 mode) for every CPU cell the README's table claims."""
+    """(precision, backend, int8 mode) for every CPU cell the guide's target table claims."""
     cells = []
     for precision, backends in build_table()["cpu"].items():
         for backend in backends:
@@ -134,9 +135,9 @@ def test_cell(arch, fmt, precision, backend, mode, saved, tmp_path, monkeypatch,
         assert passes["quantize_fp8"]["details"]["fp8_ops"]["QuantizeLinear"] > 0
 
 
-def test_readme_table_is_the_code_s_table():
+def test_the_guide_s_target_table_is_the_code_s_table():
     from tests.conftest import ROOT
 
-    assert build_table_markdown() in (ROOT / "README.md").read_text()
+    assert build_table_markdown() in (ROOT / "docs" / "guide" / "targets-and-backends.md").read_text()
     assert build_table()["cpu"] == {"fp32": ["onnxruntime", "inductor"], "bf16": ["inductor"], "fp8": ["onnxruntime"],
                                     "int8": ["onnxruntime"], "int4": ["onnxruntime", "inductor"]}

@@ -1,0 +1,1 @@
+"""Helpers the tests share: each is imported from here, never from another test module."""

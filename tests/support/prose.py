@@ -1,0 +1,53 @@
+"""The measure of a document's prose that the docs tests hold it to: words per sentence.
+
+Code blocks, tables, headings and link-only lines are not prose and are left out. A sentence ends at
+``.``, ``!`` or ``?`` followed by a space or the end of a paragraph; a list item is a sentence even
+without a full stop."""
+
+from __future__ import annotations
+
+import re
+import statistics
+
+_FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9`*(\"'])")
+
+
+def prose_blocks(markdown: str) -> list[str]:
+    """Paragraphs and list items of a markdown text, each on one line, without code, tables or headings."""
+    text = _FENCE.sub("", markdown)
+    blocks: list[str] = []
+    current: list[str] = []
+
+    def flush():
+        if current:
+            blocks.append(" ".join(current))
+            current.clear()
+
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", "|", "<!--")):
+            flush()
+            continue
+        if re.match(r"^([-*+]|\d+\.)\s", line):
+            flush()
+            line = re.sub(r"^([-*+]|\d+\.)\s+", "", line)
+        current.append(line)
+    flush()
+    return blocks
+
+
+def sentence_lengths(markdown: str) -> list[int]:
+    """Words in each sentence of the text's prose."""
+    lengths = []
+    for block in prose_blocks(markdown):
+        for sentence in _END.split(block):
+            words = len(re.findall(r"\S+", sentence))
+            if words:
+                lengths.append(words)
+    return lengths
+
+
+def median_sentence_words(markdown: str) -> float:
+    lengths = sentence_lengths(markdown)
+    return statistics.median(lengths) if lengths else 0.0
