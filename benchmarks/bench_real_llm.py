@@ -18,7 +18,8 @@ transformers in float32:
 Builds run as a user runs them, each in its own process: ``infopt build smollm2 [--int8 | --int4 ...]
 --val val.txt`` (``val.txt``: the first 40 test sentences) and ``python -m onnxruntime_genai.models.builder -i
 smollm2 -o OUT -p int4|int8 -e cpu [--extra_options ...]``. Calibrated rows take ``--calib calib.txt``, the
-test sentences after the first 40.
+test sentences after the first 40. The ``gptqmodel`` rows run gptqmodel's GPTQ on the same folder and calibration
+lines (``benchmarks/gptqmodel_row.py``) and judge its checkpoint in torch on the same windows; they have no TPOT.
 
     python benchmarks/bench_real_llm.py [--rows fp32,int8,int4-rtn,builder-int4,...] [--windows 12]
                                         [--rounds 3] [--markdown benchmarks/results/real_llm.md]
@@ -40,10 +41,19 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_scale import INFOPT, model_bytes, run_measured, timed  # noqa: E402
 from benchmarks.common import environment, publish  # noqa: E402
-from tests.real_llm import WINDOW, judge_folder, prose_windows, reference_figures, smollm2_folder  # noqa: E402
+from tests.real_llm import (  # noqa: E402
+    GREEDY_PROMPTS,
+    WINDOW,
+    figures_against,
+    judge_folder,
+    prose_windows,
+    reference_figures,
+    smollm2_folder,
+)
 
 SENTENCES = ROOT / "tests" / "data" / "sentences.txt"
 BUILDER = [sys.executable, "-m", "onnxruntime_genai.models.builder"]
+GPTQMODEL = [sys.executable, str(ROOT / "benchmarks" / "gptqmodel_row.py")]
 
 ROWS = {
     # label: (tool, arguments)
@@ -82,6 +92,9 @@ ROWS = {
     "int4 awq-gptq g128 int8 share 0.25": ("infopt", ["--int4", "--int4-method", "awq-gptq", "--calib", "calib.txt",
                                                       "--recipe", "RECIPE:int4-share-0.25", "--max-drift",
                                                       "top1=0,ppl_delta=100"]),
+    # gptqmodel's GPTQ (benchmarks/gptqmodel_row.py), every Linear in 4 bits, judged in torch with its torch kernel
+    "gptqmodel gptq g128": ("gptqmodel", ["--group-size", "128"]),
+    "gptqmodel gptq g32": ("gptqmodel", ["--group-size", "32"]),
     "builder fp32": ("builder", ["-p", "fp32"]),
     "builder int8": ("builder", ["-p", "int8"]),
     "builder int4": ("builder", ["-p", "int4"]),
@@ -143,6 +156,9 @@ def build(label: str, work: Path, limit_s: float) -> dict:
     if tool == "infopt":
         command = [str(INFOPT), "build", "smollm2", *args, "--val", "val.txt", "-o", str(out), "-q", "--force"]
         folder = out / "servers" / "onnxruntime-genai"
+    elif tool == "gptqmodel":
+        command = [*GPTQMODEL, "quantize", "smollm2", str(out), "--calib", "calib.txt", *args]
+        folder = out
     else:
         command = [*BUILDER, "-i", "smollm2", "-o", str(out), "-e", "cpu", "-c", str(work / "hf-cache"), *args]
         folder = out
@@ -161,7 +177,7 @@ def build(label: str, work: Path, limit_s: float) -> dict:
     if row["code"] == 1 and written:
         row["status"] = "verdict failed"
     row.update({"label": label, "tool": tool, "precision": label.removeprefix("builder ") if tool == "builder" else label,
-                "folder": folder if written else None, "bytes": model_bytes(folder) if written else None})
+                "folder": folder if written else None, "bytes": files_bytes(folder, tool) if written else None})
     print(f"  {row['status']}, {row['wall_s']:.0f} s, peak {row['peak_rss'] / 1e9:.2f} GB", flush=True)
     if row["code"] != 0:
         print(row["stderr"][-800:], flush=True)
@@ -171,6 +187,33 @@ def build(label: str, work: Path, limit_s: float) -> dict:
         row["share"] = (quantization.get("choice") or {}).get("chosen")
         row["verdict"] = "pass" if manifest["validation"]["verdict"]["passed"] else "fail"
     return row
+
+
+def tpot(row: dict, key: str) -> str:
+    """A TPOT cell: gptqmodel's checkpoints run in torch, not ONNX Runtime, so they are not timed beside the folders."""
+    return "not timed (torch)" if row["tool"] == "gptqmodel" else f"{row.get(key, float('nan')):.2f}"
+
+
+def files_bytes(folder: Path, tool: str) -> int:
+    """The model files' bytes: ONNX files, or a checkpoint's safetensors."""
+    if tool == "gptqmodel":
+        return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+    return model_bytes(folder)
+
+
+def judge_checkpoint(folder: Path, sequences: list[list[int]], reference, work: Path) -> dict:
+    """A gptqmodel checkpoint judged as :func:`judge_folder` judges a folder, its figures from a process of its own."""
+    import subprocess
+
+    windows, figures = work / "windows.json", folder / "figures.npz"
+    windows.write_text(json.dumps(sequences))
+    subprocess.run([*GPTQMODEL, "judge", str(folder), "--windows", str(windows), "--figures", str(figures)],
+                   check=True, capture_output=True)
+    with np.load(figures) as got:
+        top1 = [got[f"top1_{i}"] for i in range(len(sequences))]
+        nll = [got[f"nll_{i}"] for i in range(len(sequences))]
+        greedy = [list(g) for g in got["greedy"][:GREEDY_PROMPTS]]
+    return figures_against(reference, top1, nll, greedy)
 
 
 def main() -> None:
@@ -199,9 +242,11 @@ def main() -> None:
     rows = [build(label, work, options.limit_s) for label in labels]
     parameters = stored_parameters(folder)
     for row in rows:
-        if row["folder"] is not None:
+        if row["folder"] is not None and row["tool"] == "gptqmodel":
+            row.update(judge_checkpoint(row["folder"], sequences, ref, work))
+        elif row["folder"] is not None:
             row.update(judge_folder(row["folder"], sequences, ref))
-    timed(rows, work, options.rounds, 49152)
+    timed([r for r in rows if r["tool"] != "gptqmodel"], work, options.rounds, 49152)
     header = ("| build | perplexity | change (95 %) | top-1 agreement | greedy prefix kept | model files | bits/param "
               "| build s | peak GB | TPOT b1 ms | TPOT b8 ms | own verdict (8-bit share chosen) |")
     lines = ["## The real SmolLM2-135M-Instruct: quantized builds against ONNX Runtime GenAI's builder (CPU)", "",
@@ -215,7 +260,7 @@ def main() -> None:
         lines.append(f"| {r['label']} | {r['ppl']:.2f} | {r['ppl_delta']:+.1%} ({r['ppl_low']:+.1%} to {r['ppl_high']:+.1%}) "
                      f"| {r['top1']:.3f} | {r['prefix_kept']:.0%} | {r['bytes'] / 2**20:.0f} MiB "
                      f"| {8 * r['bytes'] / parameters:.2f} | {r['wall_s']:.0f} | {r['peak_rss'] / 1e9:.2f} "
-                     f"| {r.get('tpot1', float('nan')):.2f} | {r.get('tpot8', float('nan')):.2f} "
+                     f"| {tpot(r, 'tpot1')} | {tpot(r, 'tpot8')} "
                      f"| {verdict_text(r)} |")
     publish("\n".join(lines) + "\n", options.markdown)
 

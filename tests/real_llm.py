@@ -97,17 +97,24 @@ def judge_folder(folder: Path, windows: list[list[int]], reference) -> dict:
     ``ppl_delta`` with its 95 % interval (``ppl_low``, ``ppl_high``: the per-token NLL differences' mean +/- 1.96
     standard errors, as if the tokens were independent), and ``prefix_kept``, the mean share of the greedy tokens
     generated before the first that differs from transformers'."""
-    import numpy as np
-
-    from infopt.validators.generation import agreement_of, generate_folder, teacher_forced_figures
+    from infopt.validators.generation import generate_folder, teacher_forced_figures
 
     top1, nll = teacher_forced_figures(folder, windows)
+    return figures_against(reference, top1, nll,
+                           generate_folder(folder, [w[:PROMPT] for w in windows[:GREEDY_PROMPTS]], GREEDY))
+
+
+def figures_against(reference, top1, nll, greedy) -> dict:
+    """:func:`judge_folder`'s figures from a model's own top-1 tokens, NLLs and greedy tokens on the windows."""
+    import numpy as np
+
+    from infopt.validators.generation import agreement_of
+
     forced = agreement_of(reference[0], reference[1], top1, nll)
     delta = np.concatenate(nll) - np.concatenate(reference[1])
     half = 1.96 * delta.std(ddof=1) / np.sqrt(delta.size)
-    got = generate_folder(folder, [w[:PROMPT] for w in windows[:GREEDY_PROMPTS]], GREEDY)
     kept = [next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), len(w)) / len(w)
-            for g, w in zip(got, reference[2])]
+            for g, w in zip(greedy, reference[2])]
     return {**forced, "ppl_low": float(np.exp(delta.mean() - half) - 1),
             "ppl_high": float(np.exp(delta.mean() + half) - 1), "prefix_kept": float(np.mean(kept))}
 
