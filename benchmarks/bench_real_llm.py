@@ -93,6 +93,8 @@ ROWS = {
                                                       "--recipe", "RECIPE:int4-share-0.25", "--max-drift",
                                                       "top1=0,ppl_delta=100"]),
     # gptqmodel's GPTQ (benchmarks/gptqmodel_row.py), every Linear in 4 bits, judged in torch with its torch kernel
+    "int4 gptq g128 damp 0.05": ("infopt", ["--int4", "--calib", "calib.txt", "--recipe", "RECIPE:int4-damp-0.05",
+                                            "--max-drift", "top1=0,ppl_delta=100"]),
     "gptqmodel gptq g128": ("gptqmodel", ["--group-size", "128"]),
     "gptqmodel gptq g32": ("gptqmodel", ["--group-size", "32"]),
     "builder fp32": ("builder", ["-p", "fp32"]),
@@ -114,6 +116,9 @@ def variant_recipe(work: Path, name: str) -> Path:
     elif name == "int4-head4":  # the head (and a tied embedding) in INT4 by RTN, as the other layers
         text = (bundled / "int4-onnxruntime-genai.yaml").read_text().replace(
             "  - name: quantize_int8_weights\n", "  - name: quantize_int4_head\n    options:\n      accuracy_level: 4\n")
+    elif name.startswith("int4-damp-"):  # GPTQ's damping, as a fraction of the Hessian's mean diagonal
+        text = (bundled / "int4-onnxruntime-genai.yaml").read_text().replace(
+            "      in_place: true\n", f"      in_place: true\n      damp: {float(name.split('-')[-1])}\n")
     elif name == "int4-calib1":  # each calibration passage run alone, at its own length
         text = (bundled / "int4-onnxruntime-genai.yaml").read_text().replace(
             "      in_place: true\n", "      in_place: true\n      calibration_batch: 1\n")
