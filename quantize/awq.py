@@ -16,8 +16,8 @@ group's share of the output error.
 :class:`ActivationStatistics` streams what the searches need over every calibration row: the mean ``|x|`` per
 feature and the layer's Hessian ``X^T X`` (GPTQ's, summed through bf16 products for a bf16 model). Each error is a
 trace under it, ``tr(D H D^T)``, so no rows are kept and each layer's searches see all of them. The scale is kept as
-the layer's ``input_scale`` (the model divides by it before the layer); folding it into the layer before is not done
-here.
+the layer's ``input_scale`` (the model divides by it before the layer): one per layer, so it is not folded into the
+norm before (``scale_folding.py`` folds a scale the layers reading one input share).
 """
 
 from __future__ import annotations
@@ -56,7 +56,10 @@ class ActivationStatistics:
 
 def scaled_hessian(hessian: torch.Tensor, s: torch.Tensor | None) -> torch.Tensor:
     """The Hessian of the inputs divided by ``s``: ``diag(1/s) H diag(1/s)``."""
-    return hessian if s is None else hessian / s[:, None] / s[None, :]
+    if s is None:
+        return hessian
+    s = s.to(hessian.device)
+    return hessian / s[:, None] / s[None, :]
 
 
 def ones_if_none(scale: torch.Tensor | None, in_features: int) -> torch.Tensor:
@@ -81,15 +84,16 @@ def _rounding_error(weight: torch.Tensor, s: torch.Tensor | None, group_size: in
     return out.sub_(weight)
 
 
-def search_scale(weight: torch.Tensor, stats: ActivationStatistics, group_size: int, symmetric: bool,
-                 grid_points: int = 20) -> tuple[torch.Tensor | None, float | None]:
+def search_scale(weight: torch.Tensor, mean_abs: torch.Tensor, hessian: torch.Tensor, group_size: int,
+                 symmetric: bool, grid_points: int = 20) -> tuple[torch.Tensor | None, float | None]:
     """The ``s`` with the least output error on the calibration rows and its ``alpha``; ``(None, None)``
-    when no scaling beats plain rounding. The error ``||X D^T||^2`` (``D`` the rounded weight less the
+    when no scaling beats plain rounding. ``mean_abs`` and ``hessian`` are the layer's :class:`ActivationStatistics`.
+    The error ``||X D^T||^2`` (``D`` the rounded weight less the
     weight) is taken as ``tr(D H D^T)`` under the layer's Hessian, not the rows again for every point of the grid."""
     # the candidates' errors through bf16 products (the sum of each row of products in fp32): on the real SmolLM2's
     # layers the same alpha as in fp32 at half the search's time (benchmarks/results/real_llm.md)
-    gram = stats.hessian.matrix.to(weight.device).bfloat16()
-    mean_abs = stats.mean_abs.to(weight.device).clamp(min=1e-4)
+    gram = hessian.to(weight.device).bfloat16()
+    mean_abs = mean_abs.to(weight.device).clamp(min=1e-4)
     rows, cols = weight.shape
     grouped = weight.abs().reshape(rows, cols // group_size, group_size)
     weight_mag = (grouped / grouped.amax(-1, keepdim=True).clamp(min=1e-8)).reshape(rows, cols).mean(0)
@@ -138,16 +142,18 @@ def search_clip(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, sy
 
 
 def awq_quantize(weight: torch.Tensor, stats: ActivationStatistics, group_size: int, symmetric: bool, *,
-                 grid_points: int = 20, clip: bool = True) -> tuple[Int4Weight, float | None]:
+                 grid_points: int = 20, clip: bool = True,
+                 hessian: torch.Tensor | None = None) -> tuple[Int4Weight, float | None]:
     """AWQ of ``weight`` ``[N, K]``: scale search, then clip search, then rounding on the clipped
-    grid. Returns the weight and the ``alpha`` chosen (None: no scale)."""
+    grid. Returns the weight and the ``alpha`` chosen (None: no scale). ``hessian``: ``stats.hessian.matrix``, where
+    the caller has it already."""
     weight = weight.detach().float()
-    scale, alpha = search_scale(weight, stats, group_size, symmetric, grid_points)
+    hessian = (stats.hessian.matrix if hessian is None else hessian).to(weight.device)
+    scale, alpha = search_scale(weight, stats.mean_abs, hessian, group_size, symmetric, grid_points)
     scaled = weight * scale[None, :] if scale is not None else weight
     rows, cols = scaled.shape
     if clip:
-        hessian = scaled_hessian(stats.hessian.matrix.to(weight.device), scale)
-        ratio = search_clip(scaled, hessian, group_size, symmetric)[..., None]
+        ratio = search_clip(scaled, scaled_hessian(hessian, scale), group_size, symmetric)[..., None]
         grouped = scaled.reshape(rows, cols // group_size, group_size)
         clipped = torch.clamp(grouped, grouped.amin(-1, keepdim=True) * ratio, grouped.amax(-1, keepdim=True) * ratio)
         scales, zeros = group_grid(clipped.reshape(rows, cols), group_size, symmetric)
@@ -159,11 +165,12 @@ def awq_quantize(weight: torch.Tensor, stats: ActivationStatistics, group_size: 
 
 
 def _quantize(weight: torch.Tensor, stats: ActivationStatistics, config: AWQConfig) -> Quantized:
+    hessian = stats.hessian.matrix
     packed, alpha = awq_quantize(weight, stats, config.group_size, config.symmetric,
-                                 grid_points=config.awq_grid, clip=config.awq_clip)
+                                 grid_points=config.awq_grid, clip=config.awq_clip, hessian=hessian)
     # the reported error through bf16 products, as the searches' (a share of a percent of it, for ranking layers)
     absolute, relative = output_errors(weight.detach().float().cpu(), packed.effective_weight(),
-                                       stats.hessian.matrix.cpu().bfloat16())
+                                       hessian.cpu().bfloat16())
     return Quantized(packed, relative, alpha, output_error=absolute)
 
 

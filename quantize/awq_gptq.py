@@ -27,12 +27,10 @@ from infopt.quantize.int4_methods import Int4Method, Quantized, register, relati
 
 def _quantize(weight: torch.Tensor, statistic: ActivationStatistics, config: AWQGPTQConfig) -> Quantized:
     weight = weight.detach().float()
-    scale, alpha = search_scale(weight, statistic, config.group_size, config.symmetric, config.awq_grid)
     hessian = statistic.hessian.matrix
-    scaled = weight
-    if scale is not None:
-        scale = scale.to(hessian.device)
-        scaled = weight * scale.to(weight.device)[None, :]
+    scale, alpha = search_scale(weight, statistic.mean_abs, hessian, config.group_size, config.symmetric,
+                                config.awq_grid)
+    scaled = weight if scale is None else weight * scale[None, :]
     packed, absolute = gptq.gptq_with_error(scaled, scaled_hessian(hessian, scale), config.group_size, config.symmetric,
                                             config.damp, config.act_order, config.block_size)
     packed = dataclasses.replace(packed, input_scale=ones_if_none(scale, weight.shape[1]))

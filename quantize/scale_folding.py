@@ -30,10 +30,9 @@ scales by ``1 + w`` moves them by far more"""
 
 @dataclass
 class Fold:
-    """One unit's layers and the norm that now divides their input by ``scale``."""
+    """One unit's layers, whose input the norm before them now divides by ``scale``."""
 
     names: list[str]
-    norm: nn.Module
     scale: torch.Tensor
 
 
@@ -48,7 +47,7 @@ def _is_norm(module: nn.Module, features: int) -> bool:
     return bias is None or bias.shape == weight.shape
 
 
-def _watch(block: nn.Module, members: dict[str, nn.Module]):
+def _watch(block: nn.Module):
     """Hooks recording what each module of ``block`` is given and gives on one run."""
     given: dict[nn.Module, list] = {}
     gave: dict[nn.Module, list] = {}
@@ -62,15 +61,15 @@ def _watch(block: nn.Module, members: dict[str, nn.Module]):
         gave.setdefault(module, []).append(output if isinstance(output, torch.Tensor) else None)
 
     handles = []
-    for module in {*block.modules(), *members.values()}:
+    for module in block.modules():
         handles.append(module.register_forward_pre_hook(before))
         handles.append(module.register_forward_hook(after))
     return given, gave, handles
 
 
-def _run(block: nn.Module, members: dict[str, nn.Module], inputs) -> tuple[dict, dict]:
+def _run(block: nn.Module, inputs) -> tuple[dict, dict]:
     args, kwargs = inputs
-    given, gave, handles = _watch(block, members)
+    given, gave, handles = _watch(block)
     try:
         with torch.no_grad():
             block(*args, **kwargs)
@@ -111,10 +110,6 @@ def _divide(norm: nn.Module, scale: torch.Tensor) -> dict[str, torch.Tensor]:
     return saved
 
 
-def _first(outputs: list) -> torch.Tensor:
-    return outputs[0]
-
-
 def _relative_change(before: torch.Tensor, after: torch.Tensor) -> float:
     reference = float(before.float().norm())
     return float((after.float() - before.float()).norm()) / max(reference, 1e-12)
@@ -126,7 +121,7 @@ def fold_input_scales(block: nn.Module, members: dict[str, nn.Module], units: li
     ``members``: each layer's name and its module in ``block`` (an INT4 layer, or a wrapper with ``.packed``);
     ``inputs``: one calibration input of the block, ``(args, kwargs)``. One unit is folded and checked at a time;
     a fold whose check fails is undone. Returns the folds kept."""
-    given, gave = _run(block, members, inputs)
+    given, gave = _run(block, inputs)
     kept = []
     for unit in units:
         found = _candidate(unit, members, given, gave)
@@ -137,11 +132,11 @@ def fold_input_scales(block: nn.Module, members: dict[str, nn.Module], units: li
         saved = _divide(norm, scale)
         for layer in layers:
             layer.input_scale = None
-        _, now = _run(block, members, inputs)
+        _, now = _run(block, inputs)
         changes = [_relative_change(gave[members[n]][0], now[members[n]][0]) for n in unit]
-        changes.append(_relative_change(_first(gave[block]), _first(now[block])))
+        changes.append(_relative_change(gave[block][0], now[block][0]))
         if max(changes) <= FOLD_TOLERANCE:
-            kept.append(Fold(unit, norm, scale))
+            kept.append(Fold(unit, scale))
             continue
         for name, value in saved.items():
             getattr(norm, name).data = value

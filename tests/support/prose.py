@@ -1,4 +1,4 @@
-"""The measure of a document's prose that the docs tests hold it to: words per sentence.
+"""The measures the docs tests hold a page to: words per sentence, and links that reach a file and a heading.
 
 Code blocks, tables, headings and link-only lines are not prose and are left out. A sentence ends at
 ``.``, ``!`` or ``?`` followed by a space or the end of a paragraph; a list item is a sentence even
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import statistics
+from pathlib import Path
 
 _FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 _END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9`*(\"'])")
@@ -51,3 +52,27 @@ def sentence_lengths(markdown: str) -> list[int]:
 def median_sentence_words(markdown: str) -> float:
     lengths = sentence_lengths(markdown)
     return statistics.median(lengths) if lengths else 0.0
+
+
+_LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def anchors(markdown: str) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#{1,6}\s+(.+?)\s*$", _FENCE.sub("", markdown), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower().replace("`", "")).replace(" ", "-") for h in headings}
+
+
+def broken_links(path: Path) -> list[str]:
+    """Each relative link of ``path`` whose file (or heading) is not there, outside code blocks."""
+    found = []
+    for target in _LINK.findall(_FENCE.sub("", path.read_text())):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):
+            continue  # https:, mailto:
+        file_part, _, anchor = target.partition("#")
+        resolved = (path.parent / file_part).resolve() if file_part else path
+        if not resolved.exists():
+            found.append(f"{path}: {target} (no {resolved})")
+        elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved.read_text()):
+            found.append(f"{path}: {target} (no heading #{anchor} in {resolved})")
+    return found
