@@ -52,13 +52,10 @@ class Hessian:
         return self.sum * (2.0 / max(self.rows, 1))
 
 
-def _inverse_cholesky(h: torch.Tensor, damp: float) -> tuple[torch.Tensor, float]:
-    """Upper Cholesky factor of ``(H + lam * I)^-1`` and the ``lam`` it took: ``damp * mean(diag H)``, raised until
-    ``H`` factors (a rank-deficient ``H`` comes from too few calibration rows).
-
-    With ``J`` the reversal of the order, ``J H J = L L^T`` makes ``H = R R^T`` with ``R = J L J`` upper triangular,
-    so ``H^-1 = (R^-1)^T R^-1``: the factor is ``R^-1 = J L^-1 J``. One Cholesky and one triangular inverse, where
-    inverting ``H`` and factoring its inverse take two Cholesky factorizations and an inverse."""
+def _hessian_factor(h: torch.Tensor, damp: float) -> tuple[torch.Tensor, float]:
+    """The lower Cholesky factor ``L`` of ``J (H + lam * I) J``, ``J`` the reversal of the order, and the ``lam`` it
+    took: ``damp * mean(diag H)``, raised until ``H`` factors (a rank-deficient ``H`` comes from too few
+    calibration rows). ``H + lam * I = A^T A`` with ``A = J L^T J`` lower triangular: see :class:`_Reach`."""
     mean = float(torch.mean(torch.diag(h)))
     reversed_h = h.flip(0, 1)  # a copy; its diagonal is H's, reversed
     added = 0.0
@@ -68,26 +65,39 @@ def _inverse_cholesky(h: torch.Tensor, damp: float) -> tuple[torch.Tensor, float
         added = lam
         factor, info = torch.linalg.cholesky_ex(reversed_h)
         if int(info) == 0:
-            return _lower_inverse(factor).flip(0, 1), lam
+            return factor, lam
     raise torch.linalg.LinAlgError("the Hessian is not positive definite even with 1e5x damping")
 
 
-TRIANGULAR_BLOCK = 512
-"""below this size a triangular inverse is one triangular solve; above it, two half-size inverses and two products,
-which run at the matrix product's speed (timed in benchmarks/results/real_llm.md)"""
+class _Reach:
+    """How the rounding errors of earlier columns move each later column's optimal value.
 
+    With ``H = A^T A``, ``A`` lower triangular, the error ``tr(E H E^T)`` is the sum over columns ``k`` of
+    ``(sum_{j <= k} A_kj e_j)^2``: once columns ``j < k`` are rounded, column ``k``'s best value is
+    ``w_k + sum_{j < k} (A_kj / A_kk) e_j``, and the step's loss is ``A_kk`` times what rounding it then misses.
+    That is GPTQ's update, since ``A`` is the inverse transpose of its factor (the upper Cholesky factor of
+    ``H^-1``), with one Cholesky factorization and no inverse. ``A = J L^T J`` is never built: its rows are read
+    from ``L`` as a transposed slice, against the errors kept in reverse order."""
 
-def _lower_inverse(lower: torch.Tensor) -> torch.Tensor:
-    """``L^-1`` of a lower triangular ``L``: ``[[A, 0], [C, D]]^-1 = [[A^-1, 0], [-D^-1 C A^-1, D^-1]]``."""
-    n = lower.shape[0]
-    if n <= TRIANGULAR_BLOCK:
-        return torch.linalg.solve_triangular(lower, torch.eye(n, dtype=lower.dtype, device=lower.device), upper=False)
-    half = n // 2
-    out = torch.zeros_like(lower)
-    first, last = _lower_inverse(lower[:half, :half]), _lower_inverse(lower[half:, half:])
-    out[:half, :half], out[half:, half:] = first, last
-    torch.mm(last, lower[half:, :half] @ first, out=out[half:, :half]).neg_()
-    return out
+    def __init__(self, lower: torch.Tensor, rows: int):
+        self.lower, self.cols = lower, lower.shape[0]
+        self.pivots = torch.diagonal(lower).flip(0)  # A_kk, in the columns' order
+        self.errors = torch.zeros(self.cols, rows, dtype=lower.dtype, device=lower.device)
+        """``e_j = w_j - q_j`` of the rounded columns, column ``j`` in row ``cols - 1 - j``"""
+
+    def error_row(self, col: int) -> torch.Tensor:
+        return self.errors[self.cols - 1 - col]
+
+    def carried(self, start: int, end: int, before: int) -> torch.Tensor:
+        """``sum_{j < before} (A_kj / A_kk) e_j`` for each column ``k`` in ``[start, end)``: ``[end - start, N]``."""
+        k = self.cols
+        past = self.lower[k - before:, k - end:k - start].T @ self.errors[k - before:]
+        return past.flip(0).div_(self.pivots[start:end, None])
+
+    def block(self, start: int, end: int) -> torch.Tensor:
+        """``A[start:end, start:end]``, lower triangular."""
+        k = self.cols
+        return self.lower[k - end:k - start, k - end:k - start].flip(0, 1).T
 
 
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, symmetric: bool, *,
@@ -109,9 +119,12 @@ def gptq_with_error(weight: torch.Tensor, hessian: torch.Tensor, group_size: int
     dead = torch.diag(h) == 0
     h[dead, dead] = 1
     w[:, dead] = 0
-    perm = torch.argsort(torch.diag(h), descending=True) if act_order else torch.arange(cols, device=w.device)
-    w, h = w[:, perm], h[perm][:, perm]
-    hinv, lam = _inverse_cholesky(h, damp)
+    if act_order:  # gathering a wide H takes as long as half its factorization: only when the order changes
+        perm = torch.argsort(torch.diag(h), descending=True)
+        w, h = w[:, perm], h[perm][:, perm]
+    lower, lam = _hessian_factor(h, damp)
+    reach = _Reach(lower, rows)
+    pivots = reach.pivots.tolist()  # each column's A_kk as a number: no tensor indexed per column
 
     # columns as rows ([K, N]): each column GPTQ rounds is contiguous, and its error reaches the rest of the lazy
     # block in one rank-1 update (addr_)
@@ -120,37 +133,45 @@ def gptq_with_error(weight: torch.Tensor, hessian: torch.Tensor, group_size: int
     scales = torch.zeros(groups, rows, device=w.device)
     zeros = torch.zeros(groups, rows, device=w.device)
     codes = torch.zeros(cols, rows, device=w.device)
-    pivots = torch.diagonal(hinv).tolist()  # each column's divisor as a number: no tensor indexed per column
     damped = 0.0
+    block_size = -(-max(block_size, group_size) // group_size) * group_size  # whole groups in each block
     for start in range(0, cols, block_size):
         end = min(start + block_size, cols)
-        block = wt[start:end].clone()
-        errors = torch.zeros_like(block)
-        hblock = hinv[start:end, start:end]
+        # each column's optimal value given every column before the block: one product a block (lazy updates)
+        block = reach.carried(start, end, start).add_(wt[start:end])
+        lower = reach.block(start, end)
+        inner = (lower / torch.diagonal(lower)[:, None]).T.contiguous()  # row i: column i's reach in the block
+        loss = torch.zeros_like(block)
         for i in range(end - start):
             col = start + i
             if col % group_size == 0:
-                inside = block[i:i + group_size]
-                ahead = torch.cat([inside, wt[end:end + group_size - inside.shape[0]]], dim=0)
-                scale, zero = grid(ahead.T, symmetric)
+                # the group's grid from its columns' optimal values given the columns rounded so far: GPTQ's
+                # updated weights. block holds partial sums; the group's own triangle of A completes them
+                ahead = slice(i, i + group_size)
+                partial = (block[ahead] - wt[col:col + group_size]).mul_(reach.pivots[col:col + group_size, None])
+                best = torch.linalg.solve_triangular(lower[ahead, ahead], partial, upper=False)
+                scale, zero = grid(best.add_(wt[col:col + group_size]).T, symmetric)
                 scales[col // group_size], zeros[col // group_size] = scale, zero
-            # written into their rows of codes and errors, each step in place: the loop runs once per input
+            # written into their rows of codes and losses, each step in place: the loop runs once per input
             # feature, and its cost is the ops' count more than their size
-            column, code, err = block[i], codes[col], errors[i]
+            column, code, err, gone = block[i], codes[col], loss[i], reach.error_row(col)
             torch.div(column, scale, out=code).round_().add_(zero).clamp_(0, MAXQ)
             torch.sub(code, zero, out=err).mul_(scale)
-            torch.sub(column, err, out=err).div_(pivots[col])
-            block[i + 1:].addr_(hblock[i, i + 1:], err, alpha=-1)
-        wt[end:].addmm_(hinv[start:end, end:].T, errors, alpha=-1)
-        damped += float(errors.square().sum(dtype=torch.float64))
+            torch.sub(wt[col], err, out=gone)
+            torch.sub(column, err, out=err).mul_(pivots[col])
+            block[i + 1:].addr_(inner[i, i + 1:], gone)
+        damped += float(loss.square().sum(dtype=torch.float64))
     codes, scales, zeros = codes.T, scales.T, zeros.T
 
-    inverse = torch.argsort(perm).cpu()
-    g_idx = (torch.arange(cols) // group_size)[inverse] if act_order else None
-    packed = Int4Weight.from_codes(codes.cpu()[:, inverse], scales.cpu(), zeros.cpu(), group_size, symmetric,
-                                   g_idx=g_idx)
+    codes, w = codes.cpu(), w.cpu()
+    g_idx = None
+    if act_order:
+        inverse = torch.argsort(perm).cpu()
+        g_idx = (torch.arange(cols) // group_size)[inverse]
+        codes, w = codes[:, inverse], w[:, inverse]
+    packed = Int4Weight.from_codes(codes, scales.cpu(), zeros.cpu(), group_size, symmetric, g_idx=g_idx)
     # E taken on what was rounded: the weight with its dead columns zeroed (H has no row for them), in its order
-    spread = float(torch.sub(w.cpu()[:, inverse], packed.effective_weight()).square().sum(dtype=torch.float64))
+    spread = float(torch.sub(w, packed.effective_weight()).square().sum(dtype=torch.float64))
     return packed, max(damped - lam * spread, 0.0)
 
 

@@ -12,7 +12,7 @@ from infopt.core.errors import UsageError
 from infopt.quantize.awq import ActivationStatistics, awq_quantize
 from infopt.quantize.gptq import Hessian, gptq_quantize
 from infopt.quantize.int4_config import GPTQConfig, Int4Config
-from infopt.quantize.int4_format import Int4Linear, decompose_int4, pack_int4, unpack_int4
+from infopt.quantize.int4_format import Int4Linear, decompose_int4, grid, pack_int4, unpack_int4
 from infopt.quantize.int4_methods import handler_for, output_errors, weighted_error
 from infopt.quantize.rtn import rtn_quantize
 from infopt.quantize.weight_only import calibrate_int4, layer_groups, quantize_int4
@@ -119,23 +119,55 @@ def test_a_bf16_models_hessian_is_the_float32_sum_of_its_activations_to_bf16_rou
 
 
 @pytest.mark.parametrize("features", [64, 1000])
-def test_gptq_factor_is_the_upper_cholesky_factor_of_the_damped_inverse(features):
-    """One Cholesky of the reversed matrix and a triangular inverse (blocked above 512 features) give ``U`` with
-    ``U^T U = (H + lam I)^-1``; too few rows for ``H`` to factor raise the damping instead of failing."""
-    from infopt.quantize.gptq import _inverse_cholesky
+def test_gptq_factor_is_the_inverse_transpose_of_the_upper_cholesky_factor_of_the_damped_inverse(features):
+    """One Cholesky of the reversed matrix gives ``A`` (lower) with ``A^T A = H + lam I``, the inverse transpose of
+    GPTQ's factor ``U`` (``U^T U = (H + lam I)^-1``); too few rows for ``H`` to factor raise the damping."""
+    from infopt.quantize.gptq import _hessian_factor, _Reach
 
     x = correlated_inputs(4 * features, features).double()
     h = x.T @ x / x.shape[0]
-    factor, lam = _inverse_cholesky(h.float(), 0.01)
+    lower, lam = _hessian_factor(h.float(), 0.01)
     assert lam == pytest.approx(0.01 * float(h.diagonal().mean()), rel=1e-5)
-    assert torch.equal(factor, factor.triu())
-    wanted = torch.linalg.inv(h + lam * torch.eye(features, dtype=torch.float64))
-    # fp32 with loud features: inverting H and factoring the inverse came within 1.4e-4 at 1,000 features too
-    assert float((factor.double().T @ factor.double() - wanted).norm() / wanted.norm()) < 1e-3
+    damped = h + lam * torch.eye(features, dtype=torch.float64)
+    a = _Reach(lower, 1).block(0, features).double()
+    assert torch.equal(a, a.tril())
+    assert float((a.T @ a - damped).norm() / damped.norm()) < 1e-5
+    upper = torch.linalg.cholesky(torch.linalg.inv(damped), upper=True)
+    assert float((a - torch.linalg.inv(upper).T).norm() / a.norm()) < 1e-3
     few = x[: features // 2]  # fewer rows than features: H is singular, and factors once damped enough
     singular = (few.T @ few / few.shape[0]).float()
-    factor, lam = _inverse_cholesky(singular, 1e-9)
-    assert lam > 1e-9 * float(singular.diagonal().mean()) and bool(torch.isfinite(factor).all())
+    lower, lam = _hessian_factor(singular, 1e-9)
+    assert lam > 1e-9 * float(singular.diagonal().mean()) and bool(torch.isfinite(lower).all())
+
+
+def test_gptq_without_an_inverse_rounds_as_algorithm_1_does():
+    """In float64, rounding each column at its optimal value read from ``A`` (no inverse) gives the codes of GPTQ's
+    Algorithm 1 with ``H^-1``'s factor, groups of 32 and act-order included, and the same loss."""
+    import infopt.quantize.gptq as gptq
+
+    torch.set_default_dtype(torch.float64)
+    try:
+        features, rows = 256, 24
+        x = correlated_inputs(1024, features, seed=2).double()
+        h = x.T @ x / x.shape[0]
+        w = torch.randn(rows, features, generator=torch.Generator().manual_seed(4), dtype=torch.float64) * 0.05
+        for group, act_order in ((32, False), (64, True)):
+            damped = h + 0.01 * float(h.diagonal().mean()) * torch.eye(features)
+            order = torch.argsort(torch.diag(h), descending=True) if act_order else torch.arange(features)
+            u = torch.linalg.cholesky(torch.linalg.inv(damped[order][:, order]), upper=True)
+            target, codes = w[:, order].clone(), torch.zeros(rows, features)
+            for col in range(features):  # Algorithm 1, one column at a time
+                if col % group == 0:
+                    scale, zero = grid(target[:, col:col + group], False)
+                codes[:, col] = torch.clamp(torch.round(target[:, col] / scale) + zero, 0, 15)
+                err = (target[:, col] - (codes[:, col] - zero) * scale) / u[col, col]
+                target[:, col:] -= err[:, None] * u[col, col:][None, :]
+            packed = gptq.gptq_quantize(w, h, group, False, act_order=act_order, block_size=128)
+            got = unpack_int4(packed.qweight).to(codes.dtype)[:, order]
+            assert torch.equal(got, codes)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
 
 @pytest.mark.parametrize("act_order", [False, True])
 def test_gptq_reports_the_output_error_of_the_weight_it_wrote(act_order):
