@@ -3,10 +3,11 @@
 Frantar, Ashkboos, Hoefler, Alistarh, "GPTQ: Accurate Post-Training Quantization for Generative
 Pre-trained Transformers", ICLR 2023 (arXiv:2210.17323), Algorithm 1. For a layer ``y = x W^T``
 it minimizes ``||X W^T - X Q^T||^2`` column by column: with the Hessian ``H = 2 X^T X / n`` of
-that loss, each column ``w_k`` is rounded to ``q_k`` and the error ``(w_k - q_k) / [H^-1]_kk`` is
-spread over the not-yet-quantized columns through row ``k`` of ``H^-1`` (its upper Cholesky
-factor, so every update is one rank-1 step). Columns are processed in blocks of ``block_size``
-with lazy batch updates (Sec. 3 "Lazy Batch-Updates"); ``damp`` times the mean diagonal is added
+that loss, each column ``w_k`` is rounded to ``q_k`` at its optimal value given the columns rounded
+before it. The paper spreads each error over later columns through the upper Cholesky factor of
+``H^-1``; here each column reads the same value from the lower factor of ``H`` itself (:class:`_Reach`),
+one factorization and no inverse. Columns are processed in blocks of ``block_size`` with lazy batch
+updates (Sec. 3 "Lazy Batch-Updates"); ``damp`` times the mean diagonal is added
 to ``H`` for numerical stability ("Cholesky Reformulation"). ``act_order`` processes columns in
 order of decreasing ``H_kk`` (the activation-order heuristic of the reference code), and the
 result then needs ``g_idx``: the group of each input feature in that order.
