@@ -4,7 +4,7 @@ Host microseconds per call (a loop of N calls timed with ``perf_counter``, the G
 and after, warmed up first) for: torch's own ``F.rms_norm``, allocations (``torch.empty``,
 ``torch.zeros``), infopt's eager ``rms_norm`` and ``w4a16_linear`` (M = 1, 4096 x 4096), Triton's plain
 ``kernel[grid](...)`` launch of the RMSNorm kernel, a launch of the compiled kernel that
-``kernels/launcher.py`` remembers, and the specialization key it computes per call. Bandwidth and
+``gpu_kernels/launcher.py`` remembers, and the specialization key it computes per call. Bandwidth and
 kernel times are in ``bench_w4a16.py``; this script times only the host side.
 
     python benchmarks/bench_launch_overhead.py [--calls 3000] [--markdown FILE]

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # folder on disk -> import name (pyproject.toml's package-dir)
 FOLDERS = {"optimize": "infopt", "core": "infopt.core", "runtime": "infopt.runtime", "passes": "infopt.passes",
-           "quantize": "infopt.quantize", "kernels": "infopt.kernels",
+           "quantize": "infopt.quantize", "gpu_kernels": "infopt.kernels",
            "exporters": "infopt.exporters", "validators": "infopt.validators", "recipes": "infopt.recipes"}
 
 # lowest first; a module belongs to the longest prefix that names it

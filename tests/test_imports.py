@@ -41,10 +41,34 @@ def test_module_imports(name):
     assert module.__name__ == name
 
 
+def _package_folders() -> dict[str, str]:
+    from pathlib import Path
+
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    return tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+
+
 def test_no_top_level_modules_leak():
-    for leaked in ("passes", "kernels", "validators", "exporters", "quantize", "optimize", "core", "runtime"):
-        spec = importlib.util.find_spec(leaked)
-        assert spec is None or "site-packages" not in str(spec.origin or ""), leaked
+    """infopt installs one top-level name, ``infopt``: none of its source folders becomes a module of its own."""
+    import importlib.metadata
+
+    installs = importlib.metadata.packages_distributions()
+    for folder in _package_folders().values():
+        assert "infopt" not in installs.get(folder, []), folder
+    assert "infopt" in installs.get("infopt", [])
+
+
+def test_no_source_folder_shadows_an_installed_module():
+    """The checkout's root is on ``sys.path`` in the tests, so a source folder named like an installed module hides
+    that module from everything that imports it: ``kernels/`` hid Hugging Face's ``kernels``, which transformers
+    imports, and every transformers model failed to load."""
+    import importlib.metadata
+
+    installs = importlib.metadata.packages_distributions()
+    clashes = {folder: installs[folder] for folder in _package_folders().values() if folder in installs}
+    assert not clashes, f"source folders named like installed modules: {clashes}"
 
 
 def test_recipes_are_package_data():

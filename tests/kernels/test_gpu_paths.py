@@ -43,7 +43,7 @@ def test_direct_launch_op_and_reference_agree(dtype, M):
     args = (layer.qweight, layer.scales, layer.zeros, layer.perm, layer.bias, layer.group_size)
     with torch.inference_mode():
         first = w4a16_linear(x, *args)  # through Triton's launcher and the autotuner
-        direct = w4a16_linear(x, *args)  # the remembered compiled kernel (kernels/launcher.py)
+        direct = w4a16_linear(x, *args)  # the remembered compiled kernel (gpu_kernels/launcher.py)
         through_op = w4a16.registered()(x, *args)
     reference = w4a16_linear_torch(x.cpu(), *[a.cpu() if isinstance(a, torch.Tensor) else a for a in args])
     # split-K tiles add their parts atomically, in no fixed order: the paths agree to rounding, not bit for bit
