@@ -68,6 +68,8 @@ class GPTQConfig(Int4MethodConfig):
     act_order: bool = Field(False, description="GPTQ: quantize columns by decreasing Hessian diagonal (needs g_idx)")
     damp: float = Field(0.01, gt=0, description="GPTQ: damping, as a fraction of the Hessian's mean diagonal")
     block_size: int = Field(128, ge=1, description="GPTQ: columns per lazy batch update")
+    group_order: bool = Field(True, description="GPTQ without act-order: whole groups by decreasing largest Hessian "
+                              "diagonal, each group's columns likewise (no g_idx)")
 
 
 class AWQScaleSearch(Int4MethodConfig):

@@ -44,6 +44,12 @@ from infopt.runtime.backend import package_version
 CHECKPOINT_DIR = "servers/vllm"
 
 
+def _column_order(config) -> str:
+    if getattr(config, "act_order", False):
+        return ", act-order"
+    return ", whole groups by importance" if getattr(config, "group_order", False) else ""
+
+
 class QuantizeInt4Options(PassOptions, Int4Config):
     SETTINGS: ClassVar[dict[str, str]] = {"method": "int4_method", "group_size": "group_size",
                                           "act_order": "act_order", "checkpoint": "int4_checkpoint",
@@ -226,7 +232,7 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
     sizes = sorted({row["group_size"] for row in layers}, reverse=True)
     grid = f"group size {'/'.join(map(str, sizes)) or config.group_size}, {'symmetric' if config.symmetric else 'asymmetric'}"
     notes = [f"{len(layers)} Linear layers to INT4 with {method.upper()} ({grid}"
-             + (", act-order" if getattr(config, "act_order", False) else "") + ")"]
+             + _column_order(config) + ")"]
     restored = set(fallback["restored"]) if fallback else set()
     for_8bit = result.for_8bit
     notes += [f"kept {name} in float: {why}" for name, why in result.kept.items()

@@ -142,7 +142,7 @@ def test_gptq_factor_is_the_inverse_transpose_of_the_upper_cholesky_factor_of_th
 
 def test_gptq_without_an_inverse_rounds_as_algorithm_1_does():
     """In float64, rounding each column at its optimal value read from ``A`` (no inverse) gives the codes of GPTQ's
-    Algorithm 1 with ``H^-1``'s factor, groups of 32 and act-order included, and the same loss."""
+    Algorithm 1 with ``H^-1``'s factor: in the weight's order, in act-order, and in whole groups by importance."""
     import infopt.quantize.gptq as gptq
 
     torch.set_default_dtype(torch.float64)
@@ -151,9 +151,14 @@ def test_gptq_without_an_inverse_rounds_as_algorithm_1_does():
         x = correlated_inputs(1024, features, seed=2).double()
         h = x.T @ x / x.shape[0]
         w = torch.randn(rows, features, generator=torch.Generator().manual_seed(4), dtype=torch.float64) * 0.05
-        for group, act_order in ((32, False), (64, True)):
+        for group, act_order, group_order in ((32, False, False), (64, True, False), (32, False, True)):
             damped = h + 0.01 * float(h.diagonal().mean()) * torch.eye(features)
             order = torch.argsort(torch.diag(h), descending=True) if act_order else torch.arange(features)
+            if group_order:
+                order = gptq._groups_by_importance(torch.diag(h), group)[0]
+                # whole groups: each one's columns are those of one group of the weight's own order
+                members = order.reshape(-1, group).div(group, rounding_mode="floor")
+                assert bool((members == members[:, :1]).all()) and not torch.equal(order, torch.arange(features))
             u = torch.linalg.cholesky(torch.linalg.inv(damped[order][:, order]), upper=True)
             target, codes = w[:, order].clone(), torch.zeros(rows, features)
             for col in range(features):  # Algorithm 1, one column at a time
@@ -162,9 +167,11 @@ def test_gptq_without_an_inverse_rounds_as_algorithm_1_does():
                 codes[:, col] = torch.clamp(torch.round(target[:, col] / scale) + zero, 0, 15)
                 err = (target[:, col] - (codes[:, col] - zero) * scale) / u[col, col]
                 target[:, col:] -= err[:, None] * u[col, col:][None, :]
-            packed = gptq.gptq_quantize(w, h, group, False, act_order=act_order, block_size=128)
+            packed = gptq.gptq_quantize(w, h, group, False, act_order=act_order, block_size=128,
+                                        group_order=group_order)
             got = unpack_int4(packed.qweight).to(codes.dtype)[:, order]
             assert torch.equal(got, codes)
+            assert (packed.g_idx is not None) == act_order
     finally:
         torch.set_default_dtype(torch.float32)
 
