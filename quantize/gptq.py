@@ -135,12 +135,12 @@ def gptq_with_error(weight: torch.Tensor, hessian: torch.Tensor, group_size: int
     dead = torch.diag(h) == 0
     h[dead, dead] = 1
     w[:, dead] = 0
-    groups_first = group_order and not act_order and cols // group_size > 1
-    if groups_first:
-        perm, order = _groups_by_importance(torch.diag(h), group_size)
-        w, h = w[:, perm], h[perm][:, perm]
-    if act_order:  # gathering a wide H takes as long as half its factorization: only when the order changes
+    perm = group_perm = None  # the columns' order, and (whole groups) the groups' order; None: the weight's own
+    if act_order:
         perm = torch.argsort(torch.diag(h), descending=True)
+    elif group_order and cols // group_size > 1:
+        perm, group_perm = _groups_by_importance(torch.diag(h), group_size)
+    if perm is not None:  # gathering a wide H takes as long as half its factorization: only when the order changes
         w, h = w[:, perm], h[perm][:, perm]
     lower, lam = _hessian_factor(h, damp)
     reach = _Reach(lower, rows)
@@ -185,13 +185,14 @@ def gptq_with_error(weight: torch.Tensor, hessian: torch.Tensor, group_size: int
 
     codes, w = codes.cpu(), w.cpu()
     g_idx = None
-    if groups_first:  # back to the weight's own order: codes by column, scales and zeros by group
-        columns, back = torch.argsort(perm).cpu(), torch.argsort(order).cpu()
-        codes, w, scales, zeros = codes[:, columns], w[:, columns], scales[:, back], zeros[:, back]
-    if act_order:
+    if perm is not None:  # back to the weight's own order
         inverse = torch.argsort(perm).cpu()
-        g_idx = (torch.arange(cols) // group_size)[inverse]
         codes, w = codes[:, inverse], w[:, inverse]
+        if group_perm is None:  # act-order: each column names its group
+            g_idx = (torch.arange(cols) // group_size)[inverse]
+        else:  # whole groups: scales and zeros back in the groups' own order
+            back = torch.argsort(group_perm).cpu()
+            scales, zeros = scales[:, back], zeros[:, back]
     packed = Int4Weight.from_codes(codes, scales.cpu(), zeros.cpu(), group_size, symmetric, g_idx=g_idx)
     # E taken on what was rounded: the weight with its dead columns zeroed (H has no row for them), in its order
     spread = float(torch.sub(w, packed.effective_weight()).square().sum(dtype=torch.float64))

@@ -6,6 +6,7 @@ import importlib
 import pkgutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -41,13 +42,18 @@ def test_module_imports(name):
     assert module.__name__ == name
 
 
-def _package_folders() -> dict[str, str]:
-    from pathlib import Path
+ROOT = Path(__file__).resolve().parents[1]
 
+
+def _setuptools() -> dict:
+    """pyproject.toml's ``[tool.setuptools]``: the packages and the folder each is read from."""
     import tomllib
 
-    root = Path(__file__).resolve().parents[1]
-    return tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def _package_folders() -> dict[str, str]:
+    return _setuptools()["package-dir"]
 
 
 def test_no_top_level_modules_leak():
@@ -94,14 +100,9 @@ def test_version_attribute():
 def test_every_package_folder_is_in_the_wheel():
     """A folder with an ``__init__.py`` that pyproject.toml does not list would be left out of a
     built wheel while an editable install still finds it."""
-    from pathlib import Path
-
-    import tomllib
-
-    root = Path(__file__).resolve().parents[1]
-    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    config = _setuptools()
     listed = set(config["packages"])
     for package, folder in config["package-dir"].items():
-        for init in (root / folder).rglob("__init__.py"):
-            parts = init.parent.relative_to(root / folder).parts
+        for init in (ROOT / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(ROOT / folder).parts
             assert ".".join((package, *parts)) in listed, f"{init.parent} is not in pyproject.toml's packages"
