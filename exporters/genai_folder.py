@@ -18,6 +18,7 @@ from typing import Any
 
 from infopt.core import onnx_graph
 from infopt.core.errors import UsageError
+from infopt.exporters.families import genai_model_type
 from infopt.exporters.kv_decoder import PAST, PRESENT, CacheLayout
 
 
@@ -31,10 +32,6 @@ class GenaiFolder:
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json", "chat_template.jinja")
-GENAI_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3_text",
-                         "granite", "olmo", "nemotron", "smollm3"})
-"""``model.type`` values ONNX Runtime GenAI 0.18 runs with the standard decoder inputs; any other decoder is
-its generic ``decoder`` (its ``gpt2`` type expects the builder's own input names)"""
 
 
 def genai_config(config: Any, layout: CacheLayout, context_length: int, source: Path, *, threads: int,
@@ -51,7 +48,7 @@ def genai_config(config: Any, layout: CacheLayout, context_length: int, source: 
     bos, eos, pad = special_tokens(config, layout.vocab, source)
     return {
         "model": {
-            "type": config.model_type if config.model_type in GENAI_TYPES else "decoder",
+            "type": genai_model_type(config),
             "vocab_size": layout.vocab,
             "context_length": context_length,
             "bos_token_id": bos,

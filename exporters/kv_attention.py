@@ -33,6 +33,8 @@ from typing import Any, Iterator
 
 import torch
 
+from infopt.exporters.families import family_of
+
 NAME = "infopt_gqa"
 """the attention implementation's name in transformers' registries while a decoder is captured"""
 MS_DOMAIN = "com.microsoft"
@@ -252,7 +254,7 @@ def fusable(model, context: int) -> str | None:
     window = getattr(config, "sliding_window", None)
     if isinstance(window, int) and window < context:
         return f"a sliding window of {window} tokens, shorter than the context of {context}"
-    if getattr(config, "use_sinks", False) or "gpt_oss" in str(getattr(config, "model_type", "")):
+    if getattr(config, "use_sinks", False) or family_of(config).attention_sinks:
         return "attention sinks"
     if not _attention_layers(model):
         return "no attention layer with a layer index was found"

@@ -238,3 +238,32 @@ def test_no_source_module_holds_a_dated_measurement():
     dated = [f"{path.relative_to(ROOT)}:{number}: {line.strip()[:80]}" for path in modules().values()
              for number, line in enumerate(path.read_text().splitlines(), 1) if DATE.search(line)]
     assert not dated, "\n".join(dated)
+
+
+def model_type_comparisons(source: str, model_types: set[str]) -> list[int]:
+    """The lines of ``source`` that compare a ``model_type``, or compare anything with a family's model type."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        named = {c.value for c in ast.walk(node) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+        if "model_type" in ast.unparse(node) or named & model_types:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_model_type_is_compared_outside_the_families():
+    """A family's quirks live in ``exporters/families/``: elsewhere code asks ``family_of(config)``, never the
+    ``model_type`` itself."""
+    from infopt.exporters.families import FAMILIES
+
+    model_types = {t for family in FAMILIES.all().values() for t in family.model_types}
+    assert {"llama", "qwen2", "gpt_oss"} <= model_types
+    assert model_type_comparisons('if "gpt_oss" in str(getattr(config, "model_type", "")): pass', model_types) == [1]
+    assert model_type_comparisons("kind = 'decoder' if config.model_type in TYPES else 'x'", model_types) == [1]
+    assert model_type_comparisons("if name == 'qwen2': pass", model_types) == [1]
+    assert model_type_comparisons("family = family_of(config)", model_types) == []
+    found = [f"{path.relative_to(ROOT)}:{line}" for module, path in modules().items()
+             if not module.startswith("infopt.exporters.families")
+             for line in model_type_comparisons(path.read_text(), model_types)]
+    assert not found, "\n".join(found)
