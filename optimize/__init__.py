@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING
 from infopt.core.version import __version__
 
 if TYPE_CHECKING:
+    from infopt.api.build_config import BuildConfig
     from infopt.api.builder import BuildResult, build, load
     from infopt.api.gating import gate
     from infopt.api.inprocess import compile
     from infopt.api.sweep import sweep
 
-__all__ = ["build", "load", "gate", "compile", "sweep", "BuildResult", "__version__"]
+__all__ = ["build", "load", "gate", "compile", "sweep", "BuildConfig", "BuildResult", "__version__"]
 
 
 def __getattr__(name: str):
@@ -27,6 +28,10 @@ def __getattr__(name: str):
         from infopt import api
 
         return getattr(api, name)
+    if name == "BuildConfig":
+        from infopt.api.build_config import BuildConfig
+
+        return BuildConfig
     if name == "gate":
         from infopt.api.gating import gate
 

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 from infopt.api import candidates as cand
 from infopt.api import flags, provenance, task_choice
+from infopt.api.build_config import BuildConfig, flag_of
 from infopt.api.build_inputs import (
     latency_feeds,
     outputs_on,
@@ -141,92 +142,82 @@ def _safe_name(text: str) -> str:
 
 
 @older_objects_frozen()
-def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precision: str = "fp32",
-          backend: str = "auto", inputs: Sequence[str] | str | InputSpec | None = None,
-          dims: Sequence[str] | dict | None = None, val: str | Path | None = None,
-          batch_sizes: Sequence[int] | None = None, batch_mix: dict[int, float] | None = None,
-          thresholds: dict[str, float] | None = None,
-          recipe: str | Path | None = None, name: str | None = None, output: str | Path | None = None,
-          force: bool = False, model_class: str | None = None, model_args: str | dict | None = None,
-          allow_pickle: bool = False, max_val_samples: int = DEFAULT_MAX_VAL_SAMPLES,
-          calibration: Any = None, calib_samples: int | None = 128, calib_seed: int = 0, tokenizer: str | None = None,
-          max_drift: str | None = None, pass_options: dict[str, dict[str, Any]] | None = None,
-          int4_method: str | None = None, group_size: int | None = None, act_order: bool = False,
-          int4_checkpoint: str | None = None, calib_method: str | None = None, calib_percentile: float | None = None,
-          calib_bins: int | None = None, smoothquant_alpha: float | None = None,
-          allow_partial: bool = True, strict: bool = False, require_precision: bool = False,
-          progress: bool | Any = True,
-          command: Sequence[str] | None = None, dry_run: bool = False,
-          price_per_hour: float | None = None, task: str | None = None) -> BuildResult | dict[str, Any]:
+def build(model: Any, example_inputs: Any = None, config: BuildConfig | None = None, *, progress: bool | Any = True,
+          command: Sequence[str] | None = None, **settings: Any) -> BuildResult | dict[str, Any]:
     """Build, validate and emit a deployable artifact.
 
     ``model`` is a path (TorchScript, ``.pt2``, state_dict with ``model_class``, ONNX, or a pickled
-    module with ``allow_pickle``) or an ``nn.Module``. The output goes to ``output`` (default
-    ``dist/<name>``), written to a temporary sibling and renamed into place at the end.
+    module with ``allow_pickle``), a Hugging Face folder or hub id, or an ``nn.Module``. ``example_inputs``
+    (a tensor or a tuple of them) give the input spec of a module.
 
-    ``batch_mix`` (``{1: 0.7, 32: 0.3}``, ``--batch-mix``) declares the batch sizes the model serves and each
-    one's share of requests: those sizes are timed, and candidates and INT8 variants are compared by the
-    geometric mean of their speedups weighted by the shares.
+    ``config`` (a :class:`~infopt.api.build_config.BuildConfig`) holds every setting; each keyword in
+    ``settings`` sets the field of its name over it (``precision="int8"``, ``val="val.npz"``,
+    ``output="dist/m"``), validated as that field, and a keyword that names no field is a ``UsageError``.
+    ``docs/guide/python-api.md`` lists the settings. ``progress``: True for a progress display on stderr, False for
+    none, or a ``rich`` console. ``command`` is the command line that asked for the build (the CLI passes it); the
+    manifest records it, or else the Python call.
 
-    ``calibration`` (a path, an iterable or DataLoader, or ``"module:function"``) makes INT8
-    static; ``max_drift`` (``"cosine_mean=0.995"``) is the budget the INT8 fallback holds and the
-    verdict checks; ``pass_options`` overrides recipe options by pass name. ``int4_method``, ``group_size``,
-    ``act_order``, ``int4_checkpoint`` (INT4), ``calib_method``, ``calib_percentile``, ``calib_bins`` and
-    ``smoothquant_alpha`` (static INT8) are the command line's flags of those names: build settings that the
-    passes taking them put in their options (``core.registry.BuildSettings``). When one of several
-    candidates fails to build or to run, the others are judged, the best that passes ships and the
-    failures are listed (the manifest's and report's candidate tables, a warning from the CLI);
-    ``strict`` (or ``allow_partial=False``) stops the build instead (``BuildError``, naming each
-    failure). When every candidate fails, the build stops either way. INT8 on a CPU target
-    ships FP32 when no INT8 graph is faster here, unless ``require_precision``. ``command`` is the
-    command line that asked for the build (the CLI passes it); the manifest records it, or else the
-    Python call. ``price_per_hour`` (USD) replaces the target's for the report's cost figures; a
-    ``cpu`` target's bandwidth and fp32 peak, which it cannot declare, are measured here for the
-    roofline. ``dry_run``: load the model and resolve everything a build would (target,
-    candidates and their passes, inputs, output folder), write nothing, and return that plan.
+    The output goes to ``output`` (default ``dist/<name>``), written to a temporary sibling and renamed into place
+    at the end. When one of several candidates fails to build or to run, the others are judged, the best that
+    passes ships and the failures are listed; ``strict=True`` stops the build instead (``BuildError``). INT8 on a
+    CPU target ships FP32 when no INT8 graph is faster here, unless ``require_precision``. ``dry_run=True``
+    resolves everything a build would (target, candidates and their passes, inputs, output folder), writes
+    nothing, and returns that plan.
 
-    ``task="text-generation"`` builds a Hugging Face causal LM (its folder or hub id) as its decoder
-    with the KV cache, an ONNX Runtime GenAI folder judged by generating from it (fp32, int8, int4 for
-    the ``cpu`` target; ``calibration`` a text file for int4; ``val`` a text file; ``max_drift`` top1
-    and ppl_delta; ``int4_method``, ``group_size`` and ``act_order`` for INT4).
-    ``task="logits"`` builds one graph from the inputs to the head's output. Without ``task``, a
-    causal LM builds text-generation wherever that builds what was asked, and everything else logits;
-    a causal LM kept on logits says why on the progress console.
+    ``task="text-generation"`` builds a Hugging Face causal LM as its decoder with the KV cache, an ONNX Runtime
+    GenAI folder judged by generating from it. ``task="logits"`` builds one graph from the inputs to the head's
+    output. Without ``task``, a causal LM builds text-generation wherever that builds what was asked, and
+    everything else logits; a causal LM kept on logits says why on the progress console.
     """
-
-    defaults = build.__wrapped__.__kwdefaults__  # build is wrapped by older_objects_frozen
+    config = BuildConfig.of(config, **settings)
     console = _console(progress)
-    routed = task_choice.generation_arguments(model, task, locals(), defaults,
-                                              lambda text: console and console.print(text, markup=False, soft_wrap=True))
-    if routed is not None:
-        return build_generation(model, **routed, command=list(command) if command else None, console=console)
-    times = StepTimes()
-    call = call_text(model, {k: v for k, v in locals().items() if k in defaults and k not in ("progress", "command")
-                             and v is not None and v != defaults[k]})
+    generation = task_choice.generation_config(model, config, example_inputs,
+                                               lambda text: console and console.print(text, markup=False, soft_wrap=True))
+    if generation is not None:
+        return build_generation(model, generation, command=list(command) if command else None, console=console)
+    extra = config.generation_only_given()
+    if extra:
+        raise UsageError(f"{', '.join(flag_of(key) for key in extra)} only a text-generation build takes; this build is "
+                         "--task logits", fix="drop it, or build a causal LM with --task text-generation")
+    return _build_logits(model, example_inputs, config, console, command)
 
-    target_obj = get_target(target)
-    if recipe:
-        recipes = [load_recipe(recipe)]
+
+def _build_logits(model: Any, example_inputs: Any, config: BuildConfig, console: Any,
+                  command: Sequence[str] | None) -> BuildResult | dict[str, Any]:
+    """The logits graph's build: candidates by target, backend and precision, judged against the eager model."""
+    deploy, source, judged, timed, calib, int4 = (config.deploy, config.source, config.validation, config.timing,
+                                                  config.calib, config.int4)
+    times = StepTimes()
+    given = config.given()
+    call = call_text(model, {**({"example_inputs": example_inputs} if example_inputs is not None else {}), **given})
+
+    target_obj = get_target(deploy.target)
+    if deploy.recipe:
+        recipes = [load_recipe(deploy.recipe)]
         if recipes[0].task is not None:
-            raise UsageError(f"recipe {recipes[0].name} builds {recipes[0].task}, not the logits graph", where=str(recipe),
+            raise UsageError(f"recipe {recipes[0].name} builds {recipes[0].task}, not the logits graph",
+                             where=str(deploy.recipe),
                              fix=f"build it with --task {recipes[0].task} (task='{recipes[0].task}')")
         target_obj.require_precision(recipes[0].precision)
     else:
-        recipes = recipes_for(target_obj, precision, backend)
-    budget = None
-    if max_drift is not None:
-        budget = Budget.parse(max_drift)
+        recipes = recipes_for(target_obj, deploy.precision or "fp32", deploy.backend)
+    budget, thresholds = None, judged.thresholds
+    if judged.max_drift is not None:
+        budget = Budget.parse(judged.max_drift)
         thresholds = {**(thresholds or {}), budget.threshold_name: budget.threshold}
-    mix = _batch_mix(batch_mix, batch_sizes)
+    batch_sizes = timed.batch_sizes
+    mix = _batch_mix(timed.batch_mix, batch_sizes)
     if mix:
         batch_sizes = list(mix)
     settings = BuildSettings.of(
-        require_precision=require_precision, served_batch_sizes=list(batch_sizes or []), batch_mix=mix or {},
-        **flags.int4_settings(int4_method, group_size, act_order, int4_checkpoint),
-        **flags.calibration_settings(calib_method, calib_percentile, calib_bins, smoothquant_alpha))
-    recipes = [flags.with_overrides(r, thresholds, batch_sizes, pass_options) for r in recipes]
+        require_precision=judged.require_precision, served_batch_sizes=list(batch_sizes or []), batch_mix=mix or {},
+        **flags.int4_settings(int4.int4_method, int4.group_size, int4.act_order, int4.int4_checkpoint),
+        **flags.calibration_settings(calib.calib_method, calib.calib_percentile, calib.calib_bins,
+                                     calib.smoothquant_alpha))
+    recipes = [flags.with_overrides(r, thresholds, batch_sizes, deploy.pass_options) for r in recipes]
     for each in recipes:
-        each.preflight(target_obj, calibration is not None, settings)
+        each.preflight(target_obj, calib.calibration is not None, settings)
+    output, force = config.emit.output, config.emit.force
     if output:  # before any work: a folder that cannot be written fails in a second, not after the load
         check_output(Path(output).absolute(), force)
     worker.memory_cap()  # INFOPT_WORKER_MEMORY that is not an amount: exit 2 now, not when a worker starts
@@ -237,22 +228,25 @@ def build(model: Any, example_inputs: Any = None, *, target: str = "cpu", precis
     with times.step("load"):
         if isinstance(model, (str, Path)):
             check_fits(model, f"a {'/'.join(sorted({r.precision for r in recipes}))} build")
-            loaded = load_model(model, model_class=model_class, model_args=model_args, allow_pickle=allow_pickle)
+            loaded = load_model(model, model_class=source.model_class, model_args=source.model_args,
+                                allow_pickle=source.allow_pickle)
         else:
             loaded = from_module(model.eval(), "module", None)
             loaded.source = None
-    spec = resolve_spec(loaded, inputs, dims, example_inputs, val)
-    name = _safe_name(name or loaded.name or (Path(loaded.source).stem if loaded.source else type(model).__name__.lower()))
+    spec = resolve_spec(loaded, source.inputs, source.dims, example_inputs, judged.val)
+    name = _safe_name(config.emit.name or loaded.name
+                      or (Path(loaded.source).stem if loaded.source else type(model).__name__.lower()))
     # absolute from here on: servers' packagers and compilers run in other working directories
     out = (Path(output) if output else Path("dist") / name).absolute()
 
-    if price_per_hour is not None:
-        target_obj = target_obj.model_copy(update={"price_per_hour": price_per_hour})
-    request = BuildRequest(spec, recipes, target_obj, name, out, command, call, force=force, val=val,
-                           max_samples=max_val_samples, console=console, calibration=calibration,
-                           calib_samples=calib_samples, calib_seed=calib_seed, tokenizer=tokenizer, budget=budget,
-                           allow_partial=allow_partial and not strict, batch_mix=mix, times=times, settings=settings)
-    if dry_run:
+    if deploy.price_per_hour is not None:
+        target_obj = target_obj.model_copy(update={"price_per_hour": deploy.price_per_hour})
+    request = BuildRequest(spec, recipes, target_obj, name, out, command, call, force=force, val=judged.val,
+                           max_samples=judged.max_val_samples, console=console, calibration=calib.calibration,
+                           calib_samples=calib.calib_samples, calib_seed=calib.calib_seed, tokenizer=source.tokenizer,
+                           budget=budget, allow_partial=judged.allow_partial and not judged.strict, batch_mix=mix,
+                           times=times, settings=settings)
+    if config.emit.dry_run:
         return _plan(loaded, request)
     with times.step("machine roof"):
         request.target = _with_measured_roof(target_obj)

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from infopt.api import flags, provenance
+from infopt.api.build_config import BuildConfig
 from infopt.api.build_notes import typed_details
 from infopt.api.build_result import BuildResult
 from infopt.api.emit import base_manifest, source_info, write_output
@@ -121,19 +122,20 @@ LM_INPUTS = ("input_ids:int64[batch,seq]", "attention_mask:int64[batch,seq]")
 
 
 @older_objects_frozen()
-def build_generation(model: str | Path, *, output: str | Path | None = None, name: str | None = None,
-                     force: bool = False, val: str | Path | None = None, precision: str | None = None,
-                     target: str = "cpu", calib: str | Path | None = None, max_drift: str | None = None,
-                     int4_method: str | None = None, group_size: int | None = None, act_order: bool = False,
-                     max_bits_per_weight: float | None = None, price_per_hour: float | None = None, attention: str | None = None,
-                     pass_options: dict[str, dict[str, Any]] | None = None, recipe: str | Path | None = None,
-                     backend: str = "auto", dry_run: bool = False, command: list[str] | None = None,
-                     console: Any = None) -> BuildResult | dict[str, Any]:
-    """Build the text-generation deployable of a causal LM (fp32, INT8 or INT4 weight-only). The INT4 flags
-    and ``attention`` (``unfused``: attention as transformers writes it) are build settings the task's passes take;
-    ``pass_options`` (pass name -> options) go over the recipe's own. ``recipe`` (a YAML file or a bundled name whose
-    ``task`` is text-generation) replaces the precision's recipe; ``backend`` is ``auto`` or ``onnxruntime``, the
-    task's one. ``dry_run``: load the model, resolve what the build would run, write nothing, and return the plan."""
+def build_generation(model: str | Path, config: BuildConfig | None = None, *, command: list[str] | None = None,
+                     console: Any = None, **settings: Any) -> BuildResult | dict[str, Any]:
+    """Build the text-generation deployable of a causal LM (fp32, INT8 or INT4 weight-only), as ``config`` with
+    ``settings`` over it (see :func:`infopt.api.builder.build`) asks. The INT4 settings and ``attention``
+    (``unfused``: attention as transformers writes it) are build settings the task's passes take; ``pass_options``
+    (pass name -> options) go over the recipe's own. ``recipe`` (a YAML file or a bundled name whose ``task`` is
+    text-generation) replaces the precision's recipe; ``backend`` is ``auto`` or ``onnxruntime``, the task's one.
+    ``dry_run``: load the model, resolve what the build would run, write nothing, and return the plan."""
+    config = BuildConfig.of(config, **settings)
+    deploy, int4, emit = config.deploy, config.int4, config.emit
+    precision, target, recipe, backend = deploy.precision, deploy.target, deploy.recipe, deploy.backend
+    val, calib, max_drift = config.validation.val, config.calib.calibration, config.validation.max_drift
+    int4_method, group_size, act_order = int4.int4_method, int4.group_size, int4.act_order
+    output, name, force, dry_run = emit.output, emit.name, emit.force, emit.dry_run
     chosen = task_recipe(recipe, backend)
     if chosen is not None:
         if precision not in (None, chosen.precision):
@@ -149,14 +151,14 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
                          + (" (its INT8 is weight-only: every weight rounded on its own, nothing to calibrate)"
                             if precision == "int8" else ""),
                          fix="drop --calib, or build --int4")
-    if precision != "int4" and (int4_method or group_size or act_order or max_bits_per_weight is not None):
+    if precision != "int4" and (int4_method or group_size or act_order or int4.max_bits_per_weight is not None):
         raise UsageError("--int4-method, --group-size, --act-order and --max-bits-per-weight apply to --int4",
                          fix="drop them, or build --int4")
     machine = get_target(target)
-    settings = BuildSettings.of(attention=attention, max_bits_per_weight=max_bits_per_weight,
+    settings = BuildSettings.of(attention=deploy.attention, max_bits_per_weight=int4.max_bits_per_weight,
                                 **flags.int4_settings(int4_method, group_size, act_order, None))
     _check_int4(settings, calib)
-    recipe = (chosen or recipes_for(machine, precision, "onnxruntime", task=TASK)[0]).with_pass_options(pass_options)
+    recipe = (chosen or recipes_for(machine, precision, "onnxruntime", task=TASK)[0]).with_pass_options(deploy.pass_options)
     recipe.preflight(machine, calib is not None, settings)
     budgets = evaluator.with_max_drift(recipe.validation.generation, max_drift)
     try:
@@ -188,8 +190,8 @@ def build_generation(model: str | Path, *, output: str | Path | None = None, nam
     reference_dtype = str(next(lm.parameters()).dtype).removeprefix("torch.")
     lm.source_dir = str(folder)  # where the INT4 checkpoint for vLLM takes the tokenizer and config from
     calibration, choice_windows = _calibration(calib, folder, lm.config) if calib else (None, [])
-    if price_per_hour is not None:
-        machine = machine.model_copy(update={"price_per_hour": price_per_hour})
+    if deploy.price_per_hour is not None:
+        machine = machine.model_copy(update={"price_per_hour": deploy.price_per_hour})
     name = name or loaded.name or folder.name
     out = Path(output).absolute() if output else (Path("dist") / name).absolute()
     call = call_text(model, {"task": TASK, **({"precision": precision} if precision != "fp32" else {})})

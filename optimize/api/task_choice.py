@@ -14,6 +14,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+from infopt.api.build_config import BuildConfig
 from infopt.api.generation import PRECISIONS, generation_passes, is_task_recipe, recipe_precision
 from infopt.core.errors import UsageError
 from infopt.exporters.genai_folder import has_tokenizer
@@ -67,18 +68,15 @@ def default_task(model: str | Path, *, precision: str | None, target: str, val: 
 
 
 TASKS = ("logits", "text-generation")
-# infopt.build's arguments that only the logits graph takes (the text-generation build has no use for them)
-LOGITS_ONLY = ("example_inputs", "inputs", "dims", "batch_sizes", "batch_mix", "thresholds", "model_class",
-               "model_args", "allow_pickle", "max_val_samples", "calib_samples", "calib_seed", "tokenizer",
-               "allow_partial", "strict", "require_precision", "int4_checkpoint", "calib_method",
-               "calib_percentile", "calib_bins", "smoothquant_alpha")
 
 
-def generation_arguments(model, task: str | None, given: dict, defaults: dict, say) -> dict | None:
-    """For ``infopt.build``: the keyword arguments of ``build_generation`` when the call builds
-    ``text-generation`` (asked with ``task``, or the causal LM's default as :func:`default_task`
-    chooses it), else None. ``given`` holds the call's arguments, ``defaults`` build's own; ``say``
-    takes the one line that tells why a causal LM builds ``logits``."""
+def generation_config(model, config: BuildConfig, example_inputs, say) -> BuildConfig | None:
+    """For ``infopt.build``: the configuration of ``build_generation`` when the call builds ``text-generation``
+    (asked with ``task``, or the causal LM's default as :func:`default_task` chooses it), else None. ``say`` takes
+    the one line that tells why a causal LM builds ``logits``. A precision not asked for is unset, so that a
+    text-generation recipe keeps its own."""
+    deploy = config.deploy
+    task = deploy.task
     if task is not None and task not in TASKS:
         raise UsageError(f"unknown task {task!r}", fix="pass task='text-generation' or task='logits'")
     if task == "logits" or not isinstance(model, (str, Path)):
@@ -86,22 +84,22 @@ def generation_arguments(model, task: str | None, given: dict, defaults: dict, s
             raise UsageError("task='text-generation' builds a Hugging Face causal LM from its folder or hub id, "
                              f"not a {type(model).__name__}", fix="pass the model's folder (save_pretrained) or hub id")
         return None
-    options = dict(given.get("pass_options") or {})
-    extra = [name for name in LOGITS_ONLY if given[name] != defaults.get(name)]  # example_inputs: None
-    extra += [name for name in logits_choices(given["backend"], given["recipe"])]
+    options = dict(deploy.pass_options or {})
+    extra = (["example_inputs"] if example_inputs is not None else []) + config.logits_only_given()
+    extra += logits_choices(deploy.backend, deploy.recipe)
     if options:
         runs = generation_passes()
         extra += [f"pass_options[{name!r}]" for name in options if name not in runs]
-    calib = given["calibration"]
+    calib = config.calib.calibration
     if calib is not None and not isinstance(calib, (str, Path)):
         extra.append("calibration (as anything but a text file)")
     # the default precision, not asked for, leaves a text-generation recipe its own
-    asked = None if given["recipe"] is not None and given["precision"] == defaults.get("precision") else given["precision"]
+    asked = None if deploy.recipe is not None and deploy.precision == "fp32" else deploy.precision
     if task is None:
-        task, why = default_task(model, precision=asked, target=given["target"], val=given["val"],
+        task, why = default_task(model, precision=asked, target=deploy.target, val=config.validation.val,
                                  calib=calib if isinstance(calib, (str, Path)) else None,
-                                 max_drift=given["max_drift"], logits_flags=[f"{name}=" for name in extra],
-                                 recipe=given["recipe"])
+                                 max_drift=config.validation.max_drift,
+                                 logits_flags=[f"{name}=" for name in extra], recipe=deploy.recipe)
         if why:
             say(f"note: building task='logits'; a causal LM's default, task='text-generation', {why}")
         if task == "logits":
@@ -109,12 +107,7 @@ def generation_arguments(model, task: str | None, given: dict, defaults: dict, s
     elif extra:
         raise UsageError(f"task='text-generation' does not take {', '.join(extra)}",
                          fix="drop them: it builds the ONNX Runtime GenAI folder for the cpu target")
-    return {"output": given["output"], "name": given["name"], "force": given["force"], "val": given["val"],
-            "precision": asked, "target": given["target"], "calib": calib,
-            "max_drift": given["max_drift"], "price_per_hour": given["price_per_hour"],
-            "int4_method": given["int4_method"], "group_size": given["group_size"], "act_order": given["act_order"],
-            "pass_options": options or None, "recipe": given["recipe"], "backend": given["backend"],
-            "dry_run": given["dry_run"]}
+    return BuildConfig.of(config, precision=asked, pass_options=options or None)
 
 
 def logits_choices(backend: str, recipe) -> list[str]:

@@ -75,6 +75,7 @@ def build(
     """Build, validate and emit a deployable artifact for a target."""
     from infopt.api import build as run_build
     from infopt.api import flags as api_flags
+    from infopt.api.build_config import BuildConfig, flag_of
     from infopt.report.markdown import (
         candidates_section,
         drift_section,
@@ -89,49 +90,38 @@ def build(
     if task not in (None, "logits", "text-generation"):
         raise UsageError(f"unknown --task {task!r}", fix="pass --task text-generation or --task logits (the default)")
     asked = api_flags.precision(flags, precision) if precision or any(flags.values()) else None  # else the recipe's
+    api_flags.int4_settings(int4_method, group_size, act_order, int4_checkpoint)  # an unknown --int4-method exits 2 here
+    config = BuildConfig.of(
+        target=target, precision=asked, backend=backend, inputs=inputs, dims=dims, val=val,
+        batch_sizes=o.parse_batch_sizes(batch_sizes), batch_mix=o.parse_batch_mix(batch_mix),
+        thresholds=o.thresholds(max_abs=max_abs, min_cosine=min_cosine, min_top1=min_top1, min_sqnr_db=min_sqnr_db,
+                                max_p99_ms=max_p99_ms),
+        recipe=recipe, name=name, output=output, force=force, model_class=model_class, model_args=model_args,
+        allow_pickle=allow_pickle, calibration=calib, calib_samples=calib_samples, tokenizer=tokenizer,
+        max_drift=max_drift, int4_method=int4_method, group_size=group_size, act_order=act_order,
+        int4_checkpoint=int4_checkpoint, calib_method=calib_method, calib_percentile=calib_percentile,
+        calib_bins=calib_bins, smoothquant_alpha=smoothquant_alpha, max_bits_per_weight=max_bits_per_weight,
+        strict=strict, require_precision=require_precision, dry_run=dry_run, price_per_hour=price_per_hour)
     if task is None:
         from infopt.api.task_choice import default_task, logits_choices
 
-        logits_only = logits_choices(backend, recipe)
-        given = {"--backend": "backend" in logits_only, "--input": bool(inputs), "--dim": bool(dims),
-                 "--batch-sizes": bool(batch_sizes), "--batch-mix": bool(batch_mix),
-                 "--recipe": "recipe" in logits_only, "--model-class": model_class is not None,
-                 "--model-args": model_args is not None, "--tokenizer": tokenizer is not None,
-                 "--calib-method": calib_method is not None, "--calib-percentile": calib_percentile is not None,
-                 "--calib-bins": calib_bins is not None, "--smoothquant-alpha": smoothquant_alpha is not None,
-                 "--int4-checkpoint": int4_checkpoint is not None, "--require-precision": require_precision,
-                 "--strict": strict, "--max-abs": max_abs is not None, "--min-cosine": min_cosine is not None,
-                 "--min-top1": min_top1 is not None, "--min-sqnr-db": min_sqnr_db is not None,
-                 "--max-p99-ms": max_p99_ms is not None}
+        logits_flags = [f"--{key}" for key in logits_choices(backend, recipe)]
+        logits_flags += [flag_of(key) for key in config.logits_only_given()]
+        logits_flags += [f"--{key.replace('_', '-')}" for key, value in
+                         (("max_abs", max_abs), ("min_cosine", min_cosine), ("min_top1", min_top1),
+                          ("min_sqnr_db", min_sqnr_db), ("max_p99_ms", max_p99_ms)) if value is not None]
         task, why = default_task(model, precision=asked, target=target, val=val, calib=calib, max_drift=max_drift,
-                                 logits_flags=[f for f, on in given.items() if on], recipe=recipe)
+                                 logits_flags=[f for f in logits_flags if f != flag_of("thresholds")], recipe=recipe)
         if why and not quiet and not as_json:
             print(f"note: building --task logits; a causal LM's default, --task text-generation, {why}", file=sys.stderr)
     if task == "text-generation":
-        api_flags.int4_settings(int4_method, group_size, act_order, None)  # an unknown --int4-method exits 2 here
-        _build_generation(model, precision=asked, target=target, val=val,
-                          name=name, output=output, force=force, calib=calib, max_drift=max_drift,
-                          int4_method=int4_method, group_size=group_size, act_order=act_order,
-                          max_bits_per_weight=max_bits_per_weight,
-                          price_per_hour=price_per_hour, recipe=recipe, backend=backend, dry_run=dry_run,
-                          as_json=as_json, quiet=quiet)
+        _build_generation(model, config, as_json=as_json, quiet=quiet)
         return
     if max_bits_per_weight is not None:
         raise UsageError("--max-bits-per-weight caps an INT4 text-generation build; this build is --task logits",
                          fix="drop --max-bits-per-weight, or build a causal LM with --task text-generation --int4")
-    result = run_build(
-        model, target=target, precision=api_flags.precision(flags, precision), backend=backend, inputs=inputs, dims=dims,
-        val=val, batch_sizes=o.parse_batch_sizes(batch_sizes), batch_mix=o.parse_batch_mix(batch_mix),
-        thresholds=o.thresholds(max_abs=max_abs, min_cosine=min_cosine, min_top1=min_top1,
-                                min_sqnr_db=min_sqnr_db, max_p99_ms=max_p99_ms),
-        recipe=recipe, name=name, output=output, force=force, model_class=model_class, model_args=model_args,
-        allow_pickle=allow_pickle, progress=False if quiet else stderr(), calibration=calib, calib_samples=calib_samples, tokenizer=tokenizer,
-        max_drift=max_drift, int4_method=int4_method, group_size=group_size, act_order=act_order,
-        int4_checkpoint=int4_checkpoint, calib_method=calib_method, calib_percentile=calib_percentile,
-        calib_bins=calib_bins, smoothquant_alpha=smoothquant_alpha,
-        strict=strict, require_precision=require_precision, command=["infopt", *sys.argv[1:]],
-        dry_run=dry_run, price_per_hour=price_per_hour, task="logits",
-    )
+    result = run_build(model, config=BuildConfig.of(config, precision=asked or "fp32", task="logits"),
+                       progress=False if quiet else stderr(), command=["infopt", *sys.argv[1:]])
     if dry_run:
         _print_plan(result, as_json)
         return
@@ -158,11 +148,11 @@ def build(
         raise typer.Exit(1)
 
 
-def _build_generation(model, *, as_json: bool, quiet: bool, **options) -> None:
+def _build_generation(model, config, *, as_json: bool, quiet: bool) -> None:
     from infopt.api.generation import build_generation
     from infopt.report.markdown import generation_section, passes_section, print_sections, summary
 
-    result = build_generation(model, command=["infopt", *sys.argv[1:]], console=None if quiet else stderr(), **options)
+    result = build_generation(model, config, command=["infopt", *sys.argv[1:]], console=None if quiet else stderr())
     if isinstance(result, dict):
         _print_plan(result, as_json)
         return

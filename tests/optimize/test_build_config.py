@@ -1,0 +1,81 @@
+"""``BuildConfig``: the one typed object a build is configured by. ``infopt.build``'s keywords are its fields, each
+validated as that field; the command line's flags map onto the same fields."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import infopt
+from infopt.api.build_config import BuildConfig, field_info, flag_of, section_of_field
+from infopt.cli.reference import commands
+from infopt.core.errors import UsageError
+
+
+def test_a_keyword_sets_its_field_in_its_section_and_is_validated_as_it():
+    config = BuildConfig.of(precision="int8", group_size="64", output="dist/m", val="val.npz")
+    assert config.deploy.precision == "int8" and config.int4.group_size == 64 and config.emit.output == "dist/m"
+    assert config.given() == {"precision": "int8", "group_size": 64, "output": "dist/m", "val": "val.npz"}
+    again = BuildConfig.of(config, group_size=32)  # over a config: the rest stays
+    assert again.int4.group_size == 32 and again.deploy.precision == "int8" and config.int4.group_size == 64
+    assert BuildConfig.model_validate_json(again.model_dump_json()) == again  # a recipe can hold it as JSON
+
+
+@pytest.mark.parametrize("settings, message, fix", [
+    ({"precison": "int8"}, "unknown build setting 'precison'", "did you mean precision"),
+    ({"group_size": "big"}, "build setting group_size='big'", "input features per scale group"),
+    ({"act_order": "sometimes"}, "build setting act_order='sometimes'", "GPTQ in order of activation size"),
+])
+def test_a_wrong_setting_is_a_usage_error_naming_it_and_what_it_takes(settings, message, fix):
+    with pytest.raises(UsageError, match=message) as refused:
+        BuildConfig.of(**settings)
+    assert fix in refused.value.fix
+
+
+def test_build_refuses_an_unknown_keyword_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match="unknown build setting 'outptu'") as refused:
+        infopt.build(torch.nn.Linear(4, 2), torch.randn(2, 4), outptu="dist/x")
+    assert "did you mean output" in refused.value.fix
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_config_object_and_keywords_plan_the_same_build(tmp_path):
+    model, example = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU()).eval(), torch.randn(2, 4)
+    config = infopt.BuildConfig.of(backend="onnxruntime", output=tmp_path / "out", dry_run=True)
+    planned = infopt.build(model, example, config, progress=False)
+    by_keywords = infopt.build(model, example, backend="onnxruntime", output=tmp_path / "out", dry_run=True,
+                               progress=False)
+    assert planned == by_keywords
+    assert planned["output"] == str(tmp_path / "out") and {c["backend"] for c in planned["candidates"]} == {"onnxruntime"}
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_generation_setting_on_a_logits_build_is_refused():
+    with pytest.raises(UsageError, match="--max-bits-per-weight only a text-generation build takes"):
+        infopt.build(torch.nn.Linear(4, 2), torch.randn(2, 4), max_bits_per_weight=5.0, progress=False)
+
+
+def test_every_setting_has_one_section_a_description_and_a_real_flag():
+    owners = section_of_field()
+    assert len(owners) >= 35 and {"precision", "val", "calibration", "output", "group_size"} <= set(owners)
+    build = next(command for path, command, _ in commands() if path == "infopt build")
+    flags = {opt for param in build.params for opt in getattr(param, "opts", [])}
+    for key in owners:
+        assert field_info(key).description, key
+        flag = flag_of(key)
+        assert flag == f"{key}=" or flag in flags, f"{key}'s flag {flag} is not an option of infopt build"
+
+
+def test_the_python_api_takes_at_most_12_parameters_per_public_function():
+    import ast
+
+    root = Path(infopt.__file__).parent / "api"
+    wide = []
+    for path in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                count = len(node.args.posonlyargs) + len(node.args.args) + len(node.args.kwonlyargs)
+                if count > 12:
+                    wide.append(f"{path.name}:{node.lineno} {node.name} takes {count}")
+    assert not wide, "\n".join(wide)
