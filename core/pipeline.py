@@ -27,7 +27,7 @@ from infopt.core.errors import BuildError, DiskFull, InfoptError, RecipeError, d
 from infopt.core.lineage import PassRecord
 from infopt.core.memory import release as release_memory
 from infopt.core.recipe import Recipe
-from infopt.core.registry import BuildSettings, PassContext, PassDetails, get_pass
+from infopt.core.registry import PassContext, PassDetails, Settings, get_pass
 from infopt.core.step_times import StepTimes
 from infopt.core.target import Target
 
@@ -37,7 +37,7 @@ log = logging.getLogger("infopt.core.pipeline")
 class Pipeline:
     def __init__(self, recipe: Recipe, target: Target, workdir: Path, *, calibration=None, budget=None,
                  check_batches=None, check_source: str = "validation data", check_reference=None, console=None,
-                 label: str = "", times: StepTimes | None = None, settings: BuildSettings | None = None,
+                 label: str = "", times: StepTimes | None = None, settings: Settings | None = None,
                  choice=None):
         self.recipe = recipe
         self.target = target
@@ -53,7 +53,7 @@ class Pipeline:
         self.label = f"{label}: " if label else ""
         self.times = times
         """where each pass's seconds are recorded for the build's ``timings`` (None: nowhere)"""
-        self.settings = settings or BuildSettings()
+        self.settings = dict(settings or {})
         """what the build was asked for: each pass's options take the settings it declares"""
         self._say = None
 

@@ -9,11 +9,12 @@ pass, so this floor imports none of them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from infopt.core.errors import RecipeError
 from infopt.core.plugins import Registry
@@ -30,43 +31,14 @@ class PassOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     SETTINGS: ClassVar[dict[str, str]] = {}
-    """option field -> the :class:`BuildSettings` field that sets it where the user gave that setting (a setting
-    given wins over the recipe's option): how a command line flag reaches a pass without the builder naming it"""
+    """option field -> the build setting (a ``BuildConfig`` field) that sets it where the user gave that setting (a
+    setting given wins over the recipe's option): how a command line flag reaches a pass without the builder naming
+    it"""
 
 
-class BuildSettings(BaseModel):
-    """What a build was asked for that passes take, as one typed object in every pass's context: the command
-    line's flags (``build``'s arguments). A setting the user did not give is unset (``model_fields_set``), and
-    the recipe's options stand; a pass's options declare the settings they take (``PassOptions.SETTINGS``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    require_precision: bool = Field(False, description="ship the precision asked for even when another measured "
-                                                       "faster (--require-precision)")
-    served_batch_sizes: list[int] = Field(default_factory=list, description="the batch sizes the model serves "
-                                                                            "(--batch-sizes, or those of --batch-mix)")
-    batch_mix: dict[int, float] = Field(default_factory=dict, description="each served batch size's share of "
-                                                                          "requests (--batch-mix)")
-    int4_method: str | None = Field(None, description="INT4 method: auto, rtn, gptq, awq (--int4-method)")
-    group_size: int | None = Field(None, description="INT4 group size (--group-size)")
-    act_order: bool | None = Field(None, description="GPTQ in order of activation size (--act-order)")
-    int4_checkpoint: str | None = Field(None, description="the 4-bit checkpoint's layout (--int4-checkpoint)")
-    max_bits_per_weight: float | None = Field(None, description="INT4 layers' average stored bits at most "
-                                                                "(--max-bits-per-weight)")
-    calib_method: str | None = Field(None, description="how INT8 calibration turns ranges into scales (--calib-method)")
-    calib_percentile: float | None = Field(None, description="the percentile method's percentile (--calib-percentile)")
-    calib_bins: int | None = Field(None, description="histogram bins of calibration (--calib-bins)")
-    smoothquant_alpha: float | None = Field(None, description="SmoothQuant's migration strength (--smoothquant-alpha)")
-    attention: str | None = Field(None, description="a KV decoder's attention: fused or unfused")
-
-    @classmethod
-    def of(cls, **given: Any) -> "BuildSettings":
-        """The settings the user gave (None, False and empty values are not given)."""
-        return cls(**{k: v for k, v in given.items() if v is not None and v is not False and v != [] and v != {}})
-
-    def given(self) -> dict[str, Any]:
-        """The settings the user gave, as JSON (the manifest's ``provenance.settings``)."""
-        return self.model_dump(mode="json", include=self.model_fields_set)
+Settings = Mapping[str, Any]
+"""the build settings the user gave, by name (``infopt.BuildConfig``'s field names): a pass's options take those
+their ``SETTINGS`` name. A setting not given is absent, and the recipe's option stands."""
 
 
 @dataclass
@@ -90,7 +62,7 @@ class PassContext:
     choice: Any = None
     """text held out of calibration with the source model's figures on it and the budget
     (``quantize.layer_choice.ChoiceText``), for a pass choosing its layers' precision by accuracy"""
-    settings: BuildSettings = field(default_factory=BuildSettings)
+    settings: Settings = field(default_factory=dict)
     """what the build was asked for (the flags); the pipeline has put those a pass takes in its options already"""
 
     def say(self, text: str) -> None:
@@ -176,18 +148,17 @@ class Pass:
         return self.details.of(record.details) if self.details is not None else record.details
 
     def preflight(self, raw: dict[str, Any] | None, target: "Target", has_calibration: bool,
-                  settings: BuildSettings | None = None) -> None:
+                  settings: Settings | None = None) -> None:
         """Parse the step's options and run the pass's own check, if it has one."""
         options = self.parse_options(raw, settings)
         if self.check is not None:
             self.check(options, target, has_calibration)
 
-    def parse_options(self, raw: dict[str, Any] | None, settings: BuildSettings | None = None) -> PassOptions:
+    def parse_options(self, raw: dict[str, Any] | None, settings: Settings | None = None) -> PassOptions:
         """The step's options, with the build settings the user gave in the fields that take them."""
         values = dict(raw or {})
         if settings is not None:
-            values.update({option: getattr(settings, name) for option, name in self.options.SETTINGS.items()
-                           if name in settings.model_fields_set})
+            values.update({option: settings[name] for option, name in self.options.SETTINGS.items() if name in settings})
         try:
             return self.options(**values)
         except ValidationError as exc:

@@ -34,7 +34,7 @@ from infopt.core.manifest import data_sha256, model_bytes
 from infopt.core.memory import older_objects_frozen
 from infopt.core.pipeline import Pipeline, SharedPrefixes
 from infopt.core.recipe import MIN_LATENCY_RUNS, MIN_TRIAL_RUNS, Recipe, load_recipe, recipes_for
-from infopt.core.registry import BuildSettings
+from infopt.core.registry import Settings
 from infopt.core.sample_inputs import capture_feed, id_high, random_feed
 from infopt.core.step_times import StepTimes
 from infopt.core.target import get_target
@@ -209,8 +209,8 @@ def _build_logits(model: Any, example_inputs: Any, config: BuildConfig, console:
     mix = _batch_mix(timed.batch_mix, batch_sizes)
     if mix:
         batch_sizes = list(mix)
-    settings = BuildSettings.of(
-        require_precision=judged.require_precision, served_batch_sizes=list(batch_sizes or []), batch_mix=mix or {},
+    settings = flags.given(
+        require_precision=judged.require_precision, batch_sizes=list(batch_sizes or []), batch_mix=mix or {},
         **flags.int4_settings(int4.int4_method, int4.group_size, int4.act_order, int4.int4_checkpoint),
         **flags.calibration_settings(calib.calib_method, calib.calib_percentile, calib.calib_bins,
                                      calib.smoothquant_alpha))
@@ -362,7 +362,7 @@ class BuildRequest:
     """turns raw --val and --calib files into samples (see :func:`raw_reader`)"""
     times: StepTimes = field(default_factory=StepTimes)
     """seconds per step, for the manifest's ``timings``"""
-    settings: BuildSettings = field(default_factory=BuildSettings)
+    settings: Settings = field(default_factory=dict)
     """what the build was asked for that passes take (the flags), given to every pass's pipeline"""
 
 

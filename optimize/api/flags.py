@@ -1,7 +1,7 @@
 """The command line's words turned into ``build``'s arguments, here so that the CLI only declares its
-flags: precision flags to one precision, and the quantization flags to build settings
-(``core.registry.BuildSettings``, which the passes that take them declare), each value outside its choices
-named by its flag."""
+flags: precision flags to one precision, and the quantization flags to the build settings the passes take
+(``core.registry.Settings``: a ``BuildConfig``'s fields that were given, by name, which each pass's
+``PassOptions.SETTINGS`` declares), each value outside its choices named by its flag."""
 
 from __future__ import annotations
 
@@ -41,6 +41,11 @@ def calibration_settings(method, percentile, bins, alpha) -> dict[str, object]:
         raise UsageError(f"unknown --calib-method {method!r}", fix=f"use one of: {', '.join(calibrators.names())}")
     values = {"calib_method": method, "calib_percentile": percentile, "calib_bins": bins, "smoothquant_alpha": alpha}
     return {k: v for k, v in values.items() if v is not None}
+
+
+def given(**values: object) -> dict[str, object]:
+    """The settings among ``values`` that were given: None, False and empty values were not."""
+    return {k: v for k, v in values.items() if v is not None and v is not False and v != [] and v != {}}
 
 
 def with_overrides(recipe, thresholds, batch_sizes, pass_options=None):

@@ -44,7 +44,7 @@ from infopt.core.memory import older_objects_frozen
 from infopt.core.memory import release as release_memory
 from infopt.core.pipeline import Pipeline
 from infopt.core.recipe import Recipe, load_recipe, recipes_for
-from infopt.core.registry import BuildSettings
+from infopt.core.registry import Settings
 from infopt.core.step_times import StepTimes
 from infopt.core.target import get_target
 from infopt.core.work_folders import work_folder
@@ -155,7 +155,7 @@ def build_generation(model: str | Path, config: BuildConfig | None = None, *, co
         raise UsageError("--int4-method, --group-size, --act-order and --max-bits-per-weight apply to --int4",
                          fix="drop them, or build --int4")
     machine = get_target(target)
-    settings = BuildSettings.of(attention=deploy.attention, max_bits_per_weight=int4.max_bits_per_weight,
+    settings = flags.given(attention=deploy.attention, max_bits_per_weight=int4.max_bits_per_weight,
                                 **flags.int4_settings(int4_method, group_size, act_order, None))
     _check_int4(settings, calib)
     recipe = (chosen or recipes_for(machine, precision, "onnxruntime", task=TASK)[0]).with_pass_options(deploy.pass_options)
@@ -377,15 +377,16 @@ def generation_passes() -> set[str]:
     return {step.name for p in PRECISIONS for step in recipes_for(machine, p, "onnxruntime", task=TASK)[0].passes}
 
 
-def _check_int4(settings: BuildSettings, calib) -> None:
+def _check_int4(settings: Settings, calib) -> None:
     """The INT4 settings this task's folder cannot take, refused before any work: a group size MatMulNBits does not
     take, a method that calibrates without --calib."""
-    if settings.group_size is not None and settings.group_size not in BLOCK_SIZES:
-        raise UsageError(f"--group-size {settings.group_size}: ONNX Runtime's MatMulNBits takes "
+    group_size = settings.get("group_size")
+    if group_size is not None and group_size not in BLOCK_SIZES:
+        raise UsageError(f"--group-size {group_size}: ONNX Runtime's MatMulNBits takes "
                          f"{', '.join(map(str, BLOCK_SIZES))}", fix="pass --group-size 32, 64 or 128")
-    method = settings.int4_method or "auto"
+    method = settings.get("int4_method") or "auto"
     method = ("gptq" if calib else "rtn") if method == "auto" else method
-    given = {k: v for k, v in (("group_size", settings.group_size), ("act_order", settings.act_order)) if v is not None}
+    given = {k: settings[k] for k in ("group_size", "act_order") if k in settings}
     if Int4Config(method=method, **given).method_config().needs_data and not calib:
         raise UsageError(f"INT4 {method.upper()} calibrates on text, and no --calib was given",
                          fix="pass --calib TEXT.txt (one passage per line), or --int4-method rtn")

@@ -9,6 +9,7 @@ is a mismatch.
 
 from __future__ import annotations
 
+import json
 import platform
 import shlex
 from importlib.metadata import PackageNotFoundError, version
@@ -60,13 +61,13 @@ def _short(value: Any) -> str:
 
 def record(command: Sequence[str] | None, call: str, recipe_name: str, calibration, validation: dict[str, Any],
            settings=None) -> dict[str, Any]:
-    """The manifest's provenance block; ``settings``: the build settings the user gave (``BuildSettings``), which
+    """The manifest's provenance block; ``settings``: the build settings the user gave (``core.registry.Settings``), which
     the passes that take them put in their options over the recipe's."""
     return {
         "command": shlex.join(command) if command else None,
         "python_call": None if command else call,
         "recipe": recipe_name,
-        "settings": settings.given() if settings is not None else {},
+        "settings": json.loads(json.dumps(dict(settings or {}))),
         "calibration": None if calibration is None else {"source": calibration.source, "samples": calibration.count,
                                                          "sha256": calibration.digest},
         "validation_data": validation,

@@ -32,7 +32,7 @@ CALIB_FIX = ("pass --calib PATH: a folder or file of .npy/.npz/.pt samples shape
 class QuantizeInt8Options(PassOptions):
     SETTINGS: ClassVar[dict[str, str]] = {
         "method": "calib_method", "percentile": "calib_percentile", "bins": "calib_bins",
-        "require_int8": "require_precision", "speed_weights": "batch_mix", "speed_batch_sizes": "served_batch_sizes"}
+        "require_int8": "require_precision", "speed_weights": "batch_mix", "speed_batch_sizes": "batch_sizes"}
     mode: Literal["auto", "static", "dynamic"] = Field(
         "auto", description="static needs calibration data; auto picks static when there is some")
     method: str = Field("minmax", description=f"how activation ranges are calibrated: {', '.join(calibrators.names())}, "
