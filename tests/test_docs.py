@@ -23,6 +23,9 @@ LINKED = [*PROSE, *sorted(p for p in (DOCS / "reference").glob("*.md") if p.name
 PAGE_IDS = [str(page.relative_to(ROOT)) for page in PAGES]
 PROSE_IDS = [str(page.relative_to(ROOT)) for page in PROSE]
 LINKED_IDS = [str(page.relative_to(ROOT)) for page in LINKED]
+BENCHMARKS = ROOT / "benchmarks"
+RESULTS = [BENCHMARKS / "README.md", *sorted((BENCHMARKS / "results").glob("*.md"))]
+"""the benchmarks' index and the result files it lists"""
 
 GUIDE_PAGES = {"README.md", "int8.md", "int4.md", "text-generation.md", "release-gate.md", "sweeps.md", "servers.md",
                "targets-and-backends.md", "output-folder.md", "python-api.md"}
@@ -125,6 +128,23 @@ def test_no_line_holds_a_date(page):
 def test_every_relative_link_reaches_a_file_and_its_heading(page):
     broken = broken_links(page)
     assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+@pytest.mark.parametrize("page", RESULTS, ids=[str(page.relative_to(ROOT)) for page in RESULTS])
+def test_every_link_of_the_benchmarks_reaches_a_file(page):
+    broken = broken_links(page)
+    assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_the_benchmarks_readme_is_an_index_of_every_result_file():
+    """benchmarks/README.md lists each question, its script and its results file; the figures are in the files."""
+    index = (BENCHMARKS / "README.md").read_text()
+    assert len(index.splitlines()) <= 60 and not DATE.search(index)
+    listed = set(re.findall(r"\(results/([\w.]+\.md)\)", index))
+    on_disk = {p.name for p in (BENCHMARKS / "results").glob("*.md")}
+    assert listed <= on_disk
+    for script in re.findall(r"`((?:bench|kill|crash|profile|tune|check)_\w+\.py)`", index):
+        assert (BENCHMARKS / script).is_file(), script
 
 
 def test_the_link_check_sees_a_broken_link(tmp_path):

@@ -83,7 +83,7 @@ TIMING_SHARE = 0.06
 shortest prompt's TTFT and batch 1's TPOT are timed whatever they cost, each other row once where its run is
 predicted to fit what is left (the report names those left out; ``infopt validate`` times every row), then more
 runs while the budget lasts. At 12 % the timing took 7 s of a Qwen2.5-1.5B-shaped INT4 build, whose reference,
-judging and timing then took 28 % of it (``benchmarks/README.md``), past the quarter they may take"""
+judging and timing then took 28 % of it (``benchmarks/results/scale.md``), past the quarter they may take"""
 HELD_OUT = 96
 """the most held-out sequences (--val lines) the teacher-forced figures are measured on (:func:`judged_sequences`
 takes those that hold the tokens the model's size is judged on)"""

@@ -7,7 +7,7 @@ output column, which the concatenation keeps, and the shared activation was alre
 once with one scale. What changes is the work ONNX Runtime does: one integer GEMM of three times
 the width instead of three, one quantization of the activation inside a fused dynamic-INT8 kernel
 instead of one per projection. On all-MiniLM-L6-v2 with dynamic INT8 this saves about a tenth of
-the run time at batch 1 and 32 (benchmarks/README.md). The fused layer is one layer for the
+the run time at batch 1 and 32 (benchmarks/results/int8.md). The fused layer is one layer for the
 INT8 fallback, named after the first of its members, its module the members' modules joined.
 :func:`fuse_nbits` does the same for ONNX Runtime's 4-bit ``MatMulNBits`` (the text-generation graph's INT4).
 """
