@@ -38,10 +38,10 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=30 -m "not zoo" tests
 
-# every transformers family of tests/test_transformers_zoo.py at every precision (about 100 builds), and
-# every decoder family of tests/test_text_generation.py
+# every transformers family of tests/e2e/test_transformers_zoo.py at every precision (about 100 builds), and
+# every decoder family of tests/e2e/test_text_generation.py
 zoo: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadgroup tests/test_transformers_zoo.py tests/test_text_generation.py
+	$(PY) -m pytest -q -n 2 --dist loadgroup tests/e2e/test_transformers_zoo.py tests/e2e/test_text_generation.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_fp32_eager_vs_ort.py --markdown benchmarks/results/fp32_eager_vs_ort.md

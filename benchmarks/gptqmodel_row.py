@@ -41,7 +41,7 @@ def judge(out: Path, windows: Path, figures: Path) -> None:
     from gptqmodel import GPTQModel
 
     from infopt.validators.generation import eager_figures, generate_eager
-    from tests.real_llm import GREEDY, GREEDY_PROMPTS, PROMPT
+    from tests.support.real_llm import GREEDY, GREEDY_PROMPTS, PROMPT
 
     sequences = json.loads(windows.read_text())
     model = GPTQModel.load(str(out), device="cpu", backend="torch").model.eval()

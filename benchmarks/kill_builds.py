@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from infopt.core.manifest import read_manifest, verify_files  # noqa: E402
-from tests.payloads import Tiny  # noqa: E402
+from tests.support.payloads import Tiny  # noqa: E402
 
 INFOPT = [sys.executable, "-m", "infopt.cli"]
 BUILD = [*INFOPT, "build", "tiny.pt", "--input", "x:float32[batch,4]", "--backend", "onnxruntime", "--force", "-q"]

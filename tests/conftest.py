@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,10 +19,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run on CPU; read when triton is imported
 
 import infopt.passes  # noqa: E402,F401 - registers every bundled pass, for tests that load recipes below infopt.api
-from examples.models import DigitsCNN, TinyEncoder
 from examples.train import train_digits, train_encoder
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
@@ -128,47 +122,3 @@ class _GroupPlugin:
 
 def pytest_configure(config):
     config.pluginmanager.register(_GroupPlugin(), "infopt-xdist-groups")
-
-
-def run_cli(*args: str, cwd: Path | None = None, timeout: int = 300,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """Run the installed ``infopt`` command as a user would (``env``: variables to set on top of ours)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "infopt.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-
-
-def run_cli_here(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """The CLI's own entry point (``infopt.cli.app.main``) in this process, in ``cwd``: what a user's
-    command runs, less the interpreter's start-up, for tables of failures that end in a second. An
-    exception that escapes ``main`` is a traceback on stderr and exit 1, as it would be for the user."""
-    import contextlib
-    import io
-    import signal
-    import traceback
-    import warnings
-
-    from infopt.cli.app import main
-
-    out, err = io.StringIO(), io.StringIO()
-    here, argv, on_term = os.getcwd(), sys.argv, signal.getsignal(signal.SIGTERM)
-    os.chdir(cwd)
-    sys.argv = ["infopt", *args]
-    code = 0
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                main()
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
-            except Exception:  # noqa: BLE001 - what the user would see
-                traceback.print_exc(file=err)
-                code = 1
-    finally:
-        os.chdir(here)
-        sys.argv = argv
-        signal.signal(signal.SIGTERM, on_term)
-    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
-
-
-__all__ = ["DigitsCNN", "TinyEncoder", "run_cli", "run_cli_here", "ROOT"]

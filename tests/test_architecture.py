@@ -267,3 +267,23 @@ def test_no_model_type_is_compared_outside_the_families():
              if not module.startswith("infopt.exporters.families")
              for line in model_type_comparisons(path.read_text(), model_types)]
     assert not found, "\n".join(found)
+
+
+def test_tests_share_helpers_through_tests_support_only():
+    """A test module imports shared helpers from ``tests/support/``, never from another test module or conftest. A
+    helper module elsewhere (``tests/matrix/models.py``) serves its own folder only."""
+    tests = ROOT / "tests"
+    found = []
+    for path in sorted(tests.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            for name in names:
+                parts = name.split(".")
+                if parts[0] != "tests" or "support" in parts[1:2]:
+                    continue
+                if re.match(r"test_\w+|conftest$", parts[-1]):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports the test module {name}")
+                elif (ROOT.joinpath(*parts) if ROOT.joinpath(*parts).is_dir() else ROOT.joinpath(*parts[:-1])) != path.parent:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}, another folder's helper")
+    assert not found, "\n".join(found)

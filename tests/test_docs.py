@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.cli import ROOT
 from tests.support.prose import broken_links, median_sentence_words
 
 README = ROOT / "README.md"
@@ -32,18 +32,18 @@ GUIDE_PAGES = {"README.md", "int8.md", "int4.md", "text-generation.md", "release
 """The pages the README's reference moved to, one per job."""
 
 README_COMMANDS = {
-    "make demo": "tests/test_readme_commands.py::test_make_demo_commands",
+    "make demo": "tests/e2e/test_readme_commands.py::test_make_demo_commands",
     "make test": ".ci/run",
     "pip install .": "Makefile (install)",
-    "infopt build model.pt --target cpu --val val.npz": "tests/test_readme_commands.py::test_first_command_default_output",
+    "infopt build model.pt --target cpu --val val.npz": "tests/e2e/test_readme_commands.py::test_first_command_default_output",
     "infopt build model.pt --int8 --calib data/calib/ --val data/val/ --max-drift cosine_mean=0.995":
-        "tests/test_readme_commands.py::test_int8_example",
+        "tests/e2e/test_readme_commands.py::test_int8_example",
     "infopt build my-llama --int4 --calib train.txt --val held-out.txt -o dist/my-llama-int4":
-        "tests/test_text_generation_quantized.py::test_int4_gptq_with_calibration_text_holds_agreement_and_perplexity",
+        "tests/e2e/test_text_generation_quantized.py::test_int4_gptq_with_calibration_text_holds_agreement_and_perplexity",
     "infopt gate dist/model --baseline released/model --val data/val/ --junit gate.xml":
-        "tests/test_readme_commands.py::test_gate_example",
-    "infopt sweep sweep.yaml": "tests/test_sweep.py::test_a_local_sweep_reports_every_cell_and_is_not_stopped_by_a_failed_or_hung_one",
-    "infopt validate dist/model": "tests/test_readme_commands.py::test_models_and_inputs_commands",
+        "tests/e2e/test_readme_commands.py::test_gate_example",
+    "infopt sweep sweep.yaml": "tests/e2e/test_sweep.py::test_a_local_sweep_reports_every_cell_and_is_not_stopped_by_a_failed_or_hung_one",
+    "infopt validate dist/model": "tests/e2e/test_readme_commands.py::test_models_and_inputs_commands",
     "infopt serve dist/model": "tests/exporters/test_triton_server.py",
 }
 """Every command README.md shows, and the test that runs it as typed."""

@@ -6,8 +6,8 @@ from torch import nn
 
 from infopt.core.errors import CaptureError
 from infopt.core.inputspec import InputSpec
-from tests.bad_models import DataDependent
-from tests.passes.helpers import capture
+from tests.support.bad_models import DataDependent
+from tests.support.passes import capture
 
 
 class Outer(nn.Module):

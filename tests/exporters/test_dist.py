@@ -4,7 +4,7 @@ import json
 
 from infopt.core.manifest import file_table, read_manifest, verify_files, write_manifest
 from infopt.core.manifest_schema import jsonable
-from tests.manifests import typed_manifest
+from tests.support.manifests import typed_manifest
 
 
 def test_manifest_hashes_detect_tampering(tmp_path):

@@ -31,7 +31,7 @@ import yaml
 from infopt.core.errors import UsageError
 from infopt.core.manifest_schema import Manifest
 from infopt.exporters.servers.kserve import MAX_NAME, inference_services, service_name, write_kserve
-from tests.manifests import typed_manifest
+from tests.support.manifests import typed_manifest
 
 # KServe's InferenceService name rule (IsvcNameFmt, pkg/apis/serving/v1beta1/inference_service_validation.go)
 ISVC_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

@@ -19,7 +19,7 @@ from infopt.core.errors import OutputExistsError, UsageError
 from infopt.core.manifest import file_table, verify_files
 from infopt.core.manifest_schema import FileEntry
 from infopt.exporters.staging import claim_output, clean_stale, staged_output
-from tests.conftest import ROOT
+from tests.support.cli import ROOT
 
 
 def write_output(stage: Path, tag: str, files: int = 3, size: int = 1024) -> None:

@@ -31,8 +31,8 @@ from infopt.core.manifest import read_manifest
 from infopt.core.manifest_schema import Manifest
 from infopt.exporters.servers.torchserve import DEFAULT_PORTS, HANDLER, write_torchserve
 from infopt.runtime.serving.torchserve_server import TorchServeEndpoints, serving
-from tests.manifests import typed_manifest
-from tests.served import bounded_load, session_processes
+from tests.support.manifests import typed_manifest
+from tests.support.served import bounded_load, session_processes
 
 HAS_ARCHIVER = importlib.util.find_spec("model_archiver") is not None
 TORCHSERVE = Path(sys.executable).with_name("torchserve")
@@ -294,7 +294,7 @@ def test_torchserve_serves_an_aoti_package(digits, digits_aoti, tmp_path):
 @pytest.mark.slow
 def test_infopt_serve_starts_torchserve_for_an_onnx_build_and_stops_on_ctrl_c(digits, digits_onnx):
     """``infopt serve DIST``: an ONNX build goes to TorchServe (the bundled Triton has no ONNX Runtime backend)."""
-    from tests.served import serve_and_ask
+    from tests.support.served import serve_and_ask
 
     model, _ = digits
     dist, _ = digits_onnx

@@ -12,15 +12,14 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import run_cli, run_cli_here
-from tests.test_bad_input import assert_clean_failure
-from tests.test_text_generation import SENTENCES, decoder
+from tests.support.cli import assert_clean_failure, run_cli, run_cli_here
+from tests.support.decoders import SENTENCES, decoder
 
 pytest.importorskip("onnxruntime_genai")
 transformers = pytest.importorskip("transformers")
 
 from infopt.runtime.serving.triton_server import serving  # noqa: E402
-from tests.served import triton_missing  # noqa: E402
+from tests.support.served import triton_missing  # noqa: E402
 
 NEW_TOKENS = 12
 
@@ -47,7 +46,7 @@ def _greedy(folder, prompt: str) -> list[int]:
 
 
 def test_triton_generates_what_transformers_generates_and_infopt_serve_prints_a_request_that_works(tmp_path):
-    from tests.served import serve_and_ask
+    from tests.support.served import serve_and_ask
 
     source = decoder(tmp_path, "llama")
     proc = run_cli("build", "tiny-llama", "-q", "--json", cwd=tmp_path, timeout=600)

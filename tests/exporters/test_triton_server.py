@@ -26,7 +26,7 @@ grpc = pytest.importorskip("tritonclient.grpc")
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
 from infopt.runtime.serving.triton_server import serving  # noqa: E402
-from tests.served import triton_missing  # noqa: E402
+from tests.support.served import triton_missing  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(triton_missing() is not None, reason=triton_missing() or ""),
               pytest.mark.xdist_group("digits-aoti")]
@@ -53,7 +53,7 @@ def served(digits, encoder, digits_aoti, tmp_path_factory):
         shutil.copytree(root / name / "servers" / "triton" / name, repository / name)
     with serving(repository, root / "server", verbose=True) as endpoints:
         yield endpoints, cnn, enc, root
-    from tests.served import session_processes
+    from tests.support.served import session_processes
 
     assert not session_processes(endpoints.process.pid), "the server or a stub of its Python backend still runs"
 
@@ -172,7 +172,7 @@ def test_the_model_refuses_numpy_2_which_the_backend_would_serve_zeros_under():
 
 def test_infopt_serve_starts_triton_prints_a_request_that_works_and_stops_on_ctrl_c(served):
     """``infopt serve dist/digits`` as README.md and docs/guide/servers.md show it: an AOTInductor build goes to the bundled Triton."""
-    from tests.served import serve_and_ask
+    from tests.support.served import serve_and_ask
 
     _, cnn, _, root = served
     reply, printed, code = serve_and_ask(root / "digits")
@@ -186,7 +186,7 @@ def test_infopt_serve_starts_triton_prints_a_request_that_works_and_stops_on_ctr
 
 def test_a_bounded_load_gets_every_answer_right(served, digits):
     """8 clients for 2 s on the digits model, batches of 1, 2 and 4: no failed and no wrong answer."""
-    from tests.served import bounded_load
+    from tests.support.served import bounded_load
 
     endpoints, cnn, _, _ = served
     load = bounded_load(f"http://{endpoints.http}/v2/models/digits/infer", cnn, digits[1]["val"][0], seconds=2.0)

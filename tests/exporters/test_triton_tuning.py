@@ -23,7 +23,7 @@ from infopt.exporters.servers.triton_tuning import (
     tune,
 )
 from infopt.report.performance import tuning_section
-from tests.manifests import typed_manifest
+from tests.support.manifests import typed_manifest
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
 KIND_CPU = model_config_pb2.ModelInstanceGroup.KIND_CPU

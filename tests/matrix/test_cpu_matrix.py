@@ -136,7 +136,7 @@ def test_cell(arch, fmt, precision, backend, mode, saved, tmp_path, monkeypatch,
 
 
 def test_the_guide_s_target_table_is_the_code_s_table():
-    from tests.conftest import ROOT
+    from tests.support.cli import ROOT
 
     assert build_table_markdown() in (ROOT / "docs" / "guide" / "targets-and-backends.md").read_text()
     assert build_table()["cpu"] == {"fp32": ["onnxruntime", "inductor"], "bf16": ["inductor"], "fp8": ["onnxruntime"],

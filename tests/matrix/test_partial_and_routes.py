@@ -9,9 +9,8 @@ import onnx
 import pytest
 
 from infopt.core.errors import BuildError
-from tests.conftest import run_cli, run_cli_here
 from tests.matrix import models as M
-from tests.test_bad_input import assert_clean_failure
+from tests.support.cli import assert_clean_failure, run_cli, run_cli_here
 
 
 @pytest.fixture

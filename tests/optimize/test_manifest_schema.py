@@ -11,7 +11,7 @@ import pytest
 from infopt.core.errors import BuildError, UsageError
 from infopt.core.manifest import read_manifest
 from infopt.core.manifest_schema import SCHEMA_VERSION, Manifest, check_written, json_schema, shipped_schema
-from tests.conftest import run_cli_here
+from tests.support.cli import run_cli_here
 
 
 def test_the_shipped_schema_is_generated_from_the_models():

@@ -9,7 +9,7 @@ from infopt.core.inputspec import InputSpec
 from infopt.core.pipeline import Pipeline
 from infopt.core.recipe import bundled_recipes, load_recipe
 from infopt.core.target import get_target
-from tests.bad_models import DataDependent
+from tests.support.bad_models import DataDependent
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from infopt.core.manifest_schema import Manifest
 from infopt.report.html import to_html
 from infopt.validators import timing
 from infopt.validators.roofline import cost_notes, cost_per_million, count_work, roofline
-from tests.manifests import typed_manifest
+from tests.support.manifests import typed_manifest
 
 BATCHES = (1, 2, 4, 8, 16)
 VOID = {"meta", "link", "br", "hr", "img", "input", "area", "base", "col", "embed", "source", "track", "wbr"}

@@ -16,7 +16,7 @@ from infopt.core.registry import PassContext, get_pass
 from infopt.core.target import get_target
 from infopt.passes.onnx.attention_mask_fill import FILL, fill, masks
 from infopt.runtime.backends.onnxruntime import OrtRunner
-from tests.passes.helpers import TinyBert, capture, padded_batch, saved_and_checked
+from tests.support.passes import TinyBert, capture, padded_batch, saved_and_checked
 
 transformers = pytest.importorskip("transformers")
 

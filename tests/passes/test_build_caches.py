@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 import infopt
-from tests.payloads import Tiny
+from tests.support.payloads import Tiny
 
 INPUT = ["x:float32[batch,4]"]
 

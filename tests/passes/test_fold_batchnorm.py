@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from infopt.validators.metrics import max_abs
-from tests.passes.helpers import capture, ops, run_pass, saved_and_checked
+from tests.support.passes import capture, ops, run_pass, saved_and_checked
 
 BN = ("aten.batch_norm.default", "aten._native_batch_norm_legit_no_training.default")
 

@@ -12,7 +12,7 @@ from infopt.core import onnx_graph
 from infopt.core.artifact import Artifact
 from infopt.core.inputspec import InputSpec
 from infopt.runtime.backends.onnxruntime import OrtRunner
-from tests.passes.helpers import TinyBert, capture, padded_batch, run_pass, saved_and_checked
+from tests.support.passes import TinyBert, capture, padded_batch, run_pass, saved_and_checked
 
 pytest.importorskip("transformers")
 

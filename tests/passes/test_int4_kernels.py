@@ -9,7 +9,7 @@ from infopt.core.target import get_target
 from infopt.kernels import w4a16
 from infopt.passes.fx.int4_kernels import PASS
 from infopt.quantize.int4_format import Int4Linear, Int4Weight, grid, quantize_codes, replace_module
-from tests.passes.helpers import capture, ops
+from tests.support.passes import capture, ops
 
 INT4 = "infopt.int4_linear.default"
 W4A16 = "infopt.w4a16_linear.default"

@@ -24,7 +24,7 @@ from infopt.quantize.int4_format import (
 )
 from infopt.runtime.backends.onnxruntime import OrtRunner
 from infopt.validators.metrics import cosine, max_abs
-from tests.passes.helpers import capture, run_pass
+from tests.support.passes import capture, run_pass
 
 SPEC = "x:float32[batch,seq,256]"
 DIMS = ("batch=1:4:16", "seq=1:8:32")

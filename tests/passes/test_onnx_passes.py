@@ -11,7 +11,7 @@ import pytest
 from infopt.runtime.backends.onnxruntime import OrtRunner
 from infopt.runtime.runner import TorchRunner
 from infopt.validators.metrics import cosine, max_abs
-from tests.passes.helpers import capture, run_pass
+from tests.support.passes import capture, run_pass
 
 
 @pytest.fixture

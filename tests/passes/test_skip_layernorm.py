@@ -16,7 +16,7 @@ from infopt.core.inputspec import InputSpec
 from infopt.passes.onnx import skip_layernorm
 from infopt.passes.onnx.ort_optimize import op_histogram
 from infopt.runtime.backends.onnxruntime import OrtRunner
-from tests.passes.helpers import TinyBert, capture, padded_batch, run_pass, saved_and_checked
+from tests.support.passes import TinyBert, capture, padded_batch, run_pass, saved_and_checked
 
 HIDDEN = 16
 

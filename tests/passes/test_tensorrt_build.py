@@ -17,7 +17,7 @@ from infopt.passes.lower import tensorrt_build
 from infopt.passes.lower.tensorrt_build import PASS, tensorrt_unavailable
 from infopt.runtime.backends.onnxruntime import OrtRunner
 from infopt.validators.metrics import max_abs
-from tests.passes.helpers import capture, run_pass
+from tests.support.passes import capture, run_pass
 
 UNAVAILABLE = tensorrt_unavailable()
 

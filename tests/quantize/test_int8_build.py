@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import infopt
-from tests.conftest import run_cli, run_cli_here
+from tests.support.cli import run_cli, run_cli_here
 
 CNN_INPUT = "x:float32[batch,1,8,8]"
 

@@ -16,7 +16,7 @@ from infopt.core import onnx_graph
 from infopt.quantize import int8_variants, onnx_int8
 from infopt.quantize.int8_variants import Tried, choose, pooled_layers, timing_feeds
 from infopt.validators.timing import RatioEstimate
-from tests.conftest import run_cli
+from tests.support.cli import run_cli
 
 CNN_INPUT = "x:float32[batch,1,8,8]"
 INTEGER_OPS = {"QLinearConv", "QGemm", "QLinearMatMul", "MatMulInteger", "DynamicQuantizeMatMul", "QuantizeLinear"}

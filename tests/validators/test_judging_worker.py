@@ -12,8 +12,7 @@ import pytest
 
 from infopt.runtime.worker import RunnerCrashed, huge_pages_env
 from infopt.validators import generation
-from tests.conftest import run_cli
-from tests.test_bad_input import assert_clean_failure
+from tests.support.cli import assert_clean_failure, run_cli
 
 pytest.importorskip("onnxruntime_genai")
 
@@ -42,7 +41,7 @@ def test_huge_pages_join_the_tunables_already_set(monkeypatch):
 
 @pytest.mark.slow
 def test_a_judging_worker_stopped_for_memory_fails_the_build_cleanly_and_validate_and_gate_say_so(tmp_path):
-    from tests.test_text_generation import decoder
+    from tests.support.decoders import decoder
 
     decoder(tmp_path, "llama")
     proc = run_cli("build", "tiny-llama", "--task", "text-generation", "-q", cwd=tmp_path, timeout=600)

@@ -65,7 +65,7 @@ def test_the_prefills_figures_are_what_teacher_forcing_the_prompts_gives(family)
     import numpy as np
 
     from infopt.validators.generation import eager_figures, greedy_eager_figures
-    from tests.test_text_generation import with_layers
+    from tests.support.decoders import with_layers
 
     lm = with_layers(family, 2)
     prompts = [[5, 9, 13, 17, 21, 25, 29, 33], [40, 41, 42, 43, 44, 45, 46, 47], [7, 7, 8, 8, 9, 9]]

