@@ -25,9 +25,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from infopt.core.errors import UsageError
 
 
-def setting(default: Any, description: str, flag: str | None = None, *, logits_only: bool = False,
+def setting(default: Any, description: str, flag: str | tuple[str, ...] | None = None, *, logits_only: bool = False,
             generation_only: bool = False, **kwargs: Any) -> Any:
-    """A field of a section, with the flag that sets it and which task takes it."""
+    """A field of a section: its default, its help (``description``), the flag that sets it (with its short form, as
+    a tuple) and which task takes it."""
     extra = {"flag": flag, "logits_only": logits_only, "generation_only": generation_only}
     if callable(default):
         return Field(default_factory=default, description=description, json_schema_extra=extra, **kwargs)
@@ -41,94 +42,111 @@ class Section(BaseModel):
 class DeploySection(Section):
     """Where the build runs and what it builds."""
 
-    target: str = setting("cpu", "the target to build for (see `infopt targets`)", "--target")
-    precision: str | None = setting(None, "fp32, fp16, bf16, fp8, int8 or int4; unset: fp32, or the recipe's own",
-                                    "--precision")
-    backend: str = setting("auto", "auto, onnxruntime, tensorrt or inductor", "--backend")
-    task: str | None = setting(None, "text-generation or logits; unset: text-generation for a causal LM where it "
-                                     "builds what was asked, else logits", "--task")
-    recipe: str | Path | None = setting(None, "a recipe YAML file or a bundled recipe's name, instead of choosing "
-                                              "by target and backend", "--recipe")
-    pass_options: dict[str, dict[str, Any]] | None = setting(None, "options over the recipe's, by pass name")
-    price_per_hour: float | None = setting(None, "USD per hour of the deployment machine, for the report's costs",
-                                           "--price-per-hour")
-    attention: str | None = setting(None, "a decoder's attention: fused or unfused", generation_only=True)
+    target: str = setting("cpu", "Target to build for (see `infopt targets`).", ("--target", "-t"))
+    precision: str | None = setting(None, "fp32, fp16, bf16, fp8, int8 or int4 (default: fp32, or the recipe's own).",
+                                    ("--precision", "-p"))
+    backend: str = setting("auto", "auto, onnxruntime, tensorrt or inductor.", "--backend")
+    task: str | None = setting(
+        None, "text-generation: a causal LM's decoder with its KV cache, written as an ONNX Runtime GenAI folder and "
+              "judged by generating from it (fp32, --int8, --int4; CPU), the default for a causal LM where it builds "
+              "what was asked; logits: one graph from the inputs to the head's output, the default for every other "
+              "model.", "--task")
+    recipe: str | Path | None = setting(None, "A recipe YAML file, or a bundled recipe's name (see `infopt recipes`), "
+                                              "instead of choosing by target and backend.", "--recipe")
+    pass_options: dict[str, dict[str, Any]] | None = setting(None, "Options over the recipe's, by pass name.")
+    price_per_hour: float | None = setting(
+        None, "USD per hour of the machine you deploy on, for the report's cost per million predictions, or output "
+              "tokens with --task text-generation (replaces the target's).", "--price-per-hour")
+    attention: str | None = setting(None, "A decoder's attention: fused or unfused.", generation_only=True)
 
 
 class SourceSection(Section):
     """How the model is read and what it takes."""
 
-    inputs: Any = setting(None, 'the input spec: "name:dtype[dims]" strings or an InputSpec', "--input",
-                          logits_only=True)
-    dims: Any = setting(None, "dim ranges, NAME=MIN:OPT:MAX strings or a dict", "--dim", logits_only=True)
-    model_class: str | None = setting(None, "module:Class of a state_dict's model", "--model-class", logits_only=True)
-    model_args: str | dict | None = setting(None, "the model class's keyword arguments (JSON or a dict)",
+    inputs: Any = setting(None, 'The input spec: "name:dtype[dims]" strings, one per input, or an InputSpec.',
+                          ("--input", "-i"), logits_only=True)
+    dims: Any = setting(None, "Ranges of symbolic dims, name=min:opt:max strings or a dict.", "--dim",
+                        logits_only=True)
+    model_class: str | None = setting(None, "pkg.module:Class to load a state_dict into.", "--model-class",
+                                      logits_only=True)
+    model_args: str | dict | None = setting(None, "Keyword arguments for --model-class (a JSON object, or a dict).",
                                             "--model-args", logits_only=True)
-    allow_pickle: bool = setting(False, "load a pickled module (runs its code)", "--allow-pickle", logits_only=True)
-    tokenizer: str | Path | None = setting(None, "a Hugging Face tokenizer folder, for --calib and --val text",
-                                           "--tokenizer", logits_only=True)
+    allow_pickle: bool = setting(False, "Allow unpickling a fully pickled nn.Module (runs code from the file).",
+                                 "--allow-pickle", logits_only=True)
+    tokenizer: str | Path | None = setting(None, "Hugging Face tokenizer folder, for a --calib text file (one example "
+                                                 "per line).", "--tokenizer", logits_only=True)
 
 
 class ValidationSection(Section):
     """What the build is judged on, and what it must hold."""
 
-    val: Any = setting(None, "validation samples or text (a path), or data", "--val")
-    max_val_samples: int = setting(256, "validation samples used at most", logits_only=True)
-    thresholds: dict[str, float] | None = setting(None, "drift and latency thresholds by name (max_abs, min_cosine, "
-                                                        "min_top1, min_sqnr_db, max_p99_ms)", logits_only=True)
-    max_drift: str | None = setting(None, "the drift budget METRIC=VALUE that the INT8 fallback holds", "--max-drift")
-    strict: bool = setting(False, "stop when any candidate fails, even if others passed", "--strict",
-                           logits_only=True)
-    allow_partial: bool = setting(True, "ship the best candidate that passed when others failed", logits_only=True)
-    require_precision: bool = setting(False, "ship the precision asked for even when another measured faster",
-                                      "--require-precision", logits_only=True)
+    val: Any = setting(None, "Validation samples (a folder or file of .npy/.npz/.pt, or a text file for a causal "
+                             "LM), or the samples themselves.", "--val")
+    max_val_samples: int = setting(256, "Validation samples used at most.", logits_only=True)
+    thresholds: dict[str, float] | None = setting(None, "Drift and latency limits by name: max_abs, min_cosine, "
+                                                        "min_top1, min_sqnr_db, max_p99_ms.", logits_only=True)
+    max_drift: str | None = setting(
+        None, "Drift budget METRIC=VALUE, e.g. cosine_mean=0.995 or top1=0.99; INT8's sensitive layers fall back to "
+              "FP32 until it holds.", "--max-drift")
+    strict: bool = setting(False, "Exit 3 when any candidate fails to build or run, even if others passed (default: "
+                                  "ship the best that passed and warn).", "--strict", logits_only=True)
+    allow_partial: bool = setting(True, "Ship the best candidate that passed when others failed.", logits_only=True)
+    require_precision: bool = setting(False, "Ship the precision asked for even when a faster one was measured (INT8 "
+                                             "on a CPU where FP32 is faster).", "--require-precision",
+                                      logits_only=True)
 
 
 class TimingSection(Section):
     """Which batch sizes are timed, and how they are weighed."""
 
-    batch_sizes: list[int] | None = setting(None, "the batch sizes the model serves, timed", "--batch-sizes",
-                                            logits_only=True)
-    batch_mix: Any = setting(None, "each served batch size's share of requests, {1: 0.7, 32: 0.3}", "--batch-mix",
-                             logits_only=True)
+    batch_sizes: list[int] | None = setting(None, "The batch sizes to time.", "--batch-sizes", logits_only=True)
+    batch_mix: Any = setting(None, "The batch sizes the model serves and each one's share of requests, "
+                                   "{1: 0.7, 32: 0.3}.", "--batch-mix", logits_only=True)
 
 
 class CalibrationSection(Section):
     """The data quantization calibrates on, and how INT8 turns ranges into scales."""
 
-    calibration: Any = setting(None, "calibration data: a path, an iterable or DataLoader, or module:function",
-                               "--calib")
-    calib_samples: int | None = setting(128, "calibration samples to draw (seeded)", "--calib-samples",
+    calibration: Any = setting(None, "Calibration samples (.npy/.npz/.pt folder or file, or module:function), or a "
+                                     "text file; makes INT8 static.", "--calib")
+    calib_samples: int | None = setting(128, "Calibration samples to draw (seeded).", "--calib-samples",
                                         logits_only=True)
-    calib_seed: int = setting(0, "the seed of the calibration draw", logits_only=True)
-    calib_method: str | None = setting(None, "how INT8 calibration turns ranges into scales", "--calib-method",
-                                       logits_only=True)
-    calib_percentile: float | None = setting(None, "the percentile method's percentile", "--calib-percentile",
-                                             logits_only=True)
-    calib_bins: int | None = setting(None, "histogram bins of calibration", "--calib-bins", logits_only=True)
-    smoothquant_alpha: float | None = setting(None, "SmoothQuant's migration strength, 0..1", "--smoothquant-alpha",
+    calib_seed: int = setting(0, "The seed of the calibration draw.", logits_only=True)
+    calib_method: str | None = setting(None, "How INT8 calibration turns ranges into scales (see `infopt recipes "
+                                             "--passes`).", "--calib-method", logits_only=True)
+    calib_percentile: float | None = setting(None, "Percentile kept by --calib-method percentile.",
+                                             "--calib-percentile", logits_only=True)
+    calib_bins: int | None = setting(None, "Histogram bins for percentile, entropy and mse.", "--calib-bins",
+                                     logits_only=True)
+    smoothquant_alpha: float | None = setting(None, "SmoothQuant migration strength, 0..1.", "--smoothquant-alpha",
                                               logits_only=True)
 
 
 class Int4Section(Section):
     """INT4 weight-only quantization."""
 
-    int4_method: str | None = setting(None, "auto, rtn, gptq, awq or awq-gptq", "--int4-method")
-    group_size: int | None = setting(None, "input features per scale group", "--group-size")
-    act_order: bool = setting(False, "GPTQ in order of activation size", "--act-order")
-    int4_checkpoint: str | None = setting(None, "the 4-bit checkpoint's layout: auto, gptq, awq or none",
-                                          "--int4-checkpoint", logits_only=True)
-    max_bits_per_weight: float | None = setting(None, "the quantized layers' average stored bits per weight at most",
-                                                "--max-bits-per-weight", generation_only=True)
+    int4_method: str | None = setting(None, "INT4: auto, rtn, gptq, awq or awq-gptq (default: gptq with --calib, rtn "
+                                            "without).", "--int4-method")
+    group_size: int | None = setting(None, "INT4: input features per scale group (default 128).", "--group-size")
+    act_order: bool = setting(False, "INT4 GPTQ: quantize columns in order of activation size (checkpoint gets "
+                                     "g_idx).", "--act-order")
+    int4_checkpoint: str | None = setting(
+        None, "INT4: auto, gptq, awq or none: the 4-bit checkpoint written to servers/vllm/ for a Hugging Face model "
+              "(auto: GPTQ layout; none after AWQ).", "--int4-checkpoint", logits_only=True)
+    max_bits_per_weight: float | None = setting(
+        None, "INT4 text generation: the quantized layers' average stored bits per weight at most (INT4 layers about "
+              "4.3-5.1, those kept for 8 bits 9.25); caps how many layers --calib keeps for 8 bits.",
+        "--max-bits-per-weight", generation_only=True)
 
 
 class EmitSection(Section):
     """Where the output goes."""
 
-    name: str | None = setting(None, "the model's name (default: the file's stem)", "--name")
-    output: str | Path | None = setting(None, "the output folder (default: dist/<name>)", "--output")
-    force: bool = setting(False, "replace an existing output folder", "--force")
-    dry_run: bool = setting(False, "resolve what would be built and write nothing", "--dry-run")
+    name: str | None = setting(None, "Model name (default: the file's stem).", "--name")
+    output: str | Path | None = setting(None, "Output folder (default: dist/<name>).", ("--output", "-o"))
+    force: bool = setting(False, "Replace an existing output folder.", "--force")
+    dry_run: bool = setting(False, "Load the model and show what would be built (candidates, passes, inputs, output "
+                                   "folder); write nothing.", "--dry-run")
 
 
 class BuildConfig(BaseModel):
@@ -174,7 +192,7 @@ class BuildConfig(BaseModel):
                 error = exc.errors()[0]
                 key = str(error["loc"][0]) if error["loc"] else section
                 raise UsageError(f"build setting {key}={given.get(key)!r}: {error['msg']}",
-                                 fix=f"{key} is {field_info(key).description}") from None
+                                 fix=f"{flag_of(key)}: {field_info(key).description}") from None
         return cls(**sections)
 
     def flat(self) -> dict[str, Any]:
@@ -211,9 +229,15 @@ def field_info(key: str):
     return BuildConfig.model_fields[section_of_field()[key]].annotation.model_fields[key]
 
 
+def flags_of(key: str) -> tuple[str, ...]:
+    """The command line's flags for the setting ``key`` (none for a setting only the Python API takes)."""
+    flag = _extra(key)["flag"]
+    return (flag,) if isinstance(flag, str) else tuple(flag or ())
+
+
 def flag_of(key: str) -> str:
     """How a message names the setting ``key``: its flag, else the keyword."""
-    return _extra(key)["flag"] or f"{key}="
+    return next(iter(flags_of(key)), f"{key}=")
 
 
 def _extra(key: str) -> dict[str, Any]:

@@ -23,8 +23,8 @@ def test_a_keyword_sets_its_field_in_its_section_and_is_validated_as_it():
 
 @pytest.mark.parametrize("settings, message, fix", [
     ({"precison": "int8"}, "unknown build setting 'precison'", "did you mean precision"),
-    ({"group_size": "big"}, "build setting group_size='big'", "input features per scale group"),
-    ({"act_order": "sometimes"}, "build setting act_order='sometimes'", "GPTQ in order of activation size"),
+    ({"group_size": "big"}, "build setting group_size='big'", "--group-size: INT4: input features per scale group"),
+    ({"act_order": "sometimes"}, "build setting act_order='sometimes'", "--act-order: INT4 GPTQ"),
 ])
 def test_a_wrong_setting_is_a_usage_error_naming_it_and_what_it_takes(settings, message, fix):
     with pytest.raises(UsageError, match=message) as refused:
