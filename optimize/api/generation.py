@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from infopt.api import flags, provenance
-from infopt.api.build_config import BuildConfig
+from infopt.api.build_config import BuildConfig, flag_of
 from infopt.api.build_notes import typed_details
 from infopt.api.build_result import BuildResult
 from infopt.api.emit import base_manifest, source_info, write_output
@@ -136,6 +136,10 @@ def build_generation(model: str | Path, config: BuildConfig | None = None, *, co
     val, calib, max_drift = config.validation.val, config.calib.calibration, config.validation.max_drift
     int4_method, group_size, act_order = int4.int4_method, int4.group_size, int4.act_order
     output, name, force, dry_run = emit.output, emit.name, emit.force, emit.dry_run
+    extra = config.logits_only_given()
+    if extra:
+        raise UsageError(f"--task {TASK} does not take {', '.join(flag_of(key) for key in extra)}",
+                         fix="drop them: it builds the ONNX Runtime GenAI folder for the cpu target")
     chosen = task_recipe(recipe, backend)
     if chosen is not None:
         if precision not in (None, chosen.precision):

@@ -100,7 +100,7 @@ def build(**given: Any) -> None:
                             given["int4_checkpoint"])  # an unknown --int4-method exits 2 here
     config = BuildConfig.of(**{**given, "precision": asked, "batch_sizes": o.parse_batch_sizes(given["batch_sizes"]),
                                "batch_mix": o.parse_batch_mix(given["batch_mix"]),
-                               "thresholds": o.thresholds(**limits)})
+                               "thresholds": o.thresholds(**limits) or None})
     if task is None:
         from infopt.api.task_choice import default_task, logits_choices
 

@@ -141,6 +141,8 @@ def test_text_generation_refuses_what_it_does_not_build(decoders, tmp_path):
     proc = run_cli_here("build", llama, "--task", "logits", "--recipe", "fp32-onnxruntime-genai", cwd=tmp_path)
     assert_clean_failure(proc, 2, "builds text-generation, not the logits graph", "--task text-generation",
                          out=tmp_path / "dist")
+    proc = run_cli_here("build", llama, "--task", "text-generation", "--dim", "seq=1:8:16", "--strict", cwd=tmp_path)
+    assert_clean_failure(proc, 2, "--task text-generation does not take --dim, --strict", out=tmp_path / "dist")
     proc = run_cli_here("build", "tiny-bert", "--task", "translation", cwd=tmp_path)
     assert_clean_failure(proc, 2, "unknown --task 'translation'", out=tmp_path / "dist")
     FAMILIES["llama"]().save_pretrained(tmp_path / "no-tokenizer")
