@@ -24,14 +24,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infopt.core.errors import UsageError
 
+DEFAULT_MAX_VAL_SAMPLES = 256
+"""the validation samples a logits build judges at most, by default"""
+
 
 def setting(default: Any, description: str, flag: str | tuple[str, ...] | None = None, *, logits_only: bool = False,
             generation_only: bool = False, **kwargs: Any) -> Any:
     """A field of a section: its default, its help (``description``), the flag that sets it (with its short form, as
     a tuple) and which task takes it."""
     extra = {"flag": flag, "logits_only": logits_only, "generation_only": generation_only}
-    if callable(default):
-        return Field(default_factory=default, description=description, json_schema_extra=extra, **kwargs)
     return Field(default, description=description, json_schema_extra=extra, **kwargs)
 
 
@@ -82,7 +83,7 @@ class ValidationSection(Section):
 
     val: Any = setting(None, "Validation samples (a folder or file of .npy/.npz/.pt, or a text file for a causal "
                              "LM), or the samples themselves.", "--val")
-    max_val_samples: int = setting(256, "Validation samples used at most.", logits_only=True)
+    max_val_samples: int = setting(DEFAULT_MAX_VAL_SAMPLES, "Validation samples used at most.", logits_only=True)
     thresholds: dict[str, float] | None = setting(None, "Drift and latency limits by name: max_abs, min_cosine, "
                                                         "min_top1, min_sqnr_db, max_p99_ms.", logits_only=True)
     max_drift: str | None = setting(

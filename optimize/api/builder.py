@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from infopt.api import candidates as cand
 from infopt.api import flags, provenance, task_choice
-from infopt.api.build_config import BuildConfig, flag_of
+from infopt.api.build_config import DEFAULT_MAX_VAL_SAMPLES, BuildConfig, flag_of
 from infopt.api.build_inputs import (
     latency_feeds,
     outputs_on,
@@ -58,8 +58,6 @@ from infopt.validators.range_ends import check_range_ends, range_ends
 from infopt.validators.roofline import count_work
 from infopt.validators.timing_budget import TimingBudget
 from infopt.validators.verdict import judge
-
-DEFAULT_MAX_VAL_SAMPLES = 256
 
 
 def _console(progress: bool | Any):

@@ -60,8 +60,7 @@ def _option(key: str) -> inspect.Parameter:
         help_text = HELP[key]() if key in HELP else info.description
         kind = Annotated[plain if plain is bool or info.default is not None else Optional[plain],
                          typer.Option(*flags_of(key), help=help_text, **extra)]
-    default = None if key == "precision" else info.default
-    return inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=kind)
+    return inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=info.default, annotation=kind)
 
 
 def _signature() -> inspect.Signature:
@@ -116,13 +115,9 @@ def build(**given: Any) -> None:
     if task == "text-generation":
         _build_generation(model, config, as_json=as_json, quiet=quiet)
         return
-    if config.int4.max_bits_per_weight is not None:
-        raise UsageError("--max-bits-per-weight caps an INT4 text-generation build; this build is --task logits",
-                         fix="drop --max-bits-per-weight, or build a causal LM with --task text-generation --int4")
     result = run_build(model, config=BuildConfig.of(config, precision=asked or "fp32", task="logits"),
                        progress=False if quiet else stderr(), command=["infopt", *sys.argv[1:]])
-    dry_run = config.emit.dry_run
-    if dry_run:
+    if config.emit.dry_run:
         _print_plan(result, as_json)
         return
     for row in result.manifest.candidates:

@@ -23,7 +23,7 @@ import json
 
 import pytest
 
-from infopt.api.builder import DEFAULT_MAX_VAL_SAMPLES
+from infopt.api.build_config import DEFAULT_MAX_VAL_SAMPLES
 from tests.support.cli import ROOT, assert_clean_failure, run_cli, run_cli_here
 
 transformers = pytest.importorskip("transformers")
