@@ -345,7 +345,9 @@ def w4a16_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, z
     else through ``torch.ops.infopt.w4a16_linear`` (traced, compiled, or the reference off CUDA)."""
     if _launches_directly(x):
         return _launch(x, qweight, scales, zeros, perm, bias, group_size, _direct)
-    return registered()(x, qweight, scales, zeros, perm, bias, group_size)
+    if not torch.compiler.is_compiling():
+        registered()  # a compiler traces through the cache into the op's definition, which it refuses
+    return torch.ops.infopt.w4a16_linear(x, qweight, scales, zeros, perm, bias, group_size)
 
 
 class W4A16Linear(nn.Module):
@@ -355,6 +357,7 @@ class W4A16Linear(nn.Module):
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, perm: torch.Tensor | None,
                  bias: torch.Tensor | None, group_size: int, input_scale: torch.Tensor | None = None):
         super().__init__()
+        registered()  # defined before any compiler traces this layer
         self.in_features = int(qweight.shape[1] * 2)
         self.out_features = int(qweight.shape[0])
         self.group_size = group_size

@@ -32,6 +32,7 @@ from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, Pa
 from infopt.exporters.program_key import key_or_none, program_parts, source_of
 from infopt.passes.fx import cast_precision
 from infopt.quantize.int4_format import decompose_int4
+from infopt.runtime.cpp_compiler import package_compiler
 
 
 class InductorOptions(PassOptions):
@@ -103,7 +104,13 @@ def run(artifact: Artifact, options: InductorOptions, context: PassContext) -> P
     program, int4_layers = decompose_int4(program)
     path = context.workdir / "model.pt2"
     configs = inductor_configs(options)
-    key = key_or_none(lambda: package_key(program, configs, device)) if options.cache else None
+    compiler = package_compiler()
+    if compiler.path is None:
+        raise EnvironmentProblem(f"no C++ compiler here builds an AOTInductor package a torch process can load: "
+                                 f"{compiler.problem()}",
+                                 fix="install the system g++ (apt install g++) or set CXX to a compiler that links "
+                                     "libstdc++ dynamically; or use --backend onnxruntime")
+    key = key_or_none(lambda: package_key(program, configs, device, compiler.path)) if options.cache else None
     hit = stored(STORE, key) if key else None
     with inductor_cache() as cache:
         if hit is not None:
@@ -111,12 +118,15 @@ def run(artifact: Artifact, options: InductorOptions, context: PassContext) -> P
         else:
             context.say(f"AOTInductor compiling for {device} (generated kernels, then the C++ build)")
             with quiet_third_party():
-                torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=dict(configs))
+                torch._inductor.aoti_compile_and_package(program, package_path=str(path),
+                                                         inductor_configs={**configs, "cpp.cxx": (None, compiler.path)})
             if key:
                 store(STORE, key, {path.name: path}, {})
     details = AotiDetails(device=device, inductor_configs=configs, cache=cache, torch=torch.__version__,
-                          cached=True if hit is not None else None)
+                          cached=True if hit is not None else None, compiler=compiler.path)
     notes = [f"AOTInductor package for {device} ({', '.join(k for k, v in configs.items() if v) or 'defaults'})"]
+    if compiler.note():
+        notes.append(compiler.note())
     if int4_layers:
         notes.append(f"{int4_layers} INT4 layers as dequantize + matmul in generated code")
         details.int4_layers = int4_layers
@@ -127,17 +137,17 @@ def run(artifact: Artifact, options: InductorOptions, context: PassContext) -> P
 STORE = "aoti-package"
 
 
-def package_key(program, configs: dict[str, Any], device: str) -> str:
+def package_key(program, configs: dict[str, Any], device: str, compiler: str) -> str:
     """What the package depends on, hashed: the program (``exporters/program_key.py``), the Inductor
     settings, the device, the machine it is compiled for (the CPU's model and instruction sets, as
     the C++ build targets them, or the GPU), the C++ compiler, torch, and this module's code."""
     import torch
 
-    return content_key(*program_parts(program), repr(sorted(configs.items())), device, _compiled_for(device),
+    return content_key(*program_parts(program), repr(sorted(configs.items())), device, _compiled_for(device, compiler),
                        source_of(sys.modules[__name__], sys.modules[decompose_int4.__module__]), f"torch {torch.__version__}")
 
 
-def _compiled_for(device: str) -> str:
+def _compiled_for(device: str, compiler: str) -> str:
     import torch
 
     if device == "cuda":
@@ -148,9 +158,6 @@ def _compiled_for(device: str) -> str:
             cpu = "".join(sorted({line for line in f if line.startswith(("model name", "flags"))}))
     except OSError:
         cpu = platform.processor()
-    from torch._inductor.cpp_builder import get_cpp_compiler
-
-    compiler = shutil.which(get_cpp_compiler()) or get_cpp_compiler()
     stat = os.stat(compiler) if os.path.exists(compiler) else None
     return f"{platform.machine()} {cpu} {compiler} {stat.st_size if stat else ''} {stat.st_mtime if stat else ''}"
 
@@ -167,6 +174,8 @@ class AotiDetails(PassDetails):
     """INT4 layers compiled as dequantize + matmul"""
     cached: bool | None = None
     """True when the package is an earlier build's of the same program, from the cache (volatile)"""
+    compiler: str | None = None
+    """the C++ compiler it was built with (``runtime/cpp_compiler.py``)"""
 
 
 PASS = Pass(

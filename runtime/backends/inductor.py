@@ -11,6 +11,7 @@ import numpy as np
 
 from infopt.core.errors import EnvironmentProblem
 from infopt.runtime.backend import Backend, check, register
+from infopt.runtime.cpp_compiler import package_compiler
 from infopt.runtime.cuda_graphs import GraphedCallable
 from infopt.runtime.runner import Runner
 
@@ -96,9 +97,12 @@ def cpp_compiler() -> str | None:
 
 
 def checks() -> list[dict]:
-    compiler = cpp_compiler()
-    return [check("C++ compiler (AOTInductor CPU)", compiler is not None, compiler or "none on PATH",
-                  "install g++ (apt install g++), or set CXX; --backend inductor needs it for CPU packages")]
+    """The compiler AOTInductor packages would be built with, probed (``runtime/cpp_compiler.py``)."""
+    choice = package_compiler()
+    found = (choice.note() or choice.path) if choice.path else choice.problem()
+    return [check("C++ compiler (AOTInductor)", choice.path is not None, found,
+                  "install the system g++ (apt install g++), or set CXX to a compiler that links libstdc++ "
+                  "dynamically; --backend inductor needs one")]
 
 
 def unavailable(precision: str, device: str) -> str | None:

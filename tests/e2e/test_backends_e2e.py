@@ -5,6 +5,7 @@ target/precision/backend combinations that cannot be built, each with its exit c
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import onnx
@@ -13,7 +14,9 @@ from google.protobuf import text_format
 
 import infopt
 from infopt.runtime.backends.inductor import AotiRunner
+from infopt.runtime.cpp_compiler import package_compiler
 from tests.support.cli import assert_clean_failure, run_cli, run_cli_here
+from tests.support.compilers import static_libstdcxx_gxx
 
 model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
 CNN = ("--input", "x:float32[batch,1,8,8]", "--dim", "batch=1:8:64")
@@ -54,7 +57,17 @@ def test_auto_builds_every_cpu_candidate_and_ships_the_fastest(cnn_auto):
     assert "Candidates" in printed and "fp32-inductor" in printed
 
 
-def test_inductor_backend_ships_a_pt2_that_loads_validates_and_serves(files, digits, tmp_path):
+@pytest.fixture
+def static_cxx(tmp_path, monkeypatch):
+    """$CXX set to a g++ that links libstdc++ statically, whose packages end the process that loads them."""
+    static = static_libstdcxx_gxx(tmp_path / "static-bin")
+    monkeypatch.setenv("CXX", str(static))
+    package_compiler.cache_clear()
+    yield static
+    package_compiler.cache_clear()
+
+
+def test_inductor_backend_ships_a_pt2_that_loads_validates_and_serves(files, digits, tmp_path, static_cxx):
     out = tmp_path / "digits"
     proc = run_cli_here("build", str(files / "cnn_ts.pt"), *CNN, "--val", str(files / "digits_val.npz"),
                         "--batch-sizes", "1", "--backend", "inductor", "--name", "digits", "--output", str(out), cwd=tmp_path)
@@ -62,6 +75,10 @@ def test_inductor_backend_ships_a_pt2_that_loads_validates_and_serves(files, dig
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["backend"] == "inductor" and manifest["artifacts"]["model"] == "model/model.pt2"
     assert [p["name"] for p in manifest["passes"]][-1] == "aoti_compile"
+    # $CXX's libraries crash a torch process: the next compiler on PATH built the package, and the notes say so
+    compiled = manifest["passes"][-1]
+    assert compiled["details"]["compiler"] == shutil.which("g++")
+    assert f"C++ compiler {shutil.which('g++')}, not {static_cxx}: " in " ".join(compiled["notes"])
     assert manifest["outputs"] == [{"name": "output", "dtype": "float32", "shape": ["batch", 10]}]
     assert manifest["validation"]["device"] == "cpu (AOTInductor package), in a worker process"  # fenced
     runner = infopt.load(out)
@@ -75,6 +92,15 @@ def test_inductor_backend_ships_a_pt2_that_loads_validates_and_serves(files, dig
     check = run_cli("validate", str(out), "--json")
     assert check.returncode == 0, check.stderr[-1500:]
     assert json.loads(check.stdout)["verdict"]["passed"] is True
+
+
+def test_no_compiler_whose_packages_load_is_an_environment_failure(files, tmp_path):
+    static = static_libstdcxx_gxx(tmp_path / "only-bin")
+    out = tmp_path / "dist" / "m"
+    proc = run_cli("build", str(files / "cnn_ts.pt"), *CNN, "--backend", "inductor", "-o", str(out), cwd=tmp_path,
+                   env={"PATH": str(static.parent), "INFOPT_CACHE_DIR": str(tmp_path / "cache")})
+    assert_clean_failure(proc, 4, "no C++ compiler here builds an AOTInductor package", f"{static}: a library it builds",
+                         "set CXX to a compiler that links libstdc++ dynamically", out=out)
 
 
 def test_h100_int8_without_tensorrt_ships_onnx_and_a_server_built_engine(digits, files, tmp_path):

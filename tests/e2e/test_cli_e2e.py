@@ -236,7 +236,7 @@ def test_inspect_targets_recipes_doctor_version(files):
     assert checks["onnxruntime"]["ok"] and checks["torch"]["ok"]
     # each backend's own rows, asked of its descriptor; a missing component says how to get it
     assert checks["TensorRT"]["ok"] or "install TensorRT" in checks["TensorRT"]["fix"]
-    assert checks["C++ compiler (AOTInductor CPU)"]["ok"]
+    assert checks["C++ compiler (AOTInductor)"]["ok"]
     # the 8-bit routes: FP8 Q/DQ validated here (ONNX Runtime ran a tiny float8 graph), engines only with TensorRT
     assert checks["FP8 Q/DQ ONNX (--fp8)"]["ok"] and "emulated" in checks["FP8 Q/DQ ONNX (--fp8)"]["detail"]
     assert checks["FP8 and INT8 TensorRT engines"]["ok"] or "not built here" in checks["FP8 and INT8 TensorRT engines"]["detail"]

@@ -61,8 +61,28 @@ def test_torch_compile_sees_the_kernel_and_matches_eager():
     torch.testing.assert_close(compiled, eager, **TOLERANCE[torch.float16])
 
 
+def aoti_crash_here(tmp_path) -> str:
+    """Why no AOTInductor package can load on this machine (a bare ``x * 2 + 1`` one crashes the
+    process that opens it), or "" when one loads."""
+    class Pointwise(nn.Module):
+        def forward(self, x):
+            return x * 2 + 1
+
+    x = torch.randn(4, 16, device="cuda")
+    program = torch.export.export(Pointwise(), (x,))
+    path = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "pointwise.pt2"))
+    script = f"import torch; torch._inductor.aoti_load_package({path!r})(torch.ones(4, 16, device='cuda'))"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    if done.returncode == 0:
+        return ""
+    return (f"a bare AOTInductor package (x * 2 + 1, no infopt) ends the process that loads it with exit "
+            f"{done.returncode} on this machine (torch {torch.__version__}): benchmarks/results/gpu_builds.md")
+
+
 def test_aoti_package_embeds_the_kernel_and_runs_without_infopt(tmp_path):
     """A triton_op is compiled into the package: it loads and runs in a process that never imports infopt."""
+    if reason := aoti_crash_here(tmp_path):
+        pytest.skip(reason)
     model = mlp().half().cuda()
     x = torch.randn(8, 256, device="cuda", dtype=torch.float16)
     batch = torch.export.Dim("batch", min=1, max=64)
@@ -98,4 +118,5 @@ def test_norm_paths_agree(rows):
         torch.testing.assert_close(rms_norm(x, w).float(), rms_norm_torch(x, w).float(), atol=2e-2, rtol=2e-2)
         torch.testing.assert_close(layer_norm(x, w, b).float(), layer_norm_torch(x, w, b).float(), atol=2e-2, rtol=2e-2)
         compiled = torch.compile(lambda t: rms_norm(t, w), fullgraph=True)(x)
-    torch.testing.assert_close(compiled, rms_norm(x, w), atol=0, rtol=0)
+    # Inductor compiles the same kernel with its own options: at most one bf16 rounding step apart
+    torch.testing.assert_close(compiled, rms_norm(x, w), atol=0, rtol=2**-7)
