@@ -44,7 +44,7 @@ def speed_model(folder: Path) -> Path:
     import torch
     import transformers
 
-    from tests.e2e.test_text_generation import tokenizer_for
+    from tests.support.decoders import tokenizer_for
 
     path = folder / "smollm-widths-6-layers"
     torch.manual_seed(0)
@@ -58,8 +58,7 @@ def speed_model(folder: Path) -> Path:
 
 def accuracy_model(folder: Path) -> tuple[Path, list[str], Path]:
     """The trained LM, its held-out sentences, and its training text as a calibration file."""
-    from tests.e2e.test_text_generation import SENTENCES
-    from tests.e2e.test_text_generation_quantized import TRAIN_LINES, train_lm
+    from tests.support.decoders import SENTENCES, TRAIN_LINES, train_lm
 
     train_lm(folder / "trained-llama")
     lines = [s for s in SENTENCES.read_text().splitlines() if s.strip()]

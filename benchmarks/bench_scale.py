@@ -192,7 +192,7 @@ def main() -> None:
     parser.add_argument("--val", default="held-out", help="infopt's --val: a .txt file, 'held-out' (the test "
                                                            "sentences, 40 lines of 162-345 tokens) or 'none'")
     args = parser.parse_args()
-    from tests.e2e.test_text_generation import tokenizer_for
+    from tests.support.decoders import tokenizer_for
 
     lines = ["| model | checkpoint | build | status | wall s | peak RSS GB | RSS / checkpoint | output MB | "
              "TTFT ms | TPOT b1 ms | TPOT b8 ms | infopt's longest steps |", "|" + " --- |" * 12]

@@ -26,8 +26,8 @@ from benchmarks.common import RESULTS, environment, publish  # noqa: E402
 from infopt.core.manifest import read_manifest, verify_files  # noqa: E402
 from infopt.runtime import backend as backend_registry  # noqa: E402
 from infopt.runtime import backends  # noqa: E402
-from tests.conftest import run_cli_here  # noqa: E402
 from tests.support import crashing_runners  # noqa: E402
+from tests.support.cli import run_cli_here  # noqa: E402
 
 WAYS = {"segmentation fault on run": (crashing_runners.segfault_on_run, "SIGSEGV"),
         "abort() while loading": (crashing_runners.abort_on_load, "SIGABRT"),

@@ -53,12 +53,12 @@ class Hessian:
         return self.sum * (2.0 / max(self.rows, 1))
 
 
-def _hessian_factor(h: torch.Tensor, damp: float) -> tuple[torch.Tensor, float]:
+def _hessian_factor(reversed_h: torch.Tensor, damp: float) -> tuple[torch.Tensor, float]:
     """The lower Cholesky factor ``L`` of ``J (H + lam * I) J``, ``J`` the reversal of the order, and the ``lam`` it
     took: ``damp * mean(diag H)``, raised until ``H`` factors (a rank-deficient ``H`` comes from too few
-    calibration rows). ``H + lam * I = A^T A`` with ``A = J L^T J`` lower triangular: see :class:`_Reach`."""
-    mean = float(torch.mean(torch.diag(h)))
-    reversed_h = h.flip(0, 1)  # a copy; its diagonal is H's, reversed
+    calibration rows). ``H + lam * I = A^T A`` with ``A = J L^T J`` lower triangular: see :class:`_Reach`.
+    ``reversed_h`` is ``J H J``, a copy this function damps in place."""
+    mean = float(torch.mean(torch.diagonal(reversed_h).flip(0)))  # summed in the columns' order
     added = 0.0
     for attempt in range(6):
         lam = damp * 10 ** attempt * mean
@@ -130,19 +130,26 @@ def gptq_with_error(weight: torch.Tensor, hessian: torch.Tensor, group_size: int
     ``lam * ||E||^2``, the error under ``H``. One product of ``E`` with ``H`` fewer than computing it again."""
     dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32  # float64 stays, for exact checks
     w = weight.detach().to(dtype, copy=True)
-    h = hessian.detach().to(dtype, copy=True)
+    h = hessian.detach().to(dtype)
     rows, cols = w.shape
-    dead = torch.diag(h) == 0
-    h[dead, dead] = 1
+    diagonal = torch.diag(h)
+    dead = diagonal == 0
+    diagonal[dead] = 1  # a feature no row reached: its column is zeroed, and H gets a unit pivot for it
     w[:, dead] = 0
     perm = group_perm = None  # the columns' order, and (whole groups) the groups' order; None: the weight's own
     if act_order:
-        perm = torch.argsort(torch.diag(h), descending=True)
+        perm = torch.argsort(diagonal, descending=True)
     elif group_order and cols // group_size > 1:
-        perm, group_perm = _groups_by_importance(torch.diag(h), group_size)
-    if perm is not None:  # gathering a wide H takes as long as half its factorization: only when the order changes
-        w, h = w[:, perm], h[perm][:, perm]
-    lower, lam = _hessian_factor(h, damp)
+        perm, group_perm = _groups_by_importance(diagonal, group_size)
+    # the factorization takes H in reversed order: one copy of a wide H, gathered in that order or flipped
+    if perm is not None:
+        w, backwards = w[:, perm], perm.flip(0)
+        reversed_h = h[backwards][:, backwards]
+        reversed_h.diagonal().copy_(diagonal[backwards])
+    else:
+        reversed_h = h.flip(0, 1)
+        reversed_h.diagonal().copy_(diagonal.flip(0))
+    lower, lam = _hessian_factor(reversed_h, damp)
     reach = _Reach(lower, rows)
     pivots = reach.pivots.tolist()  # each column's A_kk as a number: no tensor indexed per column
 
@@ -183,19 +190,20 @@ def gptq_with_error(weight: torch.Tensor, hessian: torch.Tensor, group_size: int
         damped += float(loss.square().sum(dtype=torch.float64))
     codes, scales, zeros = codes.T, scales.T, zeros.T
 
-    codes, w = codes.cpu(), w.cpu()
+    codes = codes.cpu()
     g_idx = None
     if perm is not None:  # back to the weight's own order
         inverse = torch.argsort(perm).cpu()
-        codes, w = codes[:, inverse], w[:, inverse]
+        codes = codes[:, inverse]
         if group_perm is None:  # act-order: each column names its group
             g_idx = (torch.arange(cols) // group_size)[inverse]
         else:  # whole groups: scales and zeros back in the groups' own order
             back = torch.argsort(group_perm).cpu()
             scales, zeros = scales[:, back], zeros[:, back]
     packed = Int4Weight.from_codes(codes, scales.cpu(), zeros.cpu(), group_size, symmetric, g_idx=g_idx)
-    # E taken on what was rounded: the weight with its dead columns zeroed (H has no row for them), in its order
-    spread = float(torch.sub(w, packed.effective_weight()).square().sum(dtype=torch.float64))
+    # ||E||^2 from the errors kept as the columns were rounded: the weight with its dead columns zeroed (H has no
+    # row for them) less its rounded values, as the packed weight dequantizes them
+    spread = float(reach.errors.square().sum(dtype=torch.float64))
     return packed, max(damped - lam * spread, 0.0)
 
 

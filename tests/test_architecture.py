@@ -287,3 +287,24 @@ def test_tests_share_helpers_through_tests_support_only():
                 elif (ROOT.joinpath(*parts) if ROOT.joinpath(*parts).is_dir() else ROOT.joinpath(*parts[:-1])) != path.parent:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}, another folder's helper")
     assert not found, "\n".join(found)
+
+
+def test_benchmarks_import_only_helpers_that_exist():
+    """A benchmark takes shared helpers from ``tests/support/`` alone, and each name it imports is there. Imports
+    inside functions count: a moved helper otherwise breaks a benchmark only when someone runs it."""
+    import importlib
+    import importlib.util
+
+    found = []
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "tests"):
+                continue
+            where = f"benchmarks/{path.name}:{node.lineno}"
+            if not node.module.startswith("tests.support"):
+                found.append(f"{where} imports {node.module}, not a tests/support/ helper")
+                continue
+            module = importlib.import_module(node.module)
+            found += [f"{where}: {node.module} has no {alias.name}" for alias in node.names
+                      if not hasattr(module, alias.name) and importlib.util.find_spec(f"{node.module}.{alias.name}") is None]
+    assert not found, "\n".join(found)

@@ -18,7 +18,7 @@ import pytest
 
 from infopt.core.threads import physical_cores
 from tests.support.cli import assert_clean_failure, run_cli, run_cli_here
-from tests.support.decoders import SENTENCES, tokenizer_for
+from tests.support.decoders import SENTENCES, TRAIN_LINES, train_lm
 from tests.support.onnx_ops import ops
 from tests.support.real_llm import nbits_bits
 
@@ -27,38 +27,6 @@ transformers = pytest.importorskip("transformers")
 onnx = pytest.importorskip("onnx")
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("trained-lm")]  # one worker trains the LM once
-TRAIN_LINES = 440
-STEPS = 150
-
-
-def train_lm(folder: Path, tied: bool = False) -> None:
-    """A 2-layer Llama (hidden 128, 4 heads, 2 KV heads, its head untied unless ``tied``) trained on the first
-    sentences, saved with its tokenizer."""
-    import torch
-
-    tokenizer_for(folder)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
-    lines = [s for s in SENTENCES.read_text().splitlines() if s.strip()][:TRAIN_LINES]
-    ids = torch.tensor([t for line in lines for t in tokenizer(line)["input_ids"] + [tokenizer.eos_token_id]])
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                      bos_token_id=0, eos_token_id=0, tie_word_embeddings=tied)
-    lm = transformers.LlamaForCausalLM(config)
-    optimizer = torch.optim.AdamW(lm.parameters(), lr=3e-3, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, 3e-3, total_steps=STEPS, pct_start=0.1)
-    draw = torch.Generator().manual_seed(0)
-    for _ in range(STEPS):
-        starts = torch.randint(0, len(ids) - 65, (16,), generator=draw)
-        batch = torch.stack([ids[i:i + 64] for i in starts])
-        loss = lm(input_ids=batch, labels=batch).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        schedule.step()
-    lm.eval().save_pretrained(folder)
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """The folder holding ``lm/`` (trained), ``calib.txt`` (its training text) and ``held-out.txt``."""

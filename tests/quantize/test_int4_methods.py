@@ -126,7 +126,7 @@ def test_gptq_factor_is_the_inverse_transpose_of_the_upper_cholesky_factor_of_th
 
     x = correlated_inputs(4 * features, features).double()
     h = x.T @ x / x.shape[0]
-    lower, lam = _hessian_factor(h.float(), 0.01)
+    lower, lam = _hessian_factor(h.float().flip(0, 1), 0.01)  # it takes H in reversed order
     assert lam == pytest.approx(0.01 * float(h.diagonal().mean()), rel=1e-5)
     damped = h + lam * torch.eye(features, dtype=torch.float64)
     a = _Reach(lower, 1).block(0, features).double()
@@ -136,7 +136,7 @@ def test_gptq_factor_is_the_inverse_transpose_of_the_upper_cholesky_factor_of_th
     assert float((a - torch.linalg.inv(upper).T).norm() / a.norm()) < 1e-3
     few = x[: features // 2]  # fewer rows than features: H is singular, and factors once damped enough
     singular = (few.T @ few / few.shape[0]).float()
-    lower, lam = _hessian_factor(singular, 1e-9)
+    lower, lam = _hessian_factor(singular.flip(0, 1), 1e-9)
     assert lam > 1e-9 * float(singular.diagonal().mean()) and bool(torch.isfinite(lower).all())
 
 

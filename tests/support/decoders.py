@@ -59,3 +59,36 @@ def decoder(folder: Path, family: str) -> Path:
         with_layers(family).save_pretrained(path)
         tokenizer_for(path)
     return path
+
+
+TRAIN_LINES = 440
+"""the sentences ``train_lm`` learns from; the rest are held out"""
+STEPS = 150
+
+
+def train_lm(folder: Path, tied: bool = False) -> None:
+    """A 2-layer Llama (hidden 128, 4 heads, 2 KV heads, its head untied unless ``tied``) trained on the first
+    sentences, saved with its tokenizer."""
+    import torch
+
+    tokenizer_for(folder)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    lines = [s for s in SENTENCES.read_text().splitlines() if s.strip()][:TRAIN_LINES]
+    ids = torch.tensor([t for line in lines for t in tokenizer(line)["input_ids"] + [tokenizer.eos_token_id]])
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                      bos_token_id=0, eos_token_id=0, tie_word_embeddings=tied)
+    lm = transformers.LlamaForCausalLM(config)
+    optimizer = torch.optim.AdamW(lm.parameters(), lr=3e-3, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, 3e-3, total_steps=STEPS, pct_start=0.1)
+    draw = torch.Generator().manual_seed(0)
+    for _ in range(STEPS):
+        starts = torch.randint(0, len(ids) - 65, (16,), generator=draw)
+        batch = torch.stack([ids[i:i + 64] for i in starts])
+        loss = lm(input_ids=batch, labels=batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+    lm.eval().save_pretrained(folder)
