@@ -26,8 +26,8 @@ from infopt.core.artifact import STAGE, Artifact
 from infopt.core.errors import BuildError, DiskFull, InfoptError, RecipeError, disk_full, first_line
 from infopt.core.lineage import PassRecord
 from infopt.core.memory import release as release_memory
+from infopt.core.pass_api import PassContext, PassDetails, Settings, get_pass
 from infopt.core.recipe import Recipe
-from infopt.core.registry import PassContext, PassDetails, Settings, get_pass
 from infopt.core.step_times import StepTimes
 from infopt.core.target import Target
 

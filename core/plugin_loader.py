@@ -2,7 +2,7 @@
 once, after infopt's own registries are filled, as pytest loads its ``pytest11`` plugins.
 
 The entry point's value is a module (importing it registers what it defines through infopt's registries:
-``runtime.backend.register``, ``core.registry.register``, ``quantize.calibrators.register``, a server
+``runtime.backend.register``, ``core.pass_api.register``, ``quantize.calibrators.register``, a server
 emitter's ``register``) or ``module:function`` (imported, then the function is called with no arguments)::
 
     [project.entry-points."infopt.plugins"]

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from infopt.core.artifact import STAGE
 from infopt.core.errors import RecipeError
-from infopt.core.registry import get_pass
+from infopt.core.pass_api import get_pass
 from infopt.core.target import BackendName, Precision, Target, targets
 from infopt.core.yaml_files import load_yaml
 from infopt.recipes import PIPELINES_DIR

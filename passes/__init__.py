@@ -1,12 +1,12 @@
 """Graph passes: FX/ExportedProgram passes, ONNX passes, and lowering passes (ONNX export).
 
-Importing this package registers every bundled pass (``core/registry.py``), in the order
+Importing this package registers every bundled pass (``core/pass_api.py``), in the order
 ``infopt recipes --passes`` lists them. A new pass is its module plus one line here.
 """
 
 from __future__ import annotations
 
-from infopt.core.registry import register
+from infopt.core.pass_api import register
 from infopt.passes.decoder import (
     capture_kv_decoder,
     fuse_decoder,

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from infopt.core.plugins import Registry
+from infopt.core.registry import Registry
 
 if TYPE_CHECKING:
     import numpy as np

@@ -16,7 +16,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from infopt.core.errors import UsageError
-from infopt.core.plugins import Registry
+from infopt.core.registry import Registry
 from infopt.quantize.method_names import Int4MethodName
 
 

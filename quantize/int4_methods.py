@@ -16,7 +16,7 @@ from typing import Any, Callable, NamedTuple, Protocol
 
 import torch
 
-from infopt.core.plugins import Registry
+from infopt.core.registry import Registry
 from infopt.quantize.int4_config import Int4MethodConfig
 from infopt.quantize.int4_format import Int4Weight
 

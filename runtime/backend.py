@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from infopt.core.errors import UsageError
-from infopt.core.plugins import Registry
+from infopt.core.registry import Registry
 from infopt.runtime.runner import Runner
 from infopt.runtime.worker import WorkerRunner
 

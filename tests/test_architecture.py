@@ -162,7 +162,7 @@ def test_no_module_names_a_module_above_it():
     """A string that names an infopt module (for ``importlib.import_module``, ``python -m``, a table of
     plugins) is an import the graph above cannot see; none names a module above the floor of the
     module that holds it. Registries are filled from above instead (``infopt.passes`` registers its
-    passes into ``core/registry.py``)."""
+    passes into ``core/pass_api.py``)."""
     known = modules()
     up = []
     for module, path in known.items():
@@ -216,7 +216,7 @@ def test_no_module_outside_the_passes_names_a_pass():
     the servers reach passes through the registry, their typed details and the build settings, never by name.
     Every string constant of the source outside ``passes/`` that equals a registered pass's name fails."""
     import infopt.passes  # noqa: F401 - registers the bundled passes
-    from infopt.core.registry import PASSES
+    from infopt.core.pass_api import PASSES
 
     names = set(PASSES.items)
     assert {"capture", "quantize_int8", "quantize_int4", "capture_kv_decoder", "write_genai_folder"} <= names

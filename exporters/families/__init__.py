@@ -15,7 +15,7 @@ import pkgutil
 from dataclasses import dataclass
 from typing import Any
 
-from infopt.core.plugins import Registry
+from infopt.core.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 from infopt.core.inputspec import InputSpec
 from infopt.core.manifest_schema import Manifest
-from infopt.core.plugins import Registry
+from infopt.core.registry import Registry
 from infopt.runtime.backend import Backend
 
 

@@ -5,7 +5,7 @@ nothing here names a pass."""
 
 from __future__ import annotations
 
-from infopt.core.registry import PASSES
+from infopt.core.pass_api import PASSES
 
 
 def typed_details(lineage):

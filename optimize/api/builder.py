@@ -32,9 +32,9 @@ from infopt.core.errors import BuildError, EnvironmentProblem, InputSpecError, U
 from infopt.core.inputspec import InputSpec, parse_dim
 from infopt.core.manifest import data_sha256, model_bytes
 from infopt.core.memory import older_objects_frozen
+from infopt.core.pass_api import Settings
 from infopt.core.pipeline import Pipeline, SharedPrefixes
 from infopt.core.recipe import MIN_LATENCY_RUNS, MIN_TRIAL_RUNS, Recipe, load_recipe, recipes_for
-from infopt.core.registry import Settings
 from infopt.core.sample_inputs import capture_feed, id_high, random_feed
 from infopt.core.step_times import StepTimes
 from infopt.core.target import get_target

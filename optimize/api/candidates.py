@@ -22,8 +22,8 @@ from infopt.api.emit import onnx_outputs
 from infopt.core.artifact import STAGE, Artifact
 from infopt.core.errors import BuildError, first_line
 from infopt.core.manifest import model_sha256
+from infopt.core.pass_api import get_pass
 from infopt.core.recipe import Recipe
-from infopt.core.registry import get_pass
 from infopt.exporters.torch_export import exported_outputs
 from infopt.runtime import backends
 from infopt.runtime.runner import Runner

@@ -1,6 +1,6 @@
 """The command line's words turned into ``build``'s arguments, here so that the CLI only declares its
 flags: precision flags to one precision, and the quantization flags to the build settings the passes take
-(``core.registry.Settings``: a ``BuildConfig``'s fields that were given, by name, which each pass's
+(``core.pass_api.Settings``: a ``BuildConfig``'s fields that were given, by name, which each pass's
 ``PassOptions.SETTINGS`` declares), each value outside its choices named by its flag."""
 
 from __future__ import annotations

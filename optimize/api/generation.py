@@ -42,9 +42,9 @@ from infopt.core.inputspec import InputSpec
 from infopt.core.manifest import data_sha256
 from infopt.core.memory import older_objects_frozen
 from infopt.core.memory import release as release_memory
+from infopt.core.pass_api import Settings
 from infopt.core.pipeline import Pipeline
 from infopt.core.recipe import Recipe, load_recipe, recipes_for
-from infopt.core.registry import Settings
 from infopt.core.step_times import StepTimes
 from infopt.core.target import get_target
 from infopt.core.work_folders import work_folder

@@ -61,7 +61,7 @@ def _short(value: Any) -> str:
 
 def record(command: Sequence[str] | None, call: str, recipe_name: str, calibration, validation: dict[str, Any],
            settings=None) -> dict[str, Any]:
-    """The manifest's provenance block; ``settings``: the build settings the user gave (``core.registry.Settings``), which
+    """The manifest's provenance block; ``settings``: the build settings the user gave (``core.pass_api.Settings``), which
     the passes that take them put in their options over the recipe's."""
     return {
         "command": shlex.join(command) if command else None,

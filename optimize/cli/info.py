@@ -40,8 +40,8 @@ def recipes(
 ) -> None:
     """List the bundled recipes (and passes)."""
     import infopt.api.registries  # noqa: F401 - registers every bundled pass, then the plugins' (a plugin's passes listed too)
+    from infopt.core.pass_api import passes
     from infopt.core.recipe import bundled_recipes, load_recipe
-    from infopt.core.registry import passes
 
     loaded = {name: load_recipe(path) for name, path in bundled_recipes().items()}
     registry = passes()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import infopt.passes  # noqa: F401 - registers the bundled passes, whose own sections the report shows
 from infopt.core.manifest_schema import Manifest
-from infopt.core.registry import PASSES
+from infopt.core.pass_api import PASSES
 from infopt.core.section import Section
 from infopt.core.section import format_bytes as size_text
 from infopt.core.section import format_number as num

@@ -20,7 +20,7 @@ from pydantic import Field
 
 from infopt.core.artifact import Artifact
 from infopt.core.errors import CaptureError
-from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.core.pass_api import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.exporters import kv_attention, kv_decoder, layer_probe
 from infopt.quantize.int4_format import conv1d_as_linear
 from infopt.runtime.hf_folder import widen

@@ -23,7 +23,7 @@ from infopt.core.artifact import Artifact
 from infopt.core.errors import BuildError
 from infopt.core.logs import quiet_third_party
 from infopt.core.memory import release as release_memory
-from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.core.pass_api import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.core.tensor_file import tensor_store
 from infopt.exporters import kv_decoder
 from infopt.passes.decoder import plumbing

@@ -19,7 +19,7 @@ from pydantic import Field
 
 from infopt.core.artifact import Artifact
 from infopt.core.onnx_graph import SCOPES, save_ir
-from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.core.pass_api import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.passes.lower.onnx_int4 import block_size_for, replace_with_nbits
 from infopt.quantize.int4_format import HEAD_NAMES
 from infopt.quantize.rtn import rtn_quantize

@@ -21,7 +21,7 @@ from pydantic import Field
 
 from infopt.core.artifact import Artifact
 from infopt.core.onnx_graph import SCOPES, drop_unused_ir_initializers, save_ir, scoped_module
-from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.core.pass_api import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.passes.decoder.quantize_int4_head import reads_transposed, share_table
 from infopt.passes.lower.onnx_int4 import block_size_for, replace_with_nbits
 from infopt.passes.onnx.quantize_int4_graph import weight_of

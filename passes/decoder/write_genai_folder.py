@@ -11,7 +11,7 @@ from pydantic import Field
 
 from infopt.core.artifact import Artifact
 from infopt.core.errors import BuildError
-from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.core.pass_api import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.core.threads import physical_cores
 from infopt.exporters import genai_folder as genai
 from infopt.exporters import kv_decoder

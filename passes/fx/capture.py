@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from infopt.core.artifact import Artifact
-from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.core.pass_api import Pass, PassContext, PassOptions, PassOutcome
 from infopt.exporters.torch_export import export_module
 
 

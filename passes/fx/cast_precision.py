@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import Field
 
 from infopt.core.artifact import Artifact
-from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.core.pass_api import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.exporters.torch_export import export_module
 
 DTYPES = {"fp16": "float16", "bf16": "bfloat16"}

@@ -10,7 +10,7 @@ float Linears travel to ``onnx_export`` (``Artifact.products[EightBitLayers]``),
 
 from __future__ import annotations
 
-from infopt.core.registry import PassContext
+from infopt.core.pass_api import PassContext
 from infopt.quantize.int4_config import Int4MethodConfig
 from infopt.quantize.int4_format import Int4Linear, replace_module
 from infopt.quantize.layer_choice import (

@@ -20,7 +20,7 @@ from pydantic import Field
 
 import infopt.quantize.int4_format  # noqa: F401  (registers infopt::int4_linear)
 from infopt.core.artifact import Artifact
-from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.core.pass_api import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.kernels import w4a16
 from infopt.kernels.w4a16_layout import to_kernel_layout, unsupported
 from infopt.passes.fx.graph_utils import finish, lifted_store

@@ -28,7 +28,7 @@ from pydantic import Field, field_validator
 
 from infopt.core.artifact import Artifact
 from infopt.core.errors import BuildError, UsageError
-from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.core.pass_api import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.exporters.int4_checkpoint import CheckpointSource, checkpoint_format
 from infopt.passes.fx.int4_eight_bit import choice_note, held_in_int4, int8_plan, mixed_rule
 from infopt.passes.fx.int4_sections import int4_sections

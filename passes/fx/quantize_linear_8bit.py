@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import Field
 
 from infopt.core.artifact import Artifact
-from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.core.pass_api import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.quantize.linear_8bit import swap
 
 HOW = {"fp8": "FP8 E4M3 weights per output channel, activations per tensor per call (torch._scaled_mm)",

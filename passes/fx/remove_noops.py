@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from infopt.core.artifact import Artifact
-from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.core.pass_api import Pass, PassContext, PassOptions, PassOutcome
 from infopt.passes.fx.graph_utils import drop_unused_state, finish
 
 

@@ -28,7 +28,7 @@ from infopt.core.artifact import Artifact
 from infopt.core.cache import cache_dir, content_key, store, stored
 from infopt.core.errors import EnvironmentProblem, RecipeError
 from infopt.core.logs import quiet_third_party
-from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.core.pass_api import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.exporters.program_key import key_or_none, program_parts, source_of
 from infopt.passes.fx import cast_precision
 from infopt.quantize.int4_format import decompose_int4

@@ -26,7 +26,7 @@ from infopt.core.errors import BuildError, CaptureError
 from infopt.core.logs import quiet_third_party
 from infopt.core.manifest import EXTERNAL_DATA_BYTES
 from infopt.core.onnx_graph import save_ir_beside
-from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.core.pass_api import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.exporters import kv_attention
 from infopt.exporters.layer_probe import PROBE_LAYERS, LayerStamp
 from infopt.exporters.program_key import key_or_none, program_parts, source_of

@@ -28,7 +28,7 @@ from pydantic import Field
 from infopt.core.artifact import Artifact
 from infopt.core.cache import cache_dir
 from infopt.core.errors import BuildError, EnvironmentProblem
-from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.core.pass_api import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.runtime.backends.tensorrt import INSTALL_FIX, make_logger, tensorrt_unavailable
 
 SERVER_PRECISION_MODES = {"fp32": "FP32", "fp16": "FP16", "int8": "INT8"}

@@ -27,7 +27,7 @@ import numpy as np
 
 from infopt.core import onnx_graph
 from infopt.core.artifact import Artifact
-from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.core.pass_api import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.passes.onnx.checks import check_for_onnxruntime
 
 FILL = -40.0

@@ -19,7 +19,7 @@ import numpy as np
 from infopt.core import onnx_graph
 from infopt.core.artifact import Artifact
 from infopt.core.onnx_graph import SCOPES, drop_initializers
-from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.core.pass_api import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.core.tensor_file import InMemoryTensors
 from infopt.passes.onnx.checks import check_for_onnxruntime
 

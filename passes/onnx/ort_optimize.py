@@ -21,7 +21,7 @@ from pydantic import Field
 
 from infopt.core import onnx_graph
 from infopt.core.artifact import Artifact
-from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.core.pass_api import Pass, PassContext, PassOptions, PassOutcome
 from infopt.core.threads import ort_session_options
 from infopt.passes.onnx import skip_layernorm
 from infopt.passes.onnx.checks import check_for_onnxruntime

@@ -19,7 +19,7 @@ from pydantic import Field
 from infopt.core import onnx_graph
 from infopt.core.artifact import Artifact
 from infopt.core.errors import UsageError
-from infopt.core.registry import Pass, PassContext, PassOptions, PassOutcome
+from infopt.core.pass_api import Pass, PassContext, PassOptions, PassOutcome
 from infopt.passes.fx.quantize_int4 import Int4Details
 from infopt.passes.lower.onnx_int4 import replace_with_nbits
 from infopt.quantize.rtn import rtn_quantize

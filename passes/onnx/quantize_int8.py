@@ -17,7 +17,7 @@ from pydantic import Field, field_validator
 from infopt.core import onnx_graph
 from infopt.core.artifact import Artifact
 from infopt.core.errors import UsageError
-from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.core.pass_api import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.passes.onnx.int8_sections import int8_notes, int8_sections, int8_shipped_precision
 from infopt.quantize import calibrators, int8_variants, layer_timing, onnx_int8, sensitivity
 from infopt.quantize.calibrate import calibrate

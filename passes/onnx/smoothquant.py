@@ -12,7 +12,7 @@ from pydantic import Field
 
 from infopt.core import onnx_graph
 from infopt.core.artifact import Artifact
-from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.core.pass_api import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.quantize import onnx_int8, smoothquant
 from infopt.quantize.calibrate import calibrate
 from infopt.quantize.observers import Observer

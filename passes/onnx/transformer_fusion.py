@@ -24,7 +24,7 @@ from pathlib import Path
 
 from infopt.core import onnx_graph
 from infopt.core.artifact import Artifact
-from infopt.core.registry import Pass, PassContext, PassDetails, PassOptions, PassOutcome
+from infopt.core.pass_api import Pass, PassContext, PassDetails, PassOptions, PassOutcome
 from infopt.passes.onnx.checks import onnxruntime_refuses
 
 HEADLINE = ("attention", "skip_layer_normalization", "bias_gelu", "gelu", "erf_gelu", "rotary_embedding")

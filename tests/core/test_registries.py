@@ -142,7 +142,7 @@ def test_a_passes_own_preflight_runs_before_the_build_loads_anything(tmp_path, m
     model, and names no pass itself. Here the INT8 pass's check is replaced by one that refuses."""
     from dataclasses import replace
 
-    from infopt.core import registry
+    from infopt.core import pass_api
 
     seen = []
 
@@ -150,8 +150,8 @@ def test_a_passes_own_preflight_runs_before_the_build_loads_anything(tmp_path, m
         seen.append((type(options).__name__, target.name, has_calibration))
         raise UsageError("the toy pre-flight refused", fix="nothing to do")
 
-    real = registry.get_pass("quantize_int8")
-    monkeypatch.setitem(registry.PASSES.items, "quantize_int8", replace(real, check=check))
+    real = pass_api.get_pass("quantize_int8")
+    monkeypatch.setitem(pass_api.PASSES.items, "quantize_int8", replace(real, check=check))
     with pytest.raises(UsageError, match="the toy pre-flight refused"):
         infopt.build(tmp_path / "no-such-model.pt", precision="int8", output=tmp_path / "out", progress=False)
     assert seen == [("QuantizeInt8Options", "cpu", False)]  # the missing model file was never looked at
@@ -194,18 +194,18 @@ def test_a_passes_own_report_section_is_shown_without_the_report_naming_it(digit
     details give one (here a toy on whichever pass of a real build recorded details) appears in report.md."""
     from dataclasses import replace
 
-    from infopt.core import registry
+    from infopt.core import pass_api
     from infopt.core.section import Section
     from infopt.report.markdown import to_markdown
 
     manifest = read_manifest(digits_dist)
     record = next(r for r in manifest.passes if r.details and not r.skipped)
-    real = registry.get_pass(record.name)
+    real = pass_api.get_pass(record.name)
     class ToyDetails(real.details):
         def sections(self):
             return [Section("Toy pass section", ["details"], [[type(self).__mro__[1].__name__]])]
 
-    monkeypatch.setitem(registry.PASSES.items, record.name, replace(real, details=ToyDetails))
+    monkeypatch.setitem(pass_api.PASSES.items, record.name, replace(real, details=ToyDetails))
     report = to_markdown(manifest)
     assert "## Toy pass section" in report and f"| {real.details.__name__} |" in report
 
@@ -255,15 +255,15 @@ def test_a_passes_own_notes_are_what_the_build_says_of_it(tmp_path, monkeypatch)
     import json
     from dataclasses import replace
 
-    from infopt.core import registry
+    from infopt.core import pass_api
 
-    real = registry.get_pass("quantize_int8")
+    real = pass_api.get_pass("quantize_int8")
 
     class ToyDetails(real.details):
         def notes(self):
             return [f"toy note: {self.mode} INT8, {len(self.layers)} layers"]
 
-    monkeypatch.setitem(registry.PASSES.items, "quantize_int8", replace(real, details=ToyDetails))
+    monkeypatch.setitem(pass_api.PASSES.items, "quantize_int8", replace(real, details=ToyDetails))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
     result = infopt.build(model, inputs=["x:float32[batch,4,16]"], precision="int8", max_drift="cosine_mean=0.9",
@@ -272,3 +272,16 @@ def test_a_passes_own_notes_are_what_the_build_says_of_it(tmp_path, monkeypatch)
     notes = json.loads((result.output_dir / "manifest.json").read_text())["validation"]["notes"]
     assert "toy note: dynamic INT8, 2 layers" in notes
     assert not any(n.startswith("INT8 is dynamic") for n in notes), notes  # the real pass's note, not asked for
+
+
+def test_the_pass_api_still_resolves_from_its_old_module():
+    """Plugins written before ``core/pass_api.py`` import the Pass API from ``infopt.core.registry``: it still
+    resolves, to the same objects, with a DeprecationWarning naming the new module."""
+    import infopt.core.pass_api as pass_api
+    import infopt.core.registry as registry
+
+    with pytest.warns(DeprecationWarning, match="moved to infopt.core.pass_api.Pass"):
+        from infopt.core.registry import Pass
+    assert Pass is pass_api.Pass and registry.Registry is not None
+    with pytest.raises(AttributeError):
+        registry.no_such_name  # noqa: B018

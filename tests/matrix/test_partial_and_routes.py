@@ -27,7 +27,7 @@ def test_a_failed_candidate_is_left_out_and_listed_unless_strict(tmp_path, monke
 
     import infopt
     import infopt.core.pipeline
-    from infopt.core.registry import get_pass
+    from infopt.core.pass_api import get_pass
 
     def broken(artifact, options, context):
         raise BuildError("fusion broke on purpose")
@@ -55,7 +55,7 @@ def test_the_cli_warns_of_a_failed_candidate_and_strict_exits_3(mlp_files, monke
     import dataclasses
 
     import infopt.core.pipeline
-    from infopt.core.registry import get_pass
+    from infopt.core.pass_api import get_pass
 
     def broken(artifact, options, context):
         raise BuildError("fusion broke on purpose")

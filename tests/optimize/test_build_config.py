@@ -85,7 +85,7 @@ def test_every_setting_a_pass_takes_is_a_field_of_the_config():
     """A pass names the settings it takes (``PassOptions.SETTINGS``) by field name: a misspelt one would never be
     set."""
     import infopt.passes  # noqa: F401 - registers the bundled passes
-    from infopt.core.registry import PASSES
+    from infopt.core.pass_api import PASSES
 
     taken = {(p.name, name) for p in PASSES.all().values() for name in p.options.SETTINGS.values()}
     assert ("quantize_int4", "group_size") in taken and ("quantize_int8", "batch_sizes") in taken

@@ -86,8 +86,8 @@ def test_details_are_checked_against_the_type_the_pass_declares(tmp_path, monkey
     """A pass's typed details reach the lineage as JSON; details that do not fit the type are a build error."""
     from pydantic import Field
 
+    from infopt.core.pass_api import PASSES, Pass, PassDetails, PassOutcome
     from infopt.core.recipe import Recipe
-    from infopt.core.registry import PASSES, Pass, PassDetails, PassOutcome
 
     class CountDetails(PassDetails):
         count: int
@@ -121,7 +121,7 @@ def test_a_full_disk_says_which_disk_and_how_much_is_free(recipe, digits, tmp_pa
     import dataclasses
     import errno
 
-    from infopt.core.registry import PASSES
+    from infopt.core.pass_api import PASSES
 
     def full(*_):
         try:

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from infopt.core.errors import RecipeError
+from infopt.core.pass_api import get_pass, passes
 from infopt.core.recipe import Recipe, bundled_recipes, find_recipe, load_recipe
-from infopt.core.registry import get_pass, passes
 from infopt.core.target import get_target, targets
 
 

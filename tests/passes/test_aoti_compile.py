@@ -12,7 +12,7 @@ import torch
 import infopt
 from infopt.core.artifact import Artifact
 from infopt.core.inputspec import InputSpec
-from infopt.core.registry import PassContext
+from infopt.core.pass_api import PassContext
 from infopt.core.target import get_target
 from infopt.exporters.torch_export import export_module, exported_outputs
 from infopt.passes.fx.cast_precision import cast_module

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from infopt.core.artifact import Artifact
 from infopt.core.inputspec import InputSpec
-from infopt.core.registry import PassContext, get_pass
+from infopt.core.pass_api import PassContext, get_pass
 from infopt.core.target import get_target
 from infopt.passes.onnx.attention_mask_fill import FILL, fill, masks
 from infopt.runtime.backends.onnxruntime import OrtRunner

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from infopt.core.registry import PassContext
+from infopt.core.pass_api import PassContext
 from infopt.core.target import get_target
 from infopt.kernels import w4a16
 from infopt.passes.fx.int4_kernels import PASS

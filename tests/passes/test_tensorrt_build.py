@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from infopt.core.errors import EnvironmentProblem, RecipeError
-from infopt.core.registry import PassContext
+from infopt.core.pass_api import PassContext
 from infopt.core.target import get_target
 from infopt.passes.lower import tensorrt_build
 from infopt.passes.lower.tensorrt_build import PASS, tensorrt_unavailable

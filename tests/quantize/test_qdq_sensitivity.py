@@ -124,7 +124,7 @@ def test_top1_budget_on_a_non_classifier_output_is_a_usage_error(tmp_path):
     from onnx import TensorProto, helper
 
     from infopt.core.artifact import Artifact
-    from infopt.core.registry import PassContext, get_pass
+    from infopt.core.pass_api import PassContext, get_pass
     from infopt.core.target import get_target
 
     weight = np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32)

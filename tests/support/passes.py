@@ -12,7 +12,7 @@ import torch
 
 from infopt.core.artifact import Artifact
 from infopt.core.inputspec import InputSpec
-from infopt.core.registry import PassContext, get_pass
+from infopt.core.pass_api import PassContext, get_pass
 from infopt.core.target import get_target
 from infopt.exporters.torch_export import export_module
 from infopt.passes.lower.onnx_export import export_onnx
