@@ -552,3 +552,33 @@ def test_int8_share_keeps_the_layers_adding_the_most_output_error_in_float_withi
     assert worst.name in kept and set(kept) == floats
     assert 0 < sum(lm.get_submodule(n).weight.numel() for n in kept) <= 0.3 * total
     assert sum(isinstance(m, Int4Linear) for m in lm.modules()) == len(every.layers) - len(kept) == len(result.layers)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_awq_scale_search_finds_the_grids_best_alpha(seed):
+    """The coarse-then-fine search returns the alpha a walk over the whole grid finds (least ``tr(D H D^T)``, the
+    smallest alpha on a tie, no scale where none beats plain rounding), on layers with a few loud input features."""
+    from infopt.quantize import awq
+
+    torch.manual_seed(seed)
+    x = correlated_inputs(512, 256, seed) * (1 + 30 * (torch.rand(256) > 0.97))
+    stats = ActivationStatistics(256)
+    stats.add(x)
+    weight = torch.randn(96, 256) * 0.05
+    scale, alpha = awq.search_scale(weight, stats.mean_abs, stats.hessian.matrix, 64, False)
+    gram = stats.hessian.matrix.bfloat16()
+    mean_abs = stats.mean_abs.clamp(min=1e-4)
+    grouped = weight.abs().reshape(96, 4, 64)
+    magnitude = (grouped / grouped.amax(-1, keepdim=True).clamp(min=1e-8)).reshape(96, 256).mean(0)
+
+    def error(s):
+        diff = awq._rounding_error(weight, s, 64, False, torch.empty_like(weight))
+        return float(torch.dot((diff.bfloat16() @ gram).float().view(-1), diff.view(-1)))
+
+    best, best_alpha = error(None), None
+    for step in range(20):
+        s = (mean_abs.pow(step / 20) / (magnitude.pow(1 - step / 20) + 1e-4)).clamp(min=1e-4)
+        found = error(s / (s.max() * s.min()).sqrt())
+        if found < best:
+            best, best_alpha = found, step / 20
+    assert alpha == best_alpha and (scale is None) == (best_alpha is None)
