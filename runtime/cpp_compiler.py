@@ -54,13 +54,9 @@ class CompilerChoice:
     default: str | None
     rejected: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
-    @property
-    def replaced_default(self) -> bool:
-        return self.path is not None and self.default is not None and self.path != self.default
-
     def note(self) -> str:
         """One line for the build's notes when the default was turned down, else ""."""
-        if not self.replaced_default:
+        if self.path is None or self.default is None or self.path == self.default:
             return ""
         return f"C++ compiler {self.path}, not {self.default}: {dict(self.rejected).get(self.default, '')}"
 
@@ -135,7 +131,7 @@ def probe(compiler: str) -> str:
         except (OSError, subprocess.TimeoutExpired) as e:
             return f"it could not build a library: {e}"
         if built.returncode != 0:
-            return f"it could not build a library: {_last_line(built.stderr) or f'exit {built.returncode}'}"
+            return f"it could not build a library: {_telling_line(built.stderr) or f'exit {built.returncode}'}"
         try:
             ran = subprocess.run([sys.executable, "-c", PROBE_LOAD, str(library)], capture_output=True, text=True,
                                  timeout=TIMEOUT_S)
@@ -144,7 +140,7 @@ def probe(compiler: str) -> str:
     if ran.returncode == 0 and ran.stdout.strip() == "ok":
         return ""
     how = (f"ended a torch process with {signal.Signals(-ran.returncode).name}" if ran.returncode < 0
-           else f"failed in a torch process with {_last_line(ran.stderr) or ran.stdout.strip() or f'exit {ran.returncode}'}")
+           else f"failed in a torch process with {_telling_line(ran.stderr) or ran.stdout.strip() or f'exit {ran.returncode}'}")
     return f"a library it builds {how}, as one that links libstdc++ statically does"
 
 
@@ -155,7 +151,7 @@ def _torch_version() -> str:
         return ""
 
 
-def _last_line(text: str) -> str:
+def _telling_line(text: str) -> str:
     """The first line that says "error", else the last line."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     errors = [line for line in lines if "error" in line.lower()]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from typing import Sequence
 
@@ -11,7 +9,7 @@ import numpy as np
 
 from infopt.core.errors import EnvironmentProblem
 from infopt.runtime.backend import Backend, check, register
-from infopt.runtime.cpp_compiler import package_compiler
+from infopt.runtime.cpp_compiler import candidates, package_compiler
 from infopt.runtime.cuda_graphs import GraphedCallable
 from infopt.runtime.runner import Runner
 
@@ -88,12 +86,9 @@ def describe(runner: AotiRunner) -> str:
 
 
 def cpp_compiler() -> str | None:
-    """The C++ compiler Inductor would use for CPU kernels, or None."""
-    for name in filter(None, (os.environ.get("CXX"), "g++", "c++", "clang++")):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
+    """The first C++ compiler on PATH in Inductor's order (``$CXX``, g++, c++, clang++), or None; not probed."""
+    found = candidates()
+    return found[0] if found else None
 
 
 def checks() -> list[dict]:
