@@ -95,6 +95,10 @@ class AWQGPTQConfig(GPTQConfig, AWQScaleSearch):
 
     name: ClassVar[str] = "awq-gptq"
 
+    group_order: bool = Field(False, description="GPTQ without act-order: whole groups by decreasing largest Hessian "
+                              "diagonal; off for AWQ-GPTQ, where it lost more than the weight's own order "
+                              "(benchmarks/results/real_llm.md, \"AWQ-GPTQ in the weight's own order\")")
+
 
 Method = Int4MethodName
 """the names in :data:`METHOD_CONFIGS`, declared in ``method_names.py`` (a test keeps them equal)"""
@@ -106,6 +110,8 @@ class Int4Config(RTNConfig, GPTQConfig, AWQConfig):
     model_config = ConfigDict(extra="forbid", frozen=False)
 
     method: Method = Field("gptq", description="rtn (no data), gptq, awq or awq-gptq (calibration data)")
+    group_order: bool | None = Field(None, description="GPTQ without act-order: whole groups by decreasing largest "
+                                     "Hessian diagonal; unset, the method's own default (GPTQ on, AWQ-GPTQ off)")
 
     def method_config(self) -> Int4MethodConfig:
         """The chosen method's config, with the settings given here. A setting given explicitly that
@@ -119,7 +125,7 @@ class Int4Config(RTNConfig, GPTQConfig, AWQConfig):
             said = "; ".join(f"{name} is a setting of {'/'.join(owners[name])}" for name in stray)
             raise UsageError(f"INT4 {self.method.upper()} was chosen, and {said}",
                              fix=f"leave {', '.join(stray)} out, or choose the method it belongs to (--int4-method)")
-        return config_class(**self.model_dump(include=own))
+        return config_class(**self.model_dump(include=own, exclude_none=True))  # unset: the method's default
 
 
 def as_method_config(config: Int4Config | Int4MethodConfig | None) -> Int4MethodConfig:

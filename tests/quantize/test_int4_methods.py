@@ -269,7 +269,8 @@ def test_awq_then_gptq_keeps_the_scales_rounds_under_the_scaled_hessian_and_repo
     monkeypatch.setattr(awq_gptq, "search_scale", lambda *args, **kwargs: (None, None))
     plain = handler.quantize(weight, statistic, config)
     assert plain.alpha is None and torch.equal(plain.weight.input_scale, torch.ones(256))
-    alone = gptq_quantize(weight, statistic.hessian.matrix, 64, False, act_order=act_order)
+    alone = gptq_quantize(weight, statistic.hessian.matrix, 64, False, act_order=act_order,
+                          group_order=config.group_order)
     assert torch.equal(plain.weight.qweight, alone.qweight)
     assert both < 0.5 * output_error(weight, rtn_quantize(weight, 64, False).effective_weight(), x)
 
@@ -425,6 +426,14 @@ def test_the_flat_config_names_its_method_and_refuses_another_methods_setting():
     assert Int4Config(method="rtn", symmetric=True).method_config() == RTNConfig(symmetric=True)
     with pytest.raises(UsageError, match="awq_grid is a setting of AWQ"):
         Int4Config(method="gptq", awq_grid=5).method_config()
+
+
+def test_each_method_keeps_its_own_column_order_unless_one_is_given():
+    """GPTQ takes whole groups by importance; AWQ-GPTQ the weight's own order, which lost less on the real SmolLM2."""
+    assert Int4Config(method="gptq").method_config().group_order is True
+    assert Int4Config(method="awq-gptq").method_config().group_order is False
+    assert Int4Config(method="awq-gptq", group_order=True).method_config().group_order is True
+    assert Int4Config(method="gptq", group_order=False).method_config().group_order is False
 
 
 def test_a_method_registered_from_one_module_is_used_by_the_driver(monkeypatch):
