@@ -27,7 +27,9 @@ from infopt.runtime.serving.triton_server import free_ports, log_tail
 
 READY_TIMEOUT_S = 120.0
 ADDRESSES = ("inference_address", "management_address", "metrics_address")
-PORTS = ("grpc_inference_port", "grpc_management_port")
+PORTS = ("grpc_inference_port", "grpc_management_port", "initial_worker_port")
+"""set where the config has them, added where not: the workers' port names their Unix sockets
+(``<java.io.tmpdir>/.ts.sock.<port>``), so two servers left at the default 9000 take each other's socket"""
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,8 @@ def torchserve_command() -> Path:
 
 def moved_ports(config: str, first_http_port: int | None = None) -> tuple[str, dict[str, int]]:
     """``config`` (a ``config.properties``) with every listening port replaced: from ``first_http_port``
-    up (inference, management, metrics, then the gRPC ports), or free ones. Returns the text and the ports."""
+    up (inference, management, metrics, the gRPC ports, then the workers' first port), or free ones. Returns the
+    text and the ports."""
     keys = [*ADDRESSES, *PORTS]
     ports = list(range(first_http_port, first_http_port + len(keys))) if first_http_port else free_ports(len(keys))
     chosen = dict(zip(keys, ports))
@@ -64,7 +67,9 @@ def moved_ports(config: str, first_http_port: int | None = None) -> tuple[str, d
         if not found:
             raise BuildError(f"config.properties has no {key}", fix="rebuild the output folder, or restore its config.properties")
     for key in PORTS:
-        config, _ = re.subn(rf"^{key}=\d+\s*$", f"{key}={chosen[key]}", config, flags=re.M)
+        config, found = re.subn(rf"^{key}=\d+\s*$", f"{key}={chosen[key]}", config, flags=re.M)
+        if not found:
+            config = config.rstrip("\n") + f"\n{key}={chosen[key]}\n"
     return config, chosen
 
 

@@ -72,6 +72,22 @@ def properties(text: str) -> dict[str, str]:
 
 # ---- the archive --------------------------------------------------------------------------------
 
+def test_moved_ports_give_each_server_its_own_ports_and_worker_sockets():
+    from infopt.runtime.serving.torchserve_server import moved_ports
+
+    written = "inference_address=http://127.0.0.1:8080\nmanagement_address=http://127.0.0.1:8081\n" \
+              "metrics_address=http://127.0.0.1:8082\ngrpc_inference_port=7070\ngrpc_management_port=7071\n"
+    text, ports = moved_ports(written, first_http_port=20000)
+    assert properties(text) == {"inference_address": "http://127.0.0.1:20000",
+                                "management_address": "http://127.0.0.1:20001",
+                                "metrics_address": "http://127.0.0.1:20002", "grpc_inference_port": "20003",
+                                "grpc_management_port": "20004", "initial_worker_port": "20005"}
+    # free ports where none is given: two servers never share the workers' default 9000 (their socket names)
+    firsts = {properties(moved_ports(written)[0])["initial_worker_port"] for _ in range(3)}
+    assert "9000" not in firsts
+    assert properties(moved_ports(text)[0])["initial_worker_port"] != "20005"  # an existing one is moved too
+
+
 @needs_archiver
 def test_onnx_archive_holds_handler_model_sidecar_and_io(tmp_path):
     model = tmp_path / "built, v[1]" / "model.onnx"  # the archiver splits on commas and globs [..]
@@ -270,6 +286,11 @@ def test_torchserve_serves_the_onnx_model(digits, digits_onnx, tmp_path):
         load = bounded_load(f"{server.inference}/predictions/digits", model, data["val"][0], seconds=2.0)
         assert load.failed == 0 and load.wrong == 0, load.errors
         assert load.requests >= 8, load
+
+        # a second server of the same folder beside it: its workers' sockets are its own
+        with torchserve(folder, "digits", tmp_path / "second") as second:
+            np.testing.assert_allclose(predict(second, "digits", x), reference, atol=1e-4)
+            np.testing.assert_allclose(predict(server, "digits", x), reference, atol=1e-4)
 
 
 @needs_server

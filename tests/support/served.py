@@ -61,7 +61,7 @@ def listening(port: int) -> bool:
 def serve_and_ask(dist: Path, *args: str) -> tuple[dict, str, int]:
     """Run ``infopt serve DIST ARGS --port P``, send the request it prints, then Ctrl-C it.
     Returns (the answer, everything it printed, its exit code); the server's ports are closed after."""
-    port = consecutive_free_ports(5)
+    port = consecutive_free_ports(6)  # TorchServe: HTTP, management, metrics, two gRPC, the workers' first
     process = subprocess.Popen([sys.executable, "-m", "infopt.cli", "serve", str(dist), *args, "--port", str(port)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONPATH": str(ROOT)})
