@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from infopt.core.errors import UsageError
+from infopt.core.pass_api import PASSES
 
 DEFAULT_MAX_VAL_SAMPLES = 256
 """the validation samples a logits build judges at most, by default"""
@@ -204,6 +205,15 @@ class BuildConfig(BaseModel):
         """The fields whose value is not their default, by name."""
         defaults = _defaults()
         return {key: value for key, value in self.flat().items() if not _same(value, defaults[key])}
+
+    def pass_settings(self, **overrides: Any) -> dict[str, Any]:
+        """The settings given that a registered pass reads (its options' ``SETTINGS``), by name, with ``overrides``
+        over them: what the pipeline hands the passes. None, False and empty values are not given. No builder
+        lists them, so a new setting is its field, the pass that reads it, and a test."""
+        read = {name for each in PASSES.all().values() for name in each.options.SETTINGS.values()}
+        values = {**{key: value for key, value in self.given().items() if key in read}, **overrides}
+        return {key: value for key, value in values.items()
+                if value is not None and value is not False and not (isinstance(value, (list, dict)) and not value)}
 
     def logits_only_given(self) -> list[str]:
         """The fields given (not at their default) that only the logits graph takes."""

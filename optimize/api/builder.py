@@ -183,8 +183,8 @@ def build(model: Any, example_inputs: Any = None, config: BuildConfig | None = N
 def _build_logits(model: Any, example_inputs: Any, config: BuildConfig, console: Any,
                   command: Sequence[str] | None) -> BuildResult | dict[str, Any]:
     """The logits graph's build: candidates by target, backend and precision, judged against the eager model."""
-    deploy, source, judged, timed, calib, int4 = (config.deploy, config.source, config.validation, config.timing,
-                                                  config.calib, config.int4)
+    deploy, source, judged, timed, calib = (config.deploy, config.source, config.validation, config.timing,
+                                            config.calib)
     times = StepTimes()
     given = config.given()
     call = call_text(model, {**({"example_inputs": example_inputs} if example_inputs is not None else {}), **given})
@@ -207,11 +207,8 @@ def _build_logits(model: Any, example_inputs: Any, config: BuildConfig, console:
     mix = _batch_mix(timed.batch_mix, batch_sizes)
     if mix:
         batch_sizes = list(mix)
-    settings = flags.given(
-        require_precision=judged.require_precision, batch_sizes=list(batch_sizes or []), batch_mix=mix or {},
-        **flags.int4_settings(int4.int4_method, int4.group_size, int4.act_order, int4.int4_checkpoint),
-        **flags.calibration_settings(calib.calib_method, calib.calib_percentile, calib.calib_bins,
-                                     calib.smoothquant_alpha))
+    flags.check_choices(config)
+    settings = config.pass_settings(batch_sizes=list(batch_sizes or []), batch_mix=mix or {})
     recipes = [flags.with_overrides(r, thresholds, batch_sizes, deploy.pass_options) for r in recipes]
     for each in recipes:
         each.preflight(target_obj, calib.calibration is not None, settings)

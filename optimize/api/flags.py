@@ -1,7 +1,5 @@
 """The command line's words turned into ``build``'s arguments, here so that the CLI only declares its
-flags: precision flags to one precision, and the quantization flags to the build settings the passes take
-(``core.pass_api.Settings``: a ``BuildConfig``'s fields that were given, by name, which each pass's
-``PassOptions.SETTINGS`` declares), each value outside its choices named by its flag."""
+flags: precision flags to one precision, and each quantization setting outside its choices named by its flag."""
 
 from __future__ import annotations
 
@@ -23,29 +21,16 @@ def precision(flags: dict[str, bool], named: str | None = None) -> str:
     return chosen[0] if chosen else "fp32"
 
 
-def int4_settings(method, group_size, act_order, checkpoint) -> dict[str, object]:
-    """The INT4 flags as build settings. (The group size is checked by the options that take it, for recipes
-    as well.)"""
-    for flag, value, allowed in (("--int4-method", method, ("auto", *get_args(Int4MethodName))),
-                                 ("--int4-checkpoint", checkpoint, get_args(CheckpointLayout))):
+def check_choices(config) -> None:
+    """A usage error, named by its flag, for a quantization setting of ``config`` (a ``BuildConfig``) outside its
+    choices: the INT4 method and checkpoint layout, and the INT8 calibration method (a plugin's too). The group size
+    is checked by the options that take it, for recipes as well."""
+    int4, calib = config.int4, config.calib
+    for flag, value, allowed in (("--int4-method", int4.int4_method, ("auto", *get_args(Int4MethodName))),
+                                 ("--int4-checkpoint", int4.int4_checkpoint, get_args(CheckpointLayout)),
+                                 ("--calib-method", calib.calib_method, tuple(calibrators.names()))):
         if value is not None and value not in allowed:
             raise UsageError(f"unknown {flag} {value!r}", fix=f"use one of: {', '.join(allowed)}")
-    values = {"int4_method": method, "group_size": group_size, "act_order": act_order or None,
-              "int4_checkpoint": checkpoint}
-    return {k: v for k, v in values.items() if v is not None}
-
-
-def calibration_settings(method, percentile, bins, alpha) -> dict[str, object]:
-    """``--calib-method``, ``--calib-percentile``, ``--calib-bins`` and ``--smoothquant-alpha`` as build settings."""
-    if method is not None and method not in calibrators.names():
-        raise UsageError(f"unknown --calib-method {method!r}", fix=f"use one of: {', '.join(calibrators.names())}")
-    values = {"calib_method": method, "calib_percentile": percentile, "calib_bins": bins, "smoothquant_alpha": alpha}
-    return {k: v for k, v in values.items() if v is not None}
-
-
-def given(**values: object) -> dict[str, object]:
-    """The settings among ``values`` that were given: None, False and empty values were not."""
-    return {k: v for k, v in values.items() if v is not None and v is not False and v != [] and v != {}}
 
 
 def with_overrides(recipe, thresholds, batch_sizes, pass_options=None):

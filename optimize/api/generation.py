@@ -159,8 +159,8 @@ def build_generation(model: str | Path, config: BuildConfig | None = None, *, co
         raise UsageError("--int4-method, --group-size, --act-order and --max-bits-per-weight apply to --int4",
                          fix="drop them, or build --int4")
     machine = get_target(target)
-    settings = flags.given(attention=deploy.attention, max_bits_per_weight=int4.max_bits_per_weight,
-                                **flags.int4_settings(int4_method, group_size, act_order, None))
+    flags.check_choices(config)
+    settings = config.pass_settings()
     _check_int4(settings, calib)
     recipe = (chosen or recipes_for(machine, precision, "onnxruntime", task=TASK)[0]).with_pass_options(deploy.pass_options)
     recipe.preflight(machine, calib is not None, settings)

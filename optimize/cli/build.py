@@ -95,11 +95,10 @@ def build(**given: Any) -> None:
     if task not in (None, "logits", "text-generation"):
         raise UsageError(f"unknown --task {task!r}", fix="pass --task text-generation or --task logits (the default)")
     asked = api_flags.precision(flags, precision) if precision or any(flags.values()) else None  # else the recipe's
-    api_flags.int4_settings(given["int4_method"], given["group_size"], given["act_order"],
-                            given["int4_checkpoint"])  # an unknown --int4-method exits 2 here
     config = BuildConfig.of(**{**given, "precision": asked, "batch_sizes": o.parse_batch_sizes(given["batch_sizes"]),
                                "batch_mix": o.parse_batch_mix(given["batch_mix"]),
                                "thresholds": o.thresholds(**limits) or None})
+    api_flags.check_choices(config)  # an unknown --int4-method exits 2 here, before the model loads
     if task is None:
         from infopt.api.task_choice import default_task, logits_choices
 

@@ -228,9 +228,13 @@ def test_a_calibration_method_registered_from_outside_is_offered_checked_and_use
     monkeypatch.setattr(calibrators.CALIBRATORS, "items", dict(calibrators.CALIBRATORS.items))
     calibrators.register(calibrators.Calibrator("widened", widened, False, "the observed range and a quarter more"))
     assert calibrators.names()[-1] == "widened"
-    assert flags.calibration_settings("widened", None, None, None) == {"calib_method": "widened"}
+    from infopt.api.build_config import BuildConfig
+
+    widened_config = BuildConfig.of(calib_method="widened")
+    flags.check_choices(widened_config)
+    assert widened_config.pass_settings() == {"calib_method": "widened"}
     with pytest.raises(UsageError, match="unknown --calib-method 'narrowed'") as refused:
-        flags.calibration_settings("narrowed", None, None, None)
+        flags.check_choices(BuildConfig.of(calib_method="narrowed"))
     assert "widened" in refused.value.fix
 
     monkeypatch.setenv("INFOPT_CACHE_DIR", str(tmp_path / "cache"))  # calibrated here, not read from a cache

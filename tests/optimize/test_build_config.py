@@ -90,3 +90,27 @@ def test_every_setting_a_pass_takes_is_a_field_of_the_config():
     taken = {(p.name, name) for p in PASSES.all().values() for name in p.options.SETTINGS.values()}
     assert ("quantize_int4", "group_size") in taken and ("quantize_int8", "batch_sizes") in taken
     assert sorted((p, n) for p, n in taken if n not in section_of_field()) == []
+
+
+def test_a_setting_reaches_every_pass_that_names_it_without_the_builders_naming_it(monkeypatch):
+    """The settings handed to the passes are the given fields some registered pass reads: a new pass that reads a
+    field gets it, with no list in the builders to extend. None, False and empty values are not given."""
+    import infopt.passes  # noqa: F401 - registers the bundled passes
+    from typing import ClassVar
+
+    from infopt.core.pass_api import PASSES, Pass, PassOptions
+
+    config = BuildConfig.of(price_per_hour=2.5, calib_bins=64, group_size=64, act_order=False, batch_sizes=[1, 8])
+    assert config.pass_settings() == {"calib_bins": 64, "group_size": 64, "batch_sizes": [1, 8]}
+    assert config.pass_settings(batch_sizes=[], batch_mix={1: 1.0})["batch_mix"] == {1: 1.0}
+    assert "batch_sizes" not in config.pass_settings(batch_sizes=[])
+
+    class PricedOptions(PassOptions):
+        SETTINGS: ClassVar[dict[str, str]] = {"price": "price_per_hour"}
+        price: float = 0.0
+
+    monkeypatch.setattr(PASSES, "items", dict(PASSES.items))
+    PASSES.register(Pass(name="priced", consumes="onnx", produces="onnx", run=lambda a, o, c: None,
+                         options=PricedOptions))
+    assert config.pass_settings()["price_per_hour"] == 2.5
+    assert PASSES.named("priced").parse_options({}, config.pass_settings()).price == 2.5
