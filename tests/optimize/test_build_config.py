@@ -95,9 +95,9 @@ def test_every_setting_a_pass_takes_is_a_field_of_the_config():
 def test_a_setting_reaches_every_pass_that_names_it_without_the_builders_naming_it(monkeypatch):
     """The settings handed to the passes are the given fields some registered pass reads: a new pass that reads a
     field gets it, with no list in the builders to extend. None, False and empty values are not given."""
-    import infopt.passes  # noqa: F401 - registers the bundled passes
     from typing import ClassVar
 
+    import infopt.passes  # noqa: F401 - registers the bundled passes
     from infopt.core.pass_api import PASSES, Pass, PassOptions
 
     config = BuildConfig.of(price_per_hour=2.5, calib_bins=64, group_size=64, act_order=False, batch_sizes=[1, 8])
