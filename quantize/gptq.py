@@ -101,13 +101,6 @@ class _Reach:
         return self.lower[k - end:k - start, k - end:k - start].flip(0, 1).T
 
 
-def _sum_of_squares(values: torch.Tensor) -> float:
-    """The sum of squares of a contiguous tensor as one BLAS dot product: no squared copy, no float64 cast of a
-    ``[K, N]`` tensor (which took longer than the rank-1 updates of the column loop)."""
-    flat = values.reshape(-1)
-    return float(torch.dot(flat, flat))
-
-
 def _groups_by_importance(diagonal: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The column order that takes whole groups by decreasing largest Hessian diagonal, and each group's columns by
     decreasing diagonal; and the groups' order. Each group keeps its own columns, so no ``g_idx`` is needed.
@@ -194,7 +187,7 @@ def gptq_with_error(weight: torch.Tensor, hessian: torch.Tensor, group_size: int
             torch.sub(wt[col], err, out=gone)
             torch.sub(column, err, out=err).mul_(pivots[col])
             block[i + 1:].addr_(inner[i, i + 1:], gone)
-        damped += _sum_of_squares(loss)
+        damped += float(loss.square().sum(dtype=torch.float64))
     codes, scales, zeros = codes.T, scales.T, zeros.T
 
     codes = codes.cpu()
@@ -210,7 +203,7 @@ def gptq_with_error(weight: torch.Tensor, hessian: torch.Tensor, group_size: int
     packed = Int4Weight.from_codes(codes, scales.cpu(), zeros.cpu(), group_size, symmetric, g_idx=g_idx)
     # ||E||^2 from the errors kept as the columns were rounded: the weight with its dead columns zeroed (H has no
     # row for them) less its rounded values, as the packed weight dequantizes them
-    spread = _sum_of_squares(reach.errors)
+    spread = float(reach.errors.square().sum(dtype=torch.float64))
     return packed, max(damped - lam * spread, 0.0)
 
 

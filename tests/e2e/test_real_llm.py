@@ -134,8 +134,8 @@ def test_awq_then_gptq_passes_its_budget_with_its_scales_in_the_model(real):
     judged = judge_folder(work / "awq-gptq" / "servers" / "onnxruntime-genai", real["windows"], real["reference"])
     # on these 8 windows GPTQ's default folder loses +5.5 % at 97 MiB, this one +6.8 % at 106 MiB
     assert judged["ppl_delta"] <= 0.09 and judged["top1"] >= 0.82, judged
-    # no larger than the builder's k_quant with mixed INT8 layers (117 MB, +19 %)
     assert "whole groups" not in details["notes"][0]  # the weight's own column order
+    # no larger than the builder's k_quant with mixed INT8 layers (117 MB, +19 %)
     assert manifest["validation"]["generation"]["weights_bytes"] < 117e6
 
 def test_a_removed_model_file_is_a_clear_error(real, tmp_path):
