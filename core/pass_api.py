@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.fields import FieldInfo
 
 from infopt.core.errors import RecipeError
 from infopt.core.registry import Registry
@@ -33,7 +34,27 @@ class PassOptions(BaseModel):
     SETTINGS: ClassVar[dict[str, str]] = {}
     """option field -> the build setting (a ``BuildConfig`` field) that sets it where the user gave that setting (a
     setting given wins over the recipe's option): how a command line flag reaches a pass without the builder naming
-    it"""
+    it. An option declared with :func:`new_setting` names a setting of its own, which ``BuildConfig`` then has"""
+
+
+def new_setting(default: Any, description: str, flag: str | None = None, **kwargs: Any) -> Any:
+    """An option field that is also a build setting of its own, set by ``flag`` on ``infopt build``: how a plugin's
+    pass adds a setting and its flag without a change to infopt. Name it in the options' ``SETTINGS``
+    (``{"clip": "toy_clip"}``); ``BuildConfig`` gets a field ``toy_clip`` of the option's type, default and help in
+    its ``plugins`` section, and ``infopt.build`` a keyword."""
+    return Field(default, description=description, json_schema_extra={"new_setting": True, "flag": flag}, **kwargs)
+
+
+def new_settings() -> dict[str, FieldInfo]:
+    """The settings the registered passes declare with :func:`new_setting`, by setting name (the first pass that
+    declares a name gives its field)."""
+    found: dict[str, FieldInfo] = {}
+    for each in PASSES.all().values():
+        for option, name in each.options.SETTINGS.items():
+            info = each.options.model_fields.get(option)
+            if info is not None and isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get("new_setting"):
+                found.setdefault(name, info)
+    return found
 
 
 Settings = Mapping[str, Any]

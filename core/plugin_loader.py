@@ -80,6 +80,11 @@ def load(entry_point: EntryPoint) -> Plugin:
     return plugin
 
 
+def declared() -> bool:
+    """Whether any distribution on the path declares an entry point of :data:`GROUP` (nothing is imported)."""
+    return bool(entry_points(group=GROUP))
+
+
 @functools.cache
 def load_plugins() -> tuple[Plugin, ...]:
     """Load every plugin of :data:`GROUP` on the path, by name; the second call returns the first's result

@@ -14,9 +14,9 @@ from infopt.core.version import __version__
 
 if TYPE_CHECKING:
     from infopt.api.build_config import BuildConfig
-    from infopt.api.builder import BuildResult, build, load
     from infopt.api.gating import gate
     from infopt.api.inprocess import compile
+    from infopt.api.orchestrator import BuildResult, build, load
     from infopt.api.sweep import sweep
 
 __all__ = ["build", "load", "gate", "compile", "sweep", "BuildConfig", "BuildResult", "__version__"]

@@ -151,7 +151,7 @@ def test_internal_imports_sit_at_the_top():
 
 def test_the_checker_sees_a_violation(tmp_path):
     """The check can fail: an upward edge and a cycle planted in a copy of the graph are found."""
-    assert floor_of("infopt.core.errors") < floor_of("infopt.api.builder")
+    assert floor_of("infopt.core.errors") < floor_of("infopt.api.orchestrator")
     assert floor_of("infopt.exporters.servers.triton") > floor_of("infopt.exporters.staging")
     tree = ast.parse("def f():\n    from infopt.api import build\n")
     (node, local), = list(_imports(tree))
@@ -207,7 +207,8 @@ def test_the_folders_on_disk_are_the_floors():
     no two top-level folders import each other both ways."""
     both = folder_pairs_both_ways(edges())
     assert not both, "top-level folders importing each other both ways:\n" + "\n".join(both)
-    planted = [Edge("infopt.core.errors", "infopt.api.builder", 1, False), Edge("infopt.api.builder", "infopt.core.errors", 1, False)]
+    planted = [Edge("infopt.core.errors", "infopt.api.orchestrator", 1, False),
+               Edge("infopt.api.orchestrator", "infopt.core.errors", 1, False)]
     assert folder_pairs_both_ways(planted) == ["core -> optimize (1), optimize -> core (1)"]
 
 

@@ -30,7 +30,7 @@ def all_modules() -> list[str]:
 
 def test_walk_finds_every_folder():
     found = all_modules()
-    for expected in ("infopt.api.builder", "infopt.cli.app", "infopt.core.errors", "infopt.runtime.backends.onnxruntime",
+    for expected in ("infopt.api.orchestrator", "infopt.cli.app", "infopt.core.errors", "infopt.runtime.backends.onnxruntime",
                      "infopt.passes.fx.fold_batchnorm", "infopt.passes.lower.onnx_export",
                      "infopt.exporters.servers.triton", "infopt.validators.metrics"):
         assert expected in found

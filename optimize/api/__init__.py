@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from infopt.api.builder import BuildResult, build, load
+    from infopt.api.orchestrator import BuildResult, build, load
     from infopt.api.output_check import validate
     from infopt.runtime.backends import manifest_runner
 
@@ -17,7 +17,7 @@ def __getattr__(name: str):
     # lazy: `infopt verify` and `infopt sign` import infopt.api.provenance without loading the build
     # (torch, every pass); build, load and validate load on first use (PEP 562)
     if name in ("BuildResult", "build", "load"):
-        from infopt.api import builder as module
+        from infopt.api import orchestrator as module
 
         return getattr(module, name)
     if name == "validate":

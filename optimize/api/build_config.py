@@ -11,6 +11,9 @@ A field declares, beside its type and default:
 - ``logits_only``: only the logits graph takes it; a text-generation build refuses it, and a causal LM given it
   builds ``logits``;
 - ``generation_only``: only a text-generation build takes it.
+
+A plugin's pass adds a setting of its own with ``core.pass_api.new_setting`` on one of its options: it becomes a
+field of the ``plugins`` section, its flag an option of ``infopt build``, with no change here.
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError, create_model, field_validator
 
 from infopt.core.errors import UsageError
-from infopt.core.pass_api import PASSES
+from infopt.core.pass_api import PASSES, new_settings
 
 DEFAULT_MAX_VAL_SAMPLES = 256
 """the validation samples a logits build judges at most, by default"""
@@ -151,6 +154,22 @@ class EmitSection(Section):
                                    "folder); write nothing.", "--dry-run")
 
 
+_PLUGIN_SECTIONS: dict[tuple, type[Section]] = {}
+
+
+def plugin_section() -> type[Section]:
+    """The section of the settings the registered passes declare (``core.pass_api.new_setting``): a model of those
+    fields, made again when a pass that declares one registers."""
+    own = _own_fields()
+    declared = {name: info for name, info in new_settings().items() if name not in own}
+    key = tuple((name, id(info)) for name, info in declared.items())
+    if key not in _PLUGIN_SECTIONS:
+        fields = {name: (info.annotation, info) for name, info in declared.items()}
+        _PLUGIN_SECTIONS[key] = create_model("PluginSection", __base__=Section,
+                                             __doc__="Settings that plugins' passes declare.", **fields)
+    return _PLUGIN_SECTIONS[key]
+
+
 class BuildConfig(BaseModel):
     """A build's settings, one section per concern. Build one with :meth:`of` from flat keywords."""
 
@@ -163,8 +182,15 @@ class BuildConfig(BaseModel):
     calib: CalibrationSection = Field(default_factory=CalibrationSection)
     int4: Int4Section = Field(default_factory=Int4Section)
     emit: EmitSection = Field(default_factory=EmitSection)
+    plugins: SerializeAsAny[Section] = Field(default_factory=lambda: plugin_section()())
 
-    SECTIONS: ClassVar[tuple[str, ...]] = ("deploy", "source", "validation", "timing", "calib", "int4", "emit")
+    SECTIONS: ClassVar[tuple[str, ...]] = ("deploy", "source", "validation", "timing", "calib", "int4", "emit",
+                                           "plugins")
+
+    @field_validator("plugins", mode="before")
+    @classmethod
+    def _plugins(cls, value: Any) -> Any:
+        return plugin_section()(**value) if isinstance(value, dict) else value
 
     @classmethod
     def of(cls, config: BuildConfig | None = None, **settings: Any) -> BuildConfig:
@@ -189,7 +215,7 @@ class BuildConfig(BaseModel):
                 continue
             values = {key: getattr(current, key) for key in current.model_fields_set}
             try:
-                sections[section] = type(current)(**{**values, **given})
+                sections[section] = _section_type(section)(**{**values, **given})
             except ValidationError as exc:
                 error = exc.errors()[0]
                 key = str(error["loc"][0]) if error["loc"] else section
@@ -199,7 +225,9 @@ class BuildConfig(BaseModel):
 
     def flat(self) -> dict[str, Any]:
         """Every field's value, by its name."""
-        return {key: getattr(getattr(self, section), key) for key, section in section_of_field().items()}
+        plugin_fields = plugin_section().model_fields  # one made before its pass registered lacks it: its default
+        return {key: getattr(self.plugins, key, plugin_fields[key].default) if section == "plugins" else
+                getattr(getattr(self, section), key) for key, section in section_of_field().items()}
 
     def given(self) -> dict[str, Any]:
         """The fields whose value is not their default, by name."""
@@ -208,7 +236,7 @@ class BuildConfig(BaseModel):
 
     def pass_settings(self, **overrides: Any) -> dict[str, Any]:
         """The settings given that a registered pass reads (its options' ``SETTINGS``), by name, with ``overrides``
-        over them: what the pipeline hands the passes. None, False and empty values are not given. No builder
+        over them: what the pipeline hands the passes. None, False and empty values are not given. No flow
         lists them, so a new setting is its field, the pass that reads it, and a test."""
         read = {name for each in PASSES.all().values() for name in each.options.SETTINGS.values()}
         values = {**{key: value for key, value in self.given().items() if key in read}, **overrides}
@@ -224,20 +252,32 @@ class BuildConfig(BaseModel):
         return [key for key in self.given() if _extra(key)["generation_only"]]
 
 
+def _section_type(section: str) -> type[Section]:
+    return plugin_section() if section == "plugins" else BuildConfig.model_fields[section].annotation
+
+
 @lru_cache(maxsize=1)
-def section_of_field() -> dict[str, str]:
-    """Each field's section, by field name (every name is in one section only)."""
+def _own_fields() -> dict[str, str]:
+    """Each field of infopt's own sections, by name: its section."""
     owners: dict[str, str] = {}
     for section in BuildConfig.SECTIONS:
+        if section == "plugins":
+            continue
         for key in BuildConfig.model_fields[section].annotation.model_fields:
             assert key not in owners, f"build setting {key} is in two sections"
             owners[key] = section
     return owners
 
 
+def section_of_field() -> dict[str, str]:
+    """Each field's section, by field name (every name is in one section only): infopt's own, then those the
+    registered passes declare."""
+    return {**_own_fields(), **{key: "plugins" for key in plugin_section().model_fields}}
+
+
 def field_info(key: str):
     """The pydantic field of the setting ``key``."""
-    return BuildConfig.model_fields[section_of_field()[key]].annotation.model_fields[key]
+    return _section_type(section_of_field()[key]).model_fields[key]
 
 
 def flags_of(key: str) -> tuple[str, ...]:
@@ -252,10 +292,9 @@ def flag_of(key: str) -> str:
 
 
 def _extra(key: str) -> dict[str, Any]:
-    return field_info(key).json_schema_extra or {}
+    return {"flag": None, "logits_only": False, "generation_only": False, **(field_info(key).json_schema_extra or {})}
 
 
-@lru_cache(maxsize=1)
 def _defaults() -> dict[str, Any]:
     return BuildConfig().flat()
 

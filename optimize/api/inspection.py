@@ -6,7 +6,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
-from infopt.api.builder import check_forward, reference_runner, resolve_spec
+from infopt.api.logits_flow import check_forward, reference_runner, resolve_spec
 from infopt.exporters.torch_export import export_module
 from infopt.runtime.loading import load_model
 

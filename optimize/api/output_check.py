@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from infopt.api import flags
 from infopt.api.build_inputs import latency_feeds
 from infopt.api.emit import SAMPLES_FILE, read_samples
-from infopt.api.generation import validate_generation
+from infopt.api.generation_check import validate_generation
 from infopt.api.provenance import check_files
 from infopt.api.signing import check_signature
 from infopt.core.errors import UsageError
@@ -28,7 +28,7 @@ def validate(dist_dir: str | Path, *, thresholds: dict[str, float] | None = None
              key: str | Path | None = None) -> dict[str, Any]:
     """Re-check an output folder: file integrity against the manifest, drift of its model against
     the stored reference outputs, latency, and the verdict against the recipe's thresholds. A text-generation
-    output is judged by its task's evaluator instead (``generation.validate_generation``)."""
+    output is judged by its task's evaluator instead (``generation_check.validate_generation``)."""
 
     root = Path(dist_dir)
     manifest = read_manifest(root)

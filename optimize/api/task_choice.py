@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from infopt.api.build_config import BuildConfig
-from infopt.api.generation import PRECISIONS, generation_passes, is_task_recipe, recipe_precision
+from infopt.api.generation_flow import PRECISIONS, generation_passes, is_task_recipe, recipe_precision
 from infopt.core.errors import UsageError
 from infopt.exporters.genai_folder import has_tokenizer
 from infopt.runtime import hub
@@ -71,7 +71,7 @@ TASKS = ("logits", "text-generation")
 
 
 def generation_config(model, config: BuildConfig, example_inputs, say) -> BuildConfig | None:
-    """For ``infopt.build``: the configuration of ``build_generation`` when the call builds ``text-generation``
+    """For ``infopt.build``: the configuration of the text-generation flow when the call builds ``text-generation``
     (asked with ``task``, or the causal LM's default as :func:`default_task` chooses it), else None. ``say`` takes
     the one line that tells why a causal LM builds ``logits``. A precision not asked for is unset, so that a
     text-generation recipe keeps its own."""

@@ -46,15 +46,35 @@ def root(
                                                     metavar="", help="Print the version and exit.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", metavar="", help="Log each step, and show tracebacks of unexpected errors.")] = False,
 ) -> None:
+    _log_to_stderr(verbose)
+
+
+def _log_to_stderr(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not verbose:
-        import os
         import warnings
 
         warnings.filterwarnings("ignore")
         for name in NOISY_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # transformers' "Loading weights" bar
+
+
+def _plugin_flags(argv: list[str]) -> None:
+    """Before ``infopt build`` reads its options: where a package declares an ``infopt.plugins`` entry point, fill
+    the registries, which loads the plugins, so that the settings their passes declare (``new_setting``) are
+    options of the command and its --help lists them. Only for ``build``, and only then: filling them imports
+    torch, which ``infopt --help`` and the other commands do without."""
+    from infopt.core import plugin_loader
+
+    command = next((arg for arg in argv[1:] if not arg.startswith("-")), None)
+    if command != "build" or not plugin_loader.declared():
+        return
+    _log_to_stderr(any(arg in ("-v", "--verbose") for arg in argv[1:argv.index(command)]))
+    import infopt.api.registries  # noqa: F401 - loads the plugins after the bundled entries
+    from infopt.cli.build import with_plugin_settings
+
+    with_plugin_settings()
 
 
 NOISY_LOGGERS = (
@@ -94,6 +114,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _on_sigterm())
     try:
         cap_torch_threads()
+        _plugin_flags(sys.argv)
         code = app(standalone_mode=False)
     except InfoptError as exc:
         _print_error(exc.title, exc.render())

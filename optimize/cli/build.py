@@ -143,7 +143,7 @@ def build(**given: Any) -> None:
 
 
 def _build_generation(model, config, *, as_json: bool, quiet: bool) -> None:
-    from infopt.api.generation import build_generation
+    from infopt.api.orchestrator import build_generation
     from infopt.report.markdown import generation_section, passes_section, print_sections, summary
 
     result = build_generation(model, config, command=["infopt", *sys.argv[1:]], console=None if quiet else stderr())
@@ -179,6 +179,12 @@ def _print_plan(plan: dict, as_json: bool) -> None:
             for c in plan["candidates"]]
     stdout().print(table("Candidates", ["recipe", "passes", ""], rows))
     stdout().print("nothing was written (--dry-run)", markup=False)
+
+
+def with_plugin_settings() -> None:
+    """``infopt build``'s options again, now with the settings the plugins' passes declare (the registries are
+    filled); typer reads them when the command runs."""
+    build.__signature__ = _signature()
 
 
 build.__signature__ = _signature()  # typer reads the options from it

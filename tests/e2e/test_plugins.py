@@ -27,12 +27,16 @@ from infopt.runtime.doctor import plugin_checks
 from tests.support.cli import ROOT, run_cli
 
 TOY_MODULE = '''
-"""A toy infopt plugin: a backend registered when this module is imported, and a calibration method
-registered by ``register_calibration`` (the package's second entry point names it)."""
+"""A toy infopt plugin: a backend and a pass with a setting of its own (``--toy-clip``) registered when this module
+is imported, and a calibration method registered by ``register_calibration`` (the package's second entry point
+names it)."""
 
 import math
 from pathlib import Path
+from typing import ClassVar
 
+from infopt.core.pass_api import Pass, PassDetails, PassOptions, PassOutcome, new_setting
+from infopt.core.pass_api import register as register_pass
 from infopt.quantize import calibrators
 from infopt.runtime.backend import Backend, check, register
 from infopt.runtime.runner import Runner
@@ -61,7 +65,55 @@ BACKEND = register(Backend(name="toy", representation="onnx", suffix=".toy", run
 
 def register_calibration():
     calibrators.register(calibrators.Calibrator("toy", quarters, False, "the observed range rounded outward to quarters"))
+
+
+class ClipOptions(PassOptions):
+    SETTINGS: ClassVar[dict[str, str]] = {"clip": "toy_clip"}
+    clip: float = new_setting(1e9, "Clip each weight to +/- this before INT8, for a finer grid.", "--toy-clip", gt=0)
+
+
+class ClipDetails(PassDetails):
+    clip: float
+    clipped: int
+
+
+def clip_weights(artifact, options, context):
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(artifact.path))
+    clipped = 0
+    for tensor in model.graph.initializer:
+        values = numpy_helper.to_array(tensor)
+        if values.dtype.kind == "f" and values.ndim == 2:
+            clipped += int((abs(values) > options.clip).sum())
+            tensor.CopyFrom(numpy_helper.from_array(values.clip(-options.clip, options.clip), tensor.name))
+    path = context.workdir / "toy-clipped.onnx"
+    onnx.save(model, str(path))
+    return PassOutcome(artifact.derive("onnx", path=path), clipped > 0, notes=[f"clipped {clipped} weights"],
+                       details=ClipDetails(clip=options.clip, clipped=clipped))
+
+
+register_pass(Pass(name="toy_clip_weights", consumes="onnx", produces="onnx", run=clip_weights, options=ClipOptions,
+                   details=ClipDetails, description="clips every weight matrix before INT8 (a toy)"))
 '''
+
+TOY_RECIPE = """\
+name: toy-int8
+precision: int8
+backend: onnxruntime
+description: dynamic INT8 after the toy plugin's weight clip
+passes:
+  - name: capture
+  - name: onnx_export
+  - name: toy_clip_weights
+  - name: quantize_int8
+    options:
+      mode: dynamic
+validation:
+  drift:
+    min_mean_cosine: 0.5
+"""
 
 BROKEN_MODULE = '''
 raise RuntimeError("the broken plugin refuses to load\\nthis second line stays out of the warning")
@@ -183,6 +235,36 @@ def test_a_cli_build_calibrates_with_the_plugins_method_and_skips_the_broken_plu
 
     refused = run_cli(*args[:-1], "refused", cwd=tmp_path)  # without the plugin the method is unknown
     assert refused.returncode == 2 and "unknown --calib-method 'toy'" in refused.stderr
+
+
+def test_a_plugins_pass_adds_an_int8_option_that_a_cli_build_takes(site, tmp_path):
+    """The toy plugin's pass declares ``toy_clip`` with its flag: ``infopt build --help`` lists ``--toy-clip``, and a
+    build from the command line with a recipe that runs the pass before INT8 hands it the flag's value. A bad value
+    exits 2 naming the flag; without the plugin the flag is no option at all."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+    torch.jit.save(torch.jit.trace(model, torch.randn(2, 3, 16)), str(tmp_path / "mlp.pt"))  # MatMuls, not Gemms
+    (tmp_path / "toy-int8.yaml").write_text(TOY_RECIPE)
+    env = {**_with_plugins(site), "INFOPT_CACHE_DIR": str(tmp_path / "cache")}
+    shown = run_cli("build", "--help", cwd=tmp_path, env={**env, "COLUMNS": "200"})
+    assert shown.returncode == 0 and "--toy-clip" in shown.stdout and "Clip each weight" in shown.stdout
+
+    args = ("build", "mlp.pt", "--input", "x:float32[batch,3,16]", "--recipe", "toy-int8.yaml", "--batch-sizes", "1",
+            "--require-precision", "--quiet", "--json")
+    proc = run_cli(*args, "--toy-clip", "0.2", "--output", "out", cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    clip, = [p for p in manifest["passes"] if p["name"] == "toy_clip_weights"]
+    assert clip["details"]["clip"] == 0.2 and clip["details"]["clipped"] > 0  # the flag's value, not the default
+    int8, = [p for p in manifest["passes"] if p["name"] == "quantize_int8"]
+    assert manifest["precision"] == "int8" and len(int8["details"]["layers"]) == 2
+    assert manifest["provenance"]["settings"]["toy_clip"] == 0.2
+
+    bad = run_cli(*args, "--toy-clip", "-1", "--output", "bad", cwd=tmp_path, env=env)
+    assert bad.returncode == 2 and "--toy-clip" in bad.stderr and "greater than 0" in bad.stderr
+    assert not (tmp_path / "bad").exists()
+    unknown = run_cli(*args, "--toy-clip", "0.2", "--output", "none", cwd=tmp_path)  # the plugin not installed
+    assert unknown.returncode == 2 and "No such option: --toy-clip" in unknown.stderr
 
 
 def test_loading_twice_is_a_no_op_and_a_failure_is_a_plugins_error(site, monkeypatch):

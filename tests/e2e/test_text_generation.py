@@ -262,7 +262,7 @@ def test_unfused_attention_concatenates_its_cache_and_still_generates_what_trans
     present cache is a new tensor each step: the folder must not ask ONNX Runtime GenAI for a shared buffer."""
     import onnx
 
-    from infopt.api.generation import build_generation
+    from infopt.api.orchestrator import build_generation
 
     folder = decoder(decoders, "llama")
     result = build_generation(folder, output=tmp_path / "unfused", val=decoders / "prompts.txt", attention="unfused")
@@ -280,10 +280,10 @@ def test_a_decoder_stored_as_external_data_is_fused_and_packed_too(decoders, tmp
     threshold is lowered here so that the tiny Llama takes that path)."""
     import onnx
 
-    import infopt.api.generation as generation_api
+    import infopt.api.generation_flow as generation_api
     import infopt.core.tensor_file as tensor_file
     import infopt.passes.lower.onnx_export as onnx_export
-    from infopt.api.generation import build_generation
+    from infopt.api.orchestrator import build_generation
     from infopt.core.file_hash import sha256
     from infopt.core.manifest import read_manifest, verify_files
     from infopt.validators.generation_eval import SAMPLES_FILE, GenerationSamples
@@ -345,8 +345,8 @@ def test_past_the_judged_size_a_quantized_build_counts_the_prompts_prefill_and_r
     the greedy check's prompts' (the logits of their prefill, on the model and on the folder), and held-out lines
     after the prompts' make up MIN_FORCED_TOKENS; no token is counted twice. `infopt validate` judges the stored
     samples the same way and finds the same figures."""
-    import infopt.api.generation as generation_api
-    from infopt.api.generation import build_generation
+    import infopt.api.generation_flow as generation_api
+    from infopt.api.orchestrator import build_generation
     from infopt.validators import generation
     from infopt.validators.generation_eval import SAMPLES_FILE, GenerationSamples
 
@@ -395,7 +395,7 @@ def test_fusions_onnx_runtime_refuses_leave_the_export_and_its_tensors_file_as_t
     import infopt.core.tensor_file as tensor_file
     import infopt.passes.decoder.fuse_decoder as fuse_decoder
     import infopt.passes.lower.onnx_export as onnx_export
-    from infopt.api.generation import build_generation
+    from infopt.api.orchestrator import build_generation
 
     monkeypatch.setattr(onnx_export, "EXTERNAL_DATA_BYTES", 10_000)
     monkeypatch.setattr(tensor_file, "INLINE_BYTES", 1024)

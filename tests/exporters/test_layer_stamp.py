@@ -126,7 +126,7 @@ def test_a_probe_whose_layers_do_not_match_is_exported_whole_and_the_build_says_
     """Where the exported layers turn out unlike (here made to), the build captures the decoder whole and ships."""
     import json
 
-    from infopt.api.generation import build_generation
+    from infopt.api.orchestrator import build_generation
     from infopt.core.errors import CaptureError
     from infopt.passes.lower import onnx_stamp
 

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from infopt.api.generation import in_background
+from infopt.api.generation_flow import in_background
 
 
 def test_the_result_and_the_error_reach_the_caller_and_the_thread_does_not_hold_the_process():

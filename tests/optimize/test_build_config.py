@@ -114,3 +114,40 @@ def test_a_setting_reaches_every_pass_that_names_it_without_the_builders_naming_
                          options=PricedOptions))
     assert config.pass_settings()["price_per_hour"] == 2.5
     assert PASSES.named("priced").parse_options({}, config.pass_settings()).price == 2.5
+
+
+def test_a_pass_declares_a_setting_of_its_own_with_its_flag_and_the_config_and_cli_take_it(monkeypatch):
+    """A plugin's pass adds a setting with ``new_setting``: the config gets a field in its ``plugins`` section (the
+    option's type, default and help), the setting reaches the pass, a bad value is refused by its flag, and
+    ``infopt build`` gets the option. Before the pass registers, the keyword is unknown."""
+    from typing import ClassVar
+
+    import infopt.passes  # noqa: F401 - registers the bundled passes
+    from infopt.cli import build as cli_build
+    from infopt.core.pass_api import PASSES, Pass, PassOptions, new_setting
+
+    with pytest.raises(UsageError, match="unknown build setting 'toy_clip'"):
+        BuildConfig.of(toy_clip=0.5)
+    before = BuildConfig.of(precision="int8")
+
+    class ClipOptions(PassOptions):
+        SETTINGS: ClassVar[dict[str, str]] = {"clip": "toy_clip"}
+        clip: float = new_setting(8.0, "Clip each weight to +/- this before INT8.", "--toy-clip", gt=0)
+
+    monkeypatch.setattr(PASSES, "items", dict(PASSES.items))
+    PASSES.register(Pass(name="toy_clip_weights", consumes="onnx", produces="onnx", run=lambda a, o, c: None,
+                         options=ClipOptions))
+    assert section_of_field()["toy_clip"] == "plugins" and flag_of("toy_clip") == "--toy-clip"
+    assert before.flat()["toy_clip"] == 8.0 and before.given() == {"precision": "int8"}  # made before: the default
+    config = BuildConfig.of(before, toy_clip=0.5)
+    assert config.given() == {"precision": "int8", "toy_clip": 0.5} and config.plugins.toy_clip == 0.5
+    assert config.pass_settings() == {"toy_clip": 0.5}
+    assert PASSES.named("toy_clip_weights").parse_options({}, config.pass_settings()).clip == 0.5
+    assert BuildConfig.model_validate(config.model_dump()).given() == config.given()  # a recipe's round trip
+    with pytest.raises(UsageError, match="toy_clip=-1.*greater than 0") as refused:
+        BuildConfig.of(toy_clip=-1)
+    assert refused.value.fix.startswith("--toy-clip: Clip each weight")
+    option = next(p for p in cli_build._signature().parameters.values() if p.name == "toy_clip")
+    typed = option.annotation.__metadata__[0]  # typer's OptionInfo: the first flag stands in its default
+    assert option.default == 8.0 and "--toy-clip" in (typed.default, *typed.param_decls)
+    assert "toy_clip" not in BuildConfig.of(precision="int8").pass_settings()  # not given: the recipe's option

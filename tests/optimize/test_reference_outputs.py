@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from infopt.api.build_inputs import same_feed, validation_batches
-from infopt.api.builder import reference_outputs
+from infopt.api.logits_flow import reference_outputs
 from infopt.core.inputspec import InputSpec
 from infopt.core.sample_inputs import capture_feed, id_high
 

@@ -1,4 +1,7 @@
-"""The Python API: ``build``, ``load`` and ``validate``. The CLI calls these and nothing else."""
+"""The logits task's flow (:class:`LogitsFlow`): one graph from the model's inputs to its outputs, built by every
+candidate recipe for the target, each judged against the eager model for drift and timed, the best shipped.
+``orchestrator.build`` runs its stages; the helpers here (the input spec, the reference runner) serve
+``infopt inspect`` too."""
 
 from __future__ import annotations
 
@@ -11,8 +14,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from infopt.api import candidates as cand
-from infopt.api import flags, provenance, task_choice
-from infopt.api.build_config import DEFAULT_MAX_VAL_SAMPLES, BuildConfig, flag_of
+from infopt.api import flags, provenance
+from infopt.api.build_config import DEFAULT_MAX_VAL_SAMPLES, BuildConfig
 from infopt.api.build_inputs import (
     latency_feeds,
     outputs_on,
@@ -22,16 +25,14 @@ from infopt.api.build_inputs import (
     validation_batches,
 )
 from infopt.api.build_notes import noise_notes, pass_notes, server_engine, shipped_precision
-from infopt.api.build_result import BuildResult, load  # noqa: F401 - load: infopt.load
+from infopt.api.build_result import BuildResult
 from infopt.api.curve import measure_curve
 from infopt.api.emit import base_manifest, source_info, store_samples, write_output
-from infopt.api.generation import build_generation
 from infopt.api.provenance import call_text
 from infopt.core import progress as progress_display
 from infopt.core.errors import BuildError, EnvironmentProblem, InputSpecError, UsageError
 from infopt.core.inputspec import InputSpec, parse_dim
 from infopt.core.manifest import data_sha256, model_bytes
-from infopt.core.memory import older_objects_frozen
 from infopt.core.pass_api import Settings
 from infopt.core.pipeline import Pipeline, SharedPrefixes
 from infopt.core.recipe import MIN_LATENCY_RUNS, MIN_TRIAL_RUNS, Recipe, load_recipe, recipes_for
@@ -41,7 +42,7 @@ from infopt.core.target import get_target
 from infopt.core.threads import ENV as THREADS_ENV
 from infopt.core.threads import thread_cap
 from infopt.core.work_folders import clean_dead_work_folders, work_folder
-from infopt.exporters.staging import MAX_NAME_BYTES, check_output, claim_output, removed_if_stopped, staged_output
+from infopt.exporters.staging import MAX_NAME_BYTES, check_output, removed_if_stopped, staged_output
 from infopt.exporters.torch_export import user_frame
 from infopt.quantize.calib_data import load_calibration
 from infopt.quantize.sensitivity import Budget
@@ -58,16 +59,6 @@ from infopt.validators.range_ends import check_range_ends, range_ends
 from infopt.validators.roofline import count_work
 from infopt.validators.timing_budget import TimingBudget
 from infopt.validators.verdict import judge
-
-
-def _console(progress: bool | Any):
-    if progress is False or progress is None:
-        return None
-    if progress is True:
-        from rich.console import Console
-
-        return Console(stderr=True)
-    return progress
 
 
 def resolve_spec(loaded, inputs, dims, example_inputs, val) -> InputSpec:
@@ -139,114 +130,96 @@ def _safe_name(text: str) -> str:
     return name
 
 
-@older_objects_frozen()
-def build(model: Any, example_inputs: Any = None, config: BuildConfig | None = None, *, progress: bool | Any = True,
-          command: Sequence[str] | None = None, **settings: Any) -> BuildResult | dict[str, Any]:
-    """Build, validate and emit a deployable artifact.
+class LogitsFlow:
+    """The logits graph's build: candidates by target, backend and precision, judged against the eager model.
+    ``orchestrator.build`` runs its stages in order."""
 
-    ``model`` is a path (TorchScript, ``.pt2``, state_dict with ``model_class``, ONNX, or a pickled
-    module with ``allow_pickle``), a Hugging Face folder or hub id, or an ``nn.Module``. ``example_inputs``
-    (a tensor or a tuple of them) give the input spec of a module.
+    task = "logits"
 
-    ``config`` (a :class:`~infopt.api.build_config.BuildConfig`) holds every setting; each keyword in
-    ``settings`` sets the field of its name over it (``precision="int8"``, ``val="val.npz"``,
-    ``output="dist/m"``), validated as that field, and a keyword that names no field is a ``UsageError``.
-    ``docs/guide/python-api.md`` lists the settings. ``progress``: True for a progress display on stderr, False for
-    none, or a ``rich`` console. ``command`` is the command line that asked for the build (the CLI passes it); the
-    manifest records it, or else the Python call.
+    def __init__(self, model: Any, example_inputs: Any, config: BuildConfig, console: Any,
+                 command: Sequence[str] | None):
+        self.model, self.example_inputs, self.config, self.console, self.command = (model, example_inputs, config,
+                                                                                   console, command)
+        self.times = StepTimes()
+        self.force = config.emit.force
 
-    The output goes to ``output`` (default ``dist/<name>``), written to a temporary sibling and renamed into place
-    at the end. When one of several candidates fails to build or to run, the others are judged, the best that
-    passes ships and the failures are listed; ``strict=True`` stops the build instead (``BuildError``). INT8 on a
-    CPU target ships FP32 when no INT8 graph is faster here, unless ``require_precision``. ``dry_run=True``
-    resolves everything a build would (target, candidates and their passes, inputs, output folder), writes
-    nothing, and returns that plan.
-
-    ``task="text-generation"`` builds a Hugging Face causal LM as its decoder with the KV cache, an ONNX Runtime
-    GenAI folder judged by generating from it. ``task="logits"`` builds one graph from the inputs to the head's
-    output. Without ``task``, a causal LM builds text-generation wherever that builds what was asked, and
-    everything else logits; a causal LM kept on logits says why on the progress console.
-    """
-    config = BuildConfig.of(config, **settings)
-    console = _console(progress)
-    generation = task_choice.generation_config(model, config, example_inputs,
-                                               lambda text: console and console.print(text, markup=False, soft_wrap=True))
-    if generation is not None:
-        return build_generation(model, generation, command=list(command) if command else None, console=console)
-    extra = config.generation_only_given()
-    if extra:
-        raise UsageError(f"{', '.join(flag_of(key) for key in extra)} only a text-generation build takes; this build is "
-                         "--task logits", fix="drop it, or build a causal LM with --task text-generation")
-    return _build_logits(model, example_inputs, config, console, command)
-
-
-def _build_logits(model: Any, example_inputs: Any, config: BuildConfig, console: Any,
-                  command: Sequence[str] | None) -> BuildResult | dict[str, Any]:
-    """The logits graph's build: candidates by target, backend and precision, judged against the eager model."""
-    deploy, source, judged, timed, calib = (config.deploy, config.source, config.validation, config.timing,
-                                            config.calib)
-    times = StepTimes()
-    given = config.given()
-    call = call_text(model, {**({"example_inputs": example_inputs} if example_inputs is not None else {}), **given})
-
-    target_obj = get_target(deploy.target)
-    if deploy.recipe:
-        recipes = [load_recipe(deploy.recipe)]
-        if recipes[0].task is not None:
-            raise UsageError(f"recipe {recipes[0].name} builds {recipes[0].task}, not the logits graph",
-                             where=str(deploy.recipe),
-                             fix=f"build it with --task {recipes[0].task} (task='{recipes[0].task}')")
-        target_obj.require_precision(recipes[0].precision)
-    else:
-        recipes = recipes_for(target_obj, deploy.precision or "fp32", deploy.backend)
-    budget, thresholds = None, judged.thresholds
-    if judged.max_drift is not None:
-        budget = Budget.parse(judged.max_drift)
-        thresholds = {**(thresholds or {}), budget.threshold_name: budget.threshold}
-    batch_sizes = timed.batch_sizes
-    mix = _batch_mix(timed.batch_mix, batch_sizes)
-    if mix:
-        batch_sizes = list(mix)
-    flags.check_choices(config)
-    settings = config.pass_settings(batch_sizes=list(batch_sizes or []), batch_mix=mix or {})
-    recipes = [flags.with_overrides(r, thresholds, batch_sizes, deploy.pass_options) for r in recipes]
-    for each in recipes:
-        each.preflight(target_obj, calib.calibration is not None, settings)
-    output, force = config.emit.output, config.emit.force
-    if output:  # before any work: a folder that cannot be written fails in a second, not after the load
-        check_output(Path(output).absolute(), force)
-    worker.memory_cap()  # INFOPT_WORKER_MEMORY that is not an amount: exit 2 now, not when a worker starts
-    for each in {backends.named(r.backend) for r in recipes}:  # each fenced backend's worker imports what it needs
-        if each.fenced(target_obj.device):                     # while this process loads, captures and exports
-            worker.prestart(each.worker_imports)
-
-    with times.step("load"):
-        if isinstance(model, (str, Path)):
-            check_fits(model, f"a {'/'.join(sorted({r.precision for r in recipes}))} build")
-            loaded = load_model(model, model_class=source.model_class, model_args=source.model_args,
-                                allow_pickle=source.allow_pickle)
+    def plan(self) -> None:
+        """The candidates' recipes, checked against the target and the settings, and the output folder checked,
+        before the model loads."""
+        config, deploy = self.config, self.config.deploy
+        judged, timed = config.validation, config.timing
+        given = config.given()
+        example = {"example_inputs": self.example_inputs} if self.example_inputs is not None else {}
+        self.call = call_text(self.model, {**example, **given})
+        target = get_target(deploy.target)
+        if deploy.recipe:
+            recipes = [load_recipe(deploy.recipe)]
+            if recipes[0].task is not None:
+                raise UsageError(f"recipe {recipes[0].name} builds {recipes[0].task}, not the logits graph",
+                                 where=str(deploy.recipe),
+                                 fix=f"build it with --task {recipes[0].task} (task='{recipes[0].task}')")
+            target.require_precision(recipes[0].precision)
         else:
-            loaded = from_module(model.eval(), "module", None)
-            loaded.source = None
-    spec = resolve_spec(loaded, source.inputs, source.dims, example_inputs, judged.val)
-    name = _safe_name(config.emit.name or loaded.name
-                      or (Path(loaded.source).stem if loaded.source else type(model).__name__.lower()))
-    # absolute from here on: servers' packagers and compilers run in other working directories
-    out = (Path(output) if output else Path("dist") / name).absolute()
+            recipes = recipes_for(target, deploy.precision or "fp32", deploy.backend)
+        self.budget, thresholds = None, judged.thresholds
+        if judged.max_drift is not None:
+            self.budget = Budget.parse(judged.max_drift)
+            thresholds = {**(thresholds or {}), self.budget.threshold_name: self.budget.threshold}
+        batch_sizes = timed.batch_sizes
+        self.mix = _batch_mix(timed.batch_mix, batch_sizes)
+        if self.mix:
+            batch_sizes = list(self.mix)
+        flags.check_choices(config)
+        self.settings = config.pass_settings(batch_sizes=list(batch_sizes or []), batch_mix=self.mix or {})
+        self.recipes = [flags.with_overrides(r, thresholds, batch_sizes, deploy.pass_options) for r in recipes]
+        for each in self.recipes:
+            each.preflight(target, config.calib.calibration is not None, self.settings)
+        if config.emit.output:  # before any work: a folder that cannot be written fails in a second, not after the load
+            check_output(Path(config.emit.output).absolute(), self.force)
+        worker.memory_cap()  # INFOPT_WORKER_MEMORY that is not an amount: exit 2 now, not when a worker starts
+        for each in {backends.named(r.backend) for r in self.recipes}:  # each fenced backend's worker imports what
+            if each.fenced(target.device):                               # it needs while this process loads,
+                worker.prestart(each.worker_imports)                     # captures and exports
+        if deploy.price_per_hour is not None:
+            target = target.model_copy(update={"price_per_hour": deploy.price_per_hour})
+        self.target = target
 
-    if deploy.price_per_hour is not None:
-        target_obj = target_obj.model_copy(update={"price_per_hour": deploy.price_per_hour})
-    request = BuildRequest(spec, recipes, target_obj, name, out, command, call, force=force, val=judged.val,
-                           max_samples=judged.max_val_samples, console=console, calibration=calib.calibration,
-                           calib_samples=calib.calib_samples, calib_seed=calib.calib_seed, tokenizer=source.tokenizer,
-                           budget=budget, allow_partial=judged.allow_partial and not judged.strict, batch_mix=mix,
-                           times=times, settings=settings)
-    if config.emit.dry_run:
-        return _plan(loaded, request)
-    with times.step("machine roof"):
-        request.target = _with_measured_roof(target_obj)
-    with claim_output(out, force):
-        return _build_claimed(loaded, request)
+    def load(self) -> None:
+        """The model, its input spec, its name and the output folder: the request the later stages read."""
+        model, source, judged, calib = self.model, self.config.source, self.config.validation, self.config.calib
+        with self.times.step("load"):
+            if isinstance(model, (str, Path)):
+                check_fits(model, f"a {'/'.join(sorted({r.precision for r in self.recipes}))} build")
+                loaded = load_model(model, model_class=source.model_class, model_args=source.model_args,
+                                    allow_pickle=source.allow_pickle)
+            else:
+                loaded = from_module(model.eval(), "module", None)
+                loaded.source = None
+        spec = resolve_spec(loaded, source.inputs, source.dims, self.example_inputs, judged.val)
+        name = _safe_name(self.config.emit.name or loaded.name
+                          or (Path(loaded.source).stem if loaded.source else type(model).__name__.lower()))
+        output = self.config.emit.output
+        # absolute from here on: servers' packagers and compilers run in other working directories
+        self.out = (Path(output) if output else Path("dist") / name).absolute()
+        self.loaded = loaded
+        self.request = BuildRequest(
+            spec, self.recipes, self.target, name, self.out, self.command, self.call, force=self.force, val=judged.val,
+            max_samples=judged.max_val_samples, console=self.console, calibration=calib.calibration,
+            calib_samples=calib.calib_samples, calib_seed=calib.calib_seed, tokenizer=source.tokenizer,
+            budget=self.budget, allow_partial=judged.allow_partial and not judged.strict, batch_mix=self.mix,
+            times=self.times, settings=self.settings)
+
+    def dry_run(self) -> dict[str, Any]:
+        return _plan(self.loaded, self.request)
+
+    def prepare(self) -> None:
+        """This machine's measured roof, for the roofline and the probe that skips candidates."""
+        with self.times.step("machine roof"):
+            self.request.target = _with_measured_roof(self.target)
+
+    def build(self) -> BuildResult:
+        """The build proper, with the output folder claimed."""
+        return _build_claimed(self.loaded, self.request)
 
 
 def _with_measured_roof(target):

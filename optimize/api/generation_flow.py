@@ -1,4 +1,4 @@
-"""``infopt build FOLDER --task text-generation``: a causal LM as a generator serves it.
+"""The text-generation task's flow (``infopt build FOLDER --task text-generation``): a causal LM as a generator serves it.
 
 The build runs the task's recipe (``recipes/pipelines/<precision>-onnxruntime-genai.yaml``) through the same
 :class:`~infopt.core.pipeline.Pipeline` as every build: INT4 of the Linear layers (``quantize_int4``, the same
@@ -21,7 +21,6 @@ generation figures under ``validation.generation``), the reports, ``model/model.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -40,7 +39,6 @@ from infopt.core.errors import BuildError, EnvironmentProblem, UsageError, Valid
 from infopt.core.file_hash import hashed_ahead
 from infopt.core.inputspec import InputSpec
 from infopt.core.manifest import data_sha256
-from infopt.core.memory import older_objects_frozen
 from infopt.core.memory import release as release_memory
 from infopt.core.pass_api import Settings
 from infopt.core.pipeline import Pipeline
@@ -52,7 +50,7 @@ from infopt.exporters import genai_folder as genai
 from infopt.exporters.int4_checkpoint import CheckpointSource
 from infopt.exporters.kv_decoder import KvDecoder, cache_layout, context_length, decoder_outputs
 from infopt.exporters.servers import onnxruntime_genai as genai_server
-from infopt.exporters.staging import check_output, claim_output, staged_output
+from infopt.exporters.staging import check_output, staged_output
 from infopt.passes.decoder.quantize_int8_weights import QuantizeInt8WeightsDetails
 from infopt.passes.fx.quantize_int4 import Int4Details
 from infopt.passes.lower.onnx_int4 import BLOCK_SIZES
@@ -62,7 +60,7 @@ from infopt.quantize.layer_choice import ChoiceText, advice
 from infopt.report.markdown import ppl_text, top1_text
 from infopt.runtime.loading import load_model
 from infopt.runtime.memory_estimate import check_fits
-from infopt.runtime.worker import RunnerCrashed, Worker
+from infopt.runtime.worker import Worker
 from infopt.validators import generation
 from infopt.validators import generation_eval as evaluator
 
@@ -121,210 +119,244 @@ LM_INPUTS = ("input_ids:int64[batch,seq]", "attention_mask:int64[batch,seq]")
 """what the causal LM takes before its decoder is captured (INT4 calibrates on them)"""
 
 
-@older_objects_frozen()
-def build_generation(model: str | Path, config: BuildConfig | None = None, *, command: list[str] | None = None,
-                     console: Any = None, **settings: Any) -> BuildResult | dict[str, Any]:
-    """Build the text-generation deployable of a causal LM (fp32, INT8 or INT4 weight-only), as ``config`` with
-    ``settings`` over it (see :func:`infopt.api.builder.build`) asks. The INT4 settings and ``attention``
-    (``unfused``: attention as transformers writes it) are build settings the task's passes take; ``pass_options``
-    (pass name -> options) go over the recipe's own. ``recipe`` (a YAML file or a bundled name whose ``task`` is
-    text-generation) replaces the precision's recipe; ``backend`` is ``auto`` or ``onnxruntime``, the task's one.
-    ``dry_run``: load the model, resolve what the build would run, write nothing, and return the plan."""
-    config = BuildConfig.of(config, **settings)
-    deploy, int4, emit = config.deploy, config.int4, config.emit
-    precision, target, recipe, backend = deploy.precision, deploy.target, deploy.recipe, deploy.backend
-    val, calib, max_drift = config.validation.val, config.calib.calibration, config.validation.max_drift
-    int4_method, group_size, act_order = int4.int4_method, int4.group_size, int4.act_order
-    output, name, force, dry_run = emit.output, emit.name, emit.force, emit.dry_run
-    extra = config.logits_only_given()
-    if extra:
-        raise UsageError(f"--task {TASK} does not take {', '.join(flag_of(key) for key in extra)}",
-                         fix="drop them: it builds the ONNX Runtime GenAI folder for the cpu target")
-    chosen = task_recipe(recipe, backend)
-    if chosen is not None:
-        if precision not in (None, chosen.precision):
-            raise UsageError(f"recipe {chosen.name} builds {chosen.precision}, and {precision} was asked",
-                             where=str(recipe), fix="drop the precision flag, or pass that precision's recipe")
-        precision = chosen.precision
-    precision = precision or "fp32"
-    if precision not in PRECISIONS or target != "cpu":
-        raise UsageError(f"--task {TASK} builds fp32, --int8 and --int4 for the cpu target so far; asked {precision} "
-                         f"for {target}", fix=f"drop the precision flag and --target, or build --task logits for {precision}")
-    if calib is not None and precision != "int4":
-        raise UsageError(f"--calib calibrates --int4 (GPTQ, AWQ) of --task {TASK}; {precision} takes none"
-                         + (" (its INT8 is weight-only: every weight rounded on its own, nothing to calibrate)"
-                            if precision == "int8" else ""),
-                         fix="drop --calib, or build --int4")
-    if precision != "int4" and (int4_method or group_size or act_order or int4.max_bits_per_weight is not None):
-        raise UsageError("--int4-method, --group-size, --act-order and --max-bits-per-weight apply to --int4",
-                         fix="drop them, or build --int4")
-    machine = get_target(target)
-    flags.check_choices(config)
-    settings = config.pass_settings()
-    _check_int4(settings, calib)
-    recipe = (chosen or recipes_for(machine, precision, "onnxruntime", task=TASK)[0]).with_pass_options(deploy.pass_options)
-    recipe.preflight(machine, calib is not None, settings)
-    budgets = evaluator.with_max_drift(recipe.validation.generation, max_drift)
-    try:
-        import onnxruntime_genai  # noqa: F401 - the folder's consumer, which judges the build
-    except ImportError as exc:
-        raise EnvironmentProblem(f"--task {TASK} judges its folder by generating from it with onnxruntime_genai, "
-                                 "which is not installed", fix="pip install 'infopt[llm]'") from exc
-    if output:  # before the model loads: an 8B checkpoint takes minutes to load
-        check_output(Path(output).absolute(), force)
-    times = StepTimes()
-    say = (lambda text: console.print(f"[dim]{text}[/dim]")) if console is not None else (lambda text: None)
-    with times.step("load"):
-        check_fits(model, f"{'an' if precision.startswith('int') else 'a'} {precision} text-generation build",
-                   {"int4": "int4 in place", "fp32": "fp32 text generation"}.get(precision, "float"))
-        # INT4 rounds each Linear from the weights as stored: a bf16 checkpoint stays bf16 (half the memory of
-        # float32), its reference computed in bf16; float builds write float32 weights and judge against float32
-        loaded = load_model(model, stored_dtype=precision == "int4")
-    task = getattr(loaded.task, "name", None)
-    if loaded.format != "hf-folder" or task != "causal-lm":
-        raise UsageError(f"--task {TASK} needs a Hugging Face causal LM (a *ForCausalLM folder or hub id); "
-                         f"{model} is {'a ' + task + ' model' if task else 'not a Hugging Face folder'}",
-                         where=str(model), fix="build it without --task, or pass a causal LM's folder")
-    folder = Path(loaded.source)
-    if not genai.has_tokenizer(folder):
-        raise UsageError(f"{folder} has no tokenizer (tokenizer.json or tokenizer.model); the ONNX Runtime GenAI "
-                         "folder needs the model's own", where=str(folder),
-                         fix="save the tokenizer beside the model (tokenizer.save_pretrained(FOLDER))")
-    lm = loaded.module.model.eval()
-    reference_dtype = str(next(lm.parameters()).dtype).removeprefix("torch.")
-    lm.source_dir = str(folder)  # where the INT4 checkpoint for vLLM takes the tokenizer and config from
-    calibration, choice_windows = _calibration(calib, folder, lm.config) if calib else (None, [])
-    if deploy.price_per_hour is not None:
-        machine = machine.model_copy(update={"price_per_hour": deploy.price_per_hour})
-    name = name or loaded.name or folder.name
-    out = Path(output).absolute() if output else (Path("dist") / name).absolute()
-    call = call_text(model, {"task": TASK, **({"precision": precision} if precision != "fp32" else {})})
-    if dry_run:
-        check_output(out, force)
-        return {"dry_run": True, "task": TASK, "name": name, "output": str(out), "replaces_existing": out.exists(),
+class GenerationFlow:
+    """The text-generation task's flow: a causal LM's decoder with its KV cache, as an ONNX Runtime GenAI folder
+    judged by generating from it (fp32, INT8 or INT4 weight-only). ``orchestrator.build`` runs its stages in order.
+    The INT4 settings and ``attention`` (``unfused``: attention as transformers writes it) are build settings the
+    task's passes take; ``pass_options`` (pass name -> options) go over the recipe's own. ``recipe`` (a YAML file or a
+    bundled name whose ``task`` is text-generation) replaces the precision's recipe; ``backend`` is ``auto`` or
+    ``onnxruntime``, the task's one."""
+
+    task = TASK
+
+    def __init__(self, model: str | Path, config: BuildConfig, console: Any = None, command: list[str] | None = None):
+        self.model, self.config, self.console, self.command = model, config, console, command
+        self.times = StepTimes()
+        self.force = config.emit.force
+
+    def plan(self) -> None:
+        """The task's recipe for the precision asked, checked with the settings, and the output folder checked, before
+        the model loads."""
+        config, console = self.config, self.console
+        deploy, int4, emit = config.deploy, config.int4, config.emit
+        precision, target, recipe, backend = deploy.precision, deploy.target, deploy.recipe, deploy.backend
+        val, calib, max_drift = config.validation.val, config.calib.calibration, config.validation.max_drift
+        int4_method, group_size, act_order = int4.int4_method, int4.group_size, int4.act_order
+        output, name, force = emit.output, emit.name, self.force
+        extra = config.logits_only_given()
+        if extra:
+            raise UsageError(f"--task {TASK} does not take {', '.join(flag_of(key) for key in extra)}",
+                             fix="drop them: it builds the ONNX Runtime GenAI folder for the cpu target")
+        chosen = task_recipe(recipe, backend)
+        if chosen is not None:
+            if precision not in (None, chosen.precision):
+                raise UsageError(f"recipe {chosen.name} builds {chosen.precision}, and {precision} was asked",
+                                 where=str(recipe), fix="drop the precision flag, or pass that precision's recipe")
+            precision = chosen.precision
+        precision = precision or "fp32"
+        if precision not in PRECISIONS or target != "cpu":
+            raise UsageError(f"--task {TASK} builds fp32, --int8 and --int4 for the cpu target so far; asked {precision} "
+                             f"for {target}", fix=f"drop the precision flag and --target, or build --task logits for {precision}")
+        if calib is not None and precision != "int4":
+            raise UsageError(f"--calib calibrates --int4 (GPTQ, AWQ) of --task {TASK}; {precision} takes none"
+                             + (" (its INT8 is weight-only: every weight rounded on its own, nothing to calibrate)"
+                                if precision == "int8" else ""),
+                             fix="drop --calib, or build --int4")
+        if precision != "int4" and (int4_method or group_size or act_order or int4.max_bits_per_weight is not None):
+            raise UsageError("--int4-method, --group-size, --act-order and --max-bits-per-weight apply to --int4",
+                             fix="drop them, or build --int4")
+        machine = get_target(target)
+        flags.check_choices(config)
+        settings = config.pass_settings()
+        _check_int4(settings, calib)
+        recipe = (chosen or recipes_for(machine, precision, "onnxruntime", task=TASK)[0]).with_pass_options(deploy.pass_options)
+        recipe.preflight(machine, calib is not None, settings)
+        budgets = evaluator.with_max_drift(recipe.validation.generation, max_drift)
+        try:
+            import onnxruntime_genai  # noqa: F401 - the folder's consumer, which judges the build
+        except ImportError as exc:
+            raise EnvironmentProblem(f"--task {TASK} judges its folder by generating from it with onnxruntime_genai, "
+                                     "which is not installed", fix="pip install 'infopt[llm]'") from exc
+        if output:  # before the model loads: an 8B checkpoint takes minutes to load
+            check_output(Path(output).absolute(), force)
+        self.say = (lambda text: console.print(f"[dim]{text}[/dim]")) if console is not None else (lambda text: None)
+        self.precision, self.val, self.calib, self.machine, self.settings = precision, val, calib, machine, settings
+        self.recipe, self.budgets, self.output, self.name = recipe, budgets, output, name
+
+    def load(self) -> None:
+        """The causal LM (a bf16 checkpoint stays bf16 for INT4), its folder's tokenizer, the --calib text, and the
+        output folder."""
+        model, precision, calib, output, times = self.model, self.precision, self.calib, self.output, self.times
+        deploy, machine, name = self.config.deploy, self.machine, self.name
+        with times.step("load"):
+            check_fits(model, f"{'an' if precision.startswith('int') else 'a'} {precision} text-generation build",
+                       {"int4": "int4 in place", "fp32": "fp32 text generation"}.get(precision, "float"))
+            # INT4 rounds each Linear from the weights as stored: a bf16 checkpoint stays bf16 (half the memory of
+            # float32), its reference computed in bf16; float builds write float32 weights and judge against float32
+            loaded = load_model(model, stored_dtype=precision == "int4")
+        task = getattr(loaded.task, "name", None)
+        if loaded.format != "hf-folder" or task != "causal-lm":
+            raise UsageError(f"--task {TASK} needs a Hugging Face causal LM (a *ForCausalLM folder or hub id); "
+                             f"{model} is {'a ' + task + ' model' if task else 'not a Hugging Face folder'}",
+                             where=str(model), fix="build it without --task, or pass a causal LM's folder")
+        folder = Path(loaded.source)
+        if not genai.has_tokenizer(folder):
+            raise UsageError(f"{folder} has no tokenizer (tokenizer.json or tokenizer.model); the ONNX Runtime GenAI "
+                             "folder needs the model's own", where=str(folder),
+                             fix="save the tokenizer beside the model (tokenizer.save_pretrained(FOLDER))")
+        lm = loaded.module.model.eval()
+        reference_dtype = str(next(lm.parameters()).dtype).removeprefix("torch.")
+        lm.source_dir = str(folder)  # where the INT4 checkpoint for vLLM takes the tokenizer and config from
+        calibration, choice_windows = _calibration(calib, folder, lm.config) if calib else (None, [])
+        if deploy.price_per_hour is not None:
+            machine = machine.model_copy(update={"price_per_hour": deploy.price_per_hour})
+        name = name or loaded.name or folder.name
+        out = Path(output).absolute() if output else (Path("dist") / name).absolute()
+        call = call_text(model, {"task": TASK, **({"precision": precision} if precision != "fp32" else {})})
+        self.loaded, self.folder, self.lm, self.reference_dtype, self.machine = loaded, folder, lm, reference_dtype, machine
+        self.calibration, self.choice_windows, self.name, self.out, self.call = calibration, choice_windows, name, out, call
+
+    def dry_run(self) -> dict[str, Any]:
+        loaded, folder, recipe, machine, out, val, calib = (self.loaded, self.folder, self.recipe, self.machine,
+                                                             self.out, self.val, self.calib)
+        check_output(out, self.force)
+        return {"dry_run": True, "task": TASK, "name": self.name, "output": str(out), "replaces_existing": out.exists(),
                 "source": str(loaded.hub.repo_id if loaded.hub else folder), "format": loaded.format,
                 "target": machine.name, "inputs": InputSpec.parse(list(LM_INPUTS)).to_json(),
                 "validation_data": str(val) if val is not None else "random token ids (no --val)",
-                "calibration": None if calib is None else str(calib), "budget": evaluator.describe(budgets),
+                "calibration": None if calib is None else str(calib), "budget": evaluator.describe(self.budgets),
                 "candidates": [{"recipe": recipe.name, "backend": recipe.backend, "precision": recipe.precision,
                                 "passes": [step.name for step in recipe.passes], "skipped": None}]}
-    # the judging's process (ONNX Runtime GenAI is native code), started now: it imports while the passes run
-    with claim_output(out, force), work_folder("generation") as work, generation.judging_worker() as judge:
-        with times.step("reference"):  # the model's answers, before any pass rounds its weights in place
-            vocab, context = cache_layout(lm).vocab, context_length(lm.config)
-            bos, eos, pad = genai.special_tokens(lm.config, vocab, folder)
-            special = {bos, pad, *eos}
-            prompts, prompt_source = _prompts(val, folder, vocab, special)
-            parameters = sum(p.numel() for p in lm.parameters())
-            new_tokens = judged_tokens(parameters)
-            # past JUDGED_PARAMETERS the first teacher-forced figures come from the greedy check's own prefill, and
-            # held-out lines after the prompts' make up the count a teacher-forced budget judges (float32 has none)
-            on_prompts = parameters > JUDGED_PARAMETERS
-            held_out, offered, held_source = [], 0, prompt_source
-            if not on_prompts or evaluator.describe(budgets, forced_only=True):
-                held_out, held_source = _held_out(val, folder, vocab, special, context,
-                                                  skip=len(prompts) if on_prompts else 0)
-                counted = sum(map(len, prompts)) if on_prompts else 0
-                offered, held_out = len(held_out), judged_sequences(held_out, parameters, counted)
-            say(f"the model's greedy tokens on {len(prompts)} prompts and its logits on "
-                + ("those prompts" + (f" and {_sequences(len(held_out))}" if held_out else "") if on_prompts
-                   else _sequences(len(held_out))) + f" in {reference_dtype}, the reference")
-            samples = evaluator.GenerationSamples.from_model(lm, prompts, prompt_source, held_out, held_source,
-                                                             new_tokens, eos, on_prompts=on_prompts)
-            choice = ChoiceText.from_model(lm, choice_windows, budgets.min_top1, budgets.max_ppl_delta,
-                                           f"{calib} held out of calibration") if choice_windows else None
-        pipeline = Pipeline(recipe, machine, Path(work), calibration=calibration, console=console, times=times,
-                            settings=settings, choice=choice)
-        source = [Artifact("torch", InputSpec.parse(list(LM_INPUTS)), obj=lm, output_names=("logits",))]
-        # from here the pipeline holds the only reference to the module, so its weights are freed once the passes
-        # are past it (the export; for INT4, the checkpoint's writer at the end)
-        loaded.module = loaded.artifact = lm = None
-        # the checkpoint's sha256 for the manifest (1.1 s for 0.5B's 1 GB here, growing with the bytes) read while
-        # the passes export and write
-        origin_of = in_background(source_info, folder, "hf-folder")
-        final = pipeline.run(source.pop())
-        checkpoint = final.products.get(CheckpointSource)
-        if checkpoint is not None:  # written now and its module let go: it held about 0.5 GB through the judging
-            with times.step("vllm_checkpoint"):
-                final.products[CheckpointSource] = checkpoint.write_ahead(Path(work) / "vllm-checkpoint")
-                del checkpoint
-                release_memory(0)
-        decoder: KvDecoder = final.products[KvDecoder]
-        prepared = final.products[genai.GenaiFolder].path
-        # the folder opened once in the judging's process, for the judging and the timing;
-        # the hashes are waited for after the judging's step, before the timing
-        with hashed_ahead(p for p in prepared.iterdir() if p.stat().st_size >= HASH_AHEAD), times.step("validation"):
-            say(f"generating {new_tokens} tokens from {len(prompts)} prompts with onnxruntime_genai; teacher-forced "
-                + ("logits of their prefill" + (f" and of {_sequences(len(held_out))}" if held_out else "")
-                   if on_prompts else f"logits on {_sequences(len(held_out))}"))
-            try:
-                judged = evaluator.evaluate_in(judge, prepared, samples, budgets)
-            except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
-                raise BuildError(f"onnxruntime_genai could not generate from the folder: {first_line(exc)}",
-                                 where=str(folder), fix="report the model's family; build --task logits meanwhile") from exc
-        quantization = _quantization(final.lineage, calibration)
-        if not judged["verdict"]["passed"] and quantization and quantization.get("choice"):
-            judged["verdict"]["reasons"].append(advice(quantization["choice"], f"recipes/pipelines/{recipe.name}.yaml"))
-        greedy = judged["greedy"]
-        if budgets.greedy_equal and greedy["equal"] != greedy["prompts"]:
-            first = greedy["differences"][0]
-            raise ValidationFailed(f"the ONNX Runtime GenAI folder's greedy tokens differ from transformers' generate "
-                                   f"on {greedy['prompts'] - greedy['equal']} of {greedy['prompts']} prompts (prompt "
-                                   f"{first['prompt']} first differs at token {first['at_token']})",
-                                   fix="report the model's family; build --task logits meanwhile")
-        with times.step("latency"):
-            budget = TIMING_SHARE * (time.perf_counter() - times.started)
-            say(f"timing TTFT and TPOT (about {budget:.0f} s)")
-            # a larger model's TPOT runs generate the greedy check's share of tokens (8 at 0.2B and up: 7 samples a
-            # run, 8 tokens fewer at 0.22 s each at 1.5B in float32), after no warm-up: the judging has just run the
-            # folder there
-            timing = time_folder(judge, prepared, decoder.layout.vocab, decoder.context, budget, every_row=False,
-                                 new_tokens=new_tokens, warm=True)
-        judge.close()  # its decoder's memory given back before the output is written
-        for row in timing["tpot"]:
-            row["usd_per_million_tokens"] = generation.usd_per_million(machine.price_per_hour, row["tokens_per_s"])
-        forced_budgets = evaluator.describe(budgets, forced_only=True)
-        judged_by = (f"teacher-forced agreement and perplexity ({forced_budgets})" if forced_budgets
-                     else "greedy tokens equal")
-        origin = {**origin_of(), "task": {"name": TASK, "judged_by": judged_by}}
-        if loaded.hub is not None:
-            origin["hub"] = loaded.hub.to_json()
-        notes = [f"greedy tokens of {len(prompts)} prompts from {prompt_source}, {new_tokens} each, compared with "
-                 "transformers' generate" + ("" if budgets.greedy_equal else " of the unquantized model (reported; a quantized "
-                                             "build is judged by the teacher-forced figures)"),
-                 f"teacher-forced logits of {len(samples.held_out)} sequences ({judged['teacher_forced']['tokens']} tokens) "
-                 f"from {_forced_source(on_prompts, len(held_out), held_source, precision)}, against the "
-                 f"{reference_dtype} model's (its top-1 tokens and next-token "
-                 f"log-likelihoods are stored in {evaluator.SAMPLES_FILE} for `infopt validate`)"]
-        if new_tokens < NEW_TOKENS or len(held_out) < offered:
-            notes.append(judging_share_note(parameters, new_tokens, len(held_out), offered, on_prompts,
-                                            judged["teacher_forced"]))
-        if evaluator.describe(budgets, forced_only=True) and interval_note(judged["teacher_forced"]):
-            notes.append(interval_note(judged["teacher_forced"]))
-        if reference_dtype != "float32":
-            notes.append(f"the reference computed in {reference_dtype}, the checkpoint's dtype: the INT4 build keeps "
-                         "the weights as stored until each layer is rounded, so no float32 copy of them is held")
-        validation = {"device": "cpu (onnxruntime_genai, CPU)", "runs_on": "cpu", "notes": notes,
-                      "generation": {"greedy": greedy, "teacher_forced": judged["teacher_forced"], **timing,
-                                     "reference_dtype": reference_dtype,
-                                     "weights_bytes": genai.weights_bytes(prepared),
-                                     "bits_per_weight": round(8 * genai.weights_bytes(prepared) / parameters, 3),
-                                     "kv_cache_bytes_per_token": decoder.layout.kv_bytes_per_token(),
-                                     **({"quantization": quantization} if quantization else {})},
-                      "verdict": judged["verdict"]}
-        record = provenance.record(command, call, recipe.name, calibration,
-                                   {"source": prompt_source, "samples": len(prompts),
-                                    "sha256": data_sha256({"input_ids": np.asarray(p)} for p in prompts)}, settings)
-        with staged_output(out, force) as stage:
-            validation["stored_samples"] = samples.save(stage / evaluator.SAMPLES_FILE)
-            manifest = base_manifest(name, origin, machine, recipe, final.spec, decoder_outputs(decoder.layout),
-                                     final.lineage, validation, candidates=[],
-                                     selection="one candidate: the decoder for ONNX Runtime GenAI", provenance=record)
-            # the GenAI folder's model is the output's model (no model/ copy of the weights) where it is emitted
-            genai_emitted = recipe.emit is None or "onnxruntime-genai" in recipe.emit
-            typed = write_output(stage, manifest, final.path, final.spec, "cpu", recipe.emit, products=final.products,
-                                 times=times, model_in=f"{genai_server.FOLDER}/{final.path.name}" if genai_emitted else None)
-    return BuildResult(name, out, typed, out / typed.artifacts.get("onnxruntime-genai"))
+
+    def prepare(self) -> None:
+        """Nothing to measure before the output is claimed."""
+
+    def build(self) -> BuildResult:
+        """The reference's answers, the pipeline, the folder judged and timed in the judging's process, and the output
+        emitted, with the output folder claimed."""
+        loaded, lm, folder, recipe, machine, budgets = self.loaded, self.lm, self.folder, self.recipe, self.machine, self.budgets
+        val, calib, precision, times, say, console = self.val, self.calib, self.precision, self.times, self.say, self.console
+        calibration, choice_windows, settings = self.calibration, self.choice_windows, self.settings
+        reference_dtype, name, out, force, command, call = (self.reference_dtype, self.name, self.out, self.force,
+                                                            self.command, self.call)
+        self.lm = None  # the pipeline is to hold the only reference to the module (below)
+        # the judging's process (ONNX Runtime GenAI is native code), started now: it imports while the passes run
+        with work_folder("generation") as work, generation.judging_worker() as judge:
+            with times.step("reference"):  # the model's answers, before any pass rounds its weights in place
+                vocab, context = cache_layout(lm).vocab, context_length(lm.config)
+                bos, eos, pad = genai.special_tokens(lm.config, vocab, folder)
+                special = {bos, pad, *eos}
+                prompts, prompt_source = _prompts(val, folder, vocab, special)
+                parameters = sum(p.numel() for p in lm.parameters())
+                new_tokens = judged_tokens(parameters)
+                # past JUDGED_PARAMETERS the first teacher-forced figures come from the greedy check's own prefill, and
+                # held-out lines after the prompts' make up the count a teacher-forced budget judges (float32 has none)
+                on_prompts = parameters > JUDGED_PARAMETERS
+                held_out, offered, held_source = [], 0, prompt_source
+                if not on_prompts or evaluator.describe(budgets, forced_only=True):
+                    held_out, held_source = _held_out(val, folder, vocab, special, context,
+                                                      skip=len(prompts) if on_prompts else 0)
+                    counted = sum(map(len, prompts)) if on_prompts else 0
+                    offered, held_out = len(held_out), judged_sequences(held_out, parameters, counted)
+                say(f"the model's greedy tokens on {len(prompts)} prompts and its logits on "
+                    + ("those prompts" + (f" and {_sequences(len(held_out))}" if held_out else "") if on_prompts
+                       else _sequences(len(held_out))) + f" in {reference_dtype}, the reference")
+                samples = evaluator.GenerationSamples.from_model(lm, prompts, prompt_source, held_out, held_source,
+                                                                 new_tokens, eos, on_prompts=on_prompts)
+                choice = ChoiceText.from_model(lm, choice_windows, budgets.min_top1, budgets.max_ppl_delta,
+                                               f"{calib} held out of calibration") if choice_windows else None
+            pipeline = Pipeline(recipe, machine, Path(work), calibration=calibration, console=console, times=times,
+                                settings=settings, choice=choice)
+            source = [Artifact("torch", InputSpec.parse(list(LM_INPUTS)), obj=lm, output_names=("logits",))]
+            # from here the pipeline holds the only reference to the module, so its weights are freed once the passes
+            # are past it (the export; for INT4, the checkpoint's writer at the end)
+            loaded.module = loaded.artifact = lm = None
+            # the checkpoint's sha256 for the manifest (1.1 s for 0.5B's 1 GB here, growing with the bytes) read while
+            # the passes export and write
+            origin_of = in_background(source_info, folder, "hf-folder")
+            final = pipeline.run(source.pop())
+            checkpoint = final.products.get(CheckpointSource)
+            if checkpoint is not None:  # written now and its module let go: it held about 0.5 GB through the judging
+                with times.step("vllm_checkpoint"):
+                    final.products[CheckpointSource] = checkpoint.write_ahead(Path(work) / "vllm-checkpoint")
+                    del checkpoint
+                    release_memory(0)
+            decoder: KvDecoder = final.products[KvDecoder]
+            prepared = final.products[genai.GenaiFolder].path
+            # the folder opened once in the judging's process, for the judging and the timing;
+            # the hashes are waited for after the judging's step, before the timing
+            with hashed_ahead(p for p in prepared.iterdir() if p.stat().st_size >= HASH_AHEAD), times.step("validation"):
+                say(f"generating {new_tokens} tokens from {len(prompts)} prompts with onnxruntime_genai; teacher-forced "
+                    + ("logits of their prefill" + (f" and of {_sequences(len(held_out))}" if held_out else "")
+                       if on_prompts else f"logits on {_sequences(len(held_out))}"))
+                try:
+                    judged = evaluator.evaluate_in(judge, prepared, samples, budgets)
+                except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
+                    raise BuildError(f"onnxruntime_genai could not generate from the folder: {first_line(exc)}",
+                                     where=str(folder), fix="report the model's family; build --task logits meanwhile") from exc
+            quantization = _quantization(final.lineage, calibration)
+            if not judged["verdict"]["passed"] and quantization and quantization.get("choice"):
+                judged["verdict"]["reasons"].append(advice(quantization["choice"], f"recipes/pipelines/{recipe.name}.yaml"))
+            greedy = judged["greedy"]
+            if budgets.greedy_equal and greedy["equal"] != greedy["prompts"]:
+                first = greedy["differences"][0]
+                raise ValidationFailed(f"the ONNX Runtime GenAI folder's greedy tokens differ from transformers' generate "
+                                       f"on {greedy['prompts'] - greedy['equal']} of {greedy['prompts']} prompts (prompt "
+                                       f"{first['prompt']} first differs at token {first['at_token']})",
+                                       fix="report the model's family; build --task logits meanwhile")
+            with times.step("latency"):
+                budget = TIMING_SHARE * (time.perf_counter() - times.started)
+                say(f"timing TTFT and TPOT (about {budget:.0f} s)")
+                # a larger model's TPOT runs generate the greedy check's share of tokens (8 at 0.2B and up: 7 samples a
+                # run, 8 tokens fewer at 0.22 s each at 1.5B in float32), after no warm-up: the judging has just run the
+                # folder there
+                timing = time_folder(judge, prepared, decoder.layout.vocab, decoder.context, budget, every_row=False,
+                                     new_tokens=new_tokens, warm=True)
+            judge.close()  # its decoder's memory given back before the output is written
+            for row in timing["tpot"]:
+                row["usd_per_million_tokens"] = generation.usd_per_million(machine.price_per_hour, row["tokens_per_s"])
+            forced_budgets = evaluator.describe(budgets, forced_only=True)
+            judged_by = (f"teacher-forced agreement and perplexity ({forced_budgets})" if forced_budgets
+                         else "greedy tokens equal")
+            origin = {**origin_of(), "task": {"name": TASK, "judged_by": judged_by}}
+            if loaded.hub is not None:
+                origin["hub"] = loaded.hub.to_json()
+            notes = [f"greedy tokens of {len(prompts)} prompts from {prompt_source}, {new_tokens} each, compared with "
+                     "transformers' generate" + ("" if budgets.greedy_equal else " of the unquantized model (reported; a quantized "
+                                                 "build is judged by the teacher-forced figures)"),
+                     f"teacher-forced logits of {len(samples.held_out)} sequences ({judged['teacher_forced']['tokens']} tokens) "
+                     f"from {_forced_source(on_prompts, len(held_out), held_source, precision)}, against the "
+                     f"{reference_dtype} model's (its top-1 tokens and next-token "
+                     f"log-likelihoods are stored in {evaluator.SAMPLES_FILE} for `infopt validate`)"]
+            if new_tokens < NEW_TOKENS or len(held_out) < offered:
+                notes.append(judging_share_note(parameters, new_tokens, len(held_out), offered, on_prompts,
+                                                judged["teacher_forced"]))
+            if evaluator.describe(budgets, forced_only=True) and interval_note(judged["teacher_forced"]):
+                notes.append(interval_note(judged["teacher_forced"]))
+            if reference_dtype != "float32":
+                notes.append(f"the reference computed in {reference_dtype}, the checkpoint's dtype: the INT4 build keeps "
+                             "the weights as stored until each layer is rounded, so no float32 copy of them is held")
+            validation = {"device": "cpu (onnxruntime_genai, CPU)", "runs_on": "cpu", "notes": notes,
+                          "generation": {"greedy": greedy, "teacher_forced": judged["teacher_forced"], **timing,
+                                         "reference_dtype": reference_dtype,
+                                         "weights_bytes": genai.weights_bytes(prepared),
+                                         "bits_per_weight": round(8 * genai.weights_bytes(prepared) / parameters, 3),
+                                         "kv_cache_bytes_per_token": decoder.layout.kv_bytes_per_token(),
+                                         **({"quantization": quantization} if quantization else {})},
+                          "verdict": judged["verdict"]}
+            record = provenance.record(command, call, recipe.name, calibration,
+                                       {"source": prompt_source, "samples": len(prompts),
+                                        "sha256": data_sha256({"input_ids": np.asarray(p)} for p in prompts)}, settings)
+            with staged_output(out, force) as stage:
+                validation["stored_samples"] = samples.save(stage / evaluator.SAMPLES_FILE)
+                manifest = base_manifest(name, origin, machine, recipe, final.spec, decoder_outputs(decoder.layout),
+                                         final.lineage, validation, candidates=[],
+                                         selection="one candidate: the decoder for ONNX Runtime GenAI", provenance=record)
+                # the GenAI folder's model is the output's model (no model/ copy of the weights) where it is emitted
+                genai_emitted = recipe.emit is None or "onnxruntime-genai" in recipe.emit
+                typed = write_output(stage, manifest, final.path, final.spec, "cpu", recipe.emit, products=final.products,
+                                     times=times, model_in=f"{genai_server.FOLDER}/{final.path.name}" if genai_emitted else None)
+        return BuildResult(name, out, typed, out / typed.artifacts.get("onnxruntime-genai"))
 
 
 def task_recipe(recipe: str | Path | None, backend: str = "auto") -> Recipe | None:
@@ -540,37 +572,3 @@ def _random_ids(vocab: int, special: set[int], count: int, length: int) -> list[
     rng = np.random.default_rng(0)
     choices = np.asarray([i for i in range(vocab) if i not in special])
     return [rng.choice(choices, size=length).tolist() for _ in range(count)]
-
-
-
-def validate_generation(root: Path, manifest, result: dict[str, Any]) -> dict[str, Any]:
-    """``infopt validate`` of a text-generation output whose files match its manifest: its GenAI folder judged
-    again by the task's evaluator on the stored prompts and held-out text, against the budgets the build was judged
-    under (the recipe's, with the build's ``--max-drift`` in their place: its verdict's limits), and TTFT and TPOT
-    timed again."""
-    samples_file = root / evaluator.SAMPLES_FILE
-    if not samples_file.is_file():
-        raise UsageError(f"{root} holds no {evaluator.SAMPLES_FILE}: it was built before text-generation builds "
-                         "stored what they are judged on", where=str(root), fix="rebuild it with this infopt")
-    recipe = Recipe.from_json(manifest.recipe)
-    built = {c.get("name"): c.get("limit") for c in manifest.validation.verdict.checks if isinstance(c, dict)}
-    drift = ",".join(f"{metric}={built[metric]}" for metric in evaluator.METRICS if built.get(metric) is not None)
-    budgets = evaluator.with_max_drift(recipe.validation.generation, drift or None)
-    folder = root / manifest.artifacts.get("onnxruntime-genai")
-    config = json.loads((folder / "genai_config.json").read_text())["model"]
-    samples = evaluator.GenerationSamples.load(samples_file)
-    try:
-        with generation.judging_worker() as judge:  # ONNX Runtime GenAI's native code runs there
-            try:
-                judged = evaluator.evaluate_in(judge, folder, samples, budgets)
-            except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
-                raise UsageError(f"onnxruntime_genai cannot generate from {folder}: {first_line(exc)}",
-                                 where=str(folder), fix="rebuild the output") from exc
-            timing = time_folder(judge, folder, config["vocab_size"], config["context_length"])
-    except RunnerCrashed as exc:  # its native code ended the worker that ran it: a failed check, as for other models
-        result["verdict"] = {"passed": False, "reasons": [f"the model crashed: {exc}"], "checks": []}
-        return result
-    result.update({"generation": {"greedy": judged["greedy"], "teacher_forced": judged["teacher_forced"], **timing,
-                                  "budgets": evaluator.describe(budgets)},
-                   "verdict": judged["verdict"]})
-    return result
