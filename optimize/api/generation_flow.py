@@ -21,18 +21,21 @@ generation figures under ``validation.generation``), the reports, ``model/model.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
 from infopt.api import flags, provenance
+from infopt.api import generation_share as share
 from infopt.api.build_config import BuildConfig, flag_of
 from infopt.api.build_notes import typed_details
 from infopt.api.build_result import BuildResult
 from infopt.api.emit import base_manifest, source_info, write_output
+from infopt.api.generation_share import NEW_TOKENS, sequences_text
 from infopt.api.provenance import call_text
 from infopt.core.artifact import Artifact
 from infopt.core.errors import BuildError, EnvironmentProblem, UsageError, ValidationFailed, first_line
@@ -57,7 +60,6 @@ from infopt.passes.lower.onnx_int4 import BLOCK_SIZES
 from infopt.quantize.calib_data import CalibrationSet
 from infopt.quantize.int4_config import Int4Config
 from infopt.quantize.layer_choice import ChoiceText, advice
-from infopt.report.markdown import ppl_text, top1_text
 from infopt.runtime.loading import load_model
 from infopt.runtime.memory_estimate import check_fits
 from infopt.runtime.worker import Worker
@@ -69,8 +71,6 @@ PRECISIONS = ("fp32", "int8", "int4")
 """the precisions the task's recipes build (``recipes/pipelines/<precision>-onnxruntime-genai.yaml``)"""
 PROMPTS = 4
 """prompts the greedy check generates from"""
-NEW_TOKENS = 16
-"""tokens generated per prompt by the greedy check and the TPOT timing"""
 PROMPT_TOKENS = 32
 """the longest prompt the greedy check takes from --val text (longer lines are cut)"""
 TTFT_PROMPTS = (32, 128, 512)
@@ -93,28 +93,8 @@ CHOICE_TOKENS, CHOICE_WINDOW = 2048, 128
 """--calib text after :data:`CALIB_PASSAGES`' (a quarter of the lines where the file holds no more) that INT4's
 ``int8_share: auto`` chooses its 8-bit layers on: the lines joined, each ended by the end token, cut into windows
 of this many tokens, up to this many in all; held out of calibration, so a choice is not judged on what GPTQ fitted"""
-JUDGED_PARAMETERS = 1e8
-"""models of up to this many parameters are judged on every sample. A larger one, whose every judged token costs
-more, on a part of them: a share of the greedy check's :data:`NEW_TOKENS` (this over its parameters, at least
-:data:`MIN_NEW_TOKENS`) and :func:`forced_tokens` teacher-forced tokens (the prompts' first), the report giving
-top-1 agreement's and the perplexity change's 95 % intervals"""
 HASH_AHEAD = 64 << 20
 """the folder's files of at least this many bytes are hashed for the manifest while it is judged (``file_hash``)"""
-MIN_NEW_TOKENS = 8
-MIN_FORCED_TOKENS = 256
-"""the fewest teacher-forced tokens a teacher-forced budget (``top1``, ``ppl_delta``) judges a model on. The first
-are the greedy check's prompts', from the logits of their prefill on the model and on the folder
-(``GenerationSamples.forced_on_prompts``), no run for them alone; held-out lines after the prompts' make up the
-rest. Where no such budget judges the build (float32: its greedy tokens must equal the model's), its figures are the
-prompts' alone"""
-FORCED_PARAMETER_TOKENS = 3e11
-"""past :data:`JUDGED_PARAMETERS`, a teacher-forced budget judges this many parameter-tokens (a token costs a
-forward of the model in the reference and one in the folder, as a token of the build's own work does, so the
-judging keeps about the same part of the build at every size), never fewer than :data:`MIN_FORCED_TOKENS`:
-2,200 tokens at 135M, 600 at 0.5B, the floor from 1.2B on; the interval the judging reached is reported with it"""
-WANTED_PPL_HALF_WIDTH = generation.WANTED_HALF_WIDTH
-"""the perplexity change's 95 % interval a judging aims at, +/- this; the report says how many held-out tokens a
-wider one would have needed"""
 LM_INPUTS = ("input_ids:int64[batch,seq]", "attention_mask:int64[batch,seq]")
 """what the causal LM takes before its decoder is captured (INT4 calibrates on them)"""
 
@@ -231,132 +211,163 @@ class GenerationFlow:
     def prepare(self) -> None:
         """Nothing to measure before the output is claimed."""
 
-    def build(self) -> BuildResult:
-        """The reference's answers, the pipeline, the folder judged and timed in the judging's process, and the output
-        emitted, with the output folder claimed."""
-        loaded, lm, folder, recipe, machine, budgets = self.loaded, self.lm, self.folder, self.recipe, self.machine, self.budgets
-        val, calib, precision, times, say, console = self.val, self.calib, self.precision, self.times, self.say, self.console
-        calibration, choice_windows, settings = self.calibration, self.choice_windows, self.settings
-        reference_dtype, name, out, force, command, call = (self.reference_dtype, self.name, self.out, self.force,
-                                                            self.command, self.call)
-        self.lm = None  # the pipeline is to hold the only reference to the module (below)
-        # the judging's process (ONNX Runtime GenAI is native code), started now: it imports while the passes run
+    @contextlib.contextmanager
+    def workspace(self) -> Iterator[None]:
+        """The work folder the passes write in, and the judging's process (ONNX Runtime GenAI is native code), started
+        now: it imports while the passes run."""
         with work_folder("generation") as work, generation.judging_worker() as judge:
-            with times.step("reference"):  # the model's answers, before any pass rounds its weights in place
-                vocab, context = cache_layout(lm).vocab, context_length(lm.config)
-                bos, eos, pad = genai.special_tokens(lm.config, vocab, folder)
-                special = {bos, pad, *eos}
-                prompts, prompt_source = _prompts(val, folder, vocab, special)
-                parameters = sum(p.numel() for p in lm.parameters())
-                new_tokens = judged_tokens(parameters)
-                # past JUDGED_PARAMETERS the first teacher-forced figures come from the greedy check's own prefill, and
-                # held-out lines after the prompts' make up the count a teacher-forced budget judges (float32 has none)
-                on_prompts = parameters > JUDGED_PARAMETERS
-                held_out, offered, held_source = [], 0, prompt_source
-                if not on_prompts or evaluator.describe(budgets, forced_only=True):
-                    held_out, held_source = _held_out(val, folder, vocab, special, context,
-                                                      skip=len(prompts) if on_prompts else 0)
-                    counted = sum(map(len, prompts)) if on_prompts else 0
-                    offered, held_out = len(held_out), judged_sequences(held_out, parameters, counted)
-                say(f"the model's greedy tokens on {len(prompts)} prompts and its logits on "
-                    + ("those prompts" + (f" and {_sequences(len(held_out))}" if held_out else "") if on_prompts
-                       else _sequences(len(held_out))) + f" in {reference_dtype}, the reference")
-                samples = evaluator.GenerationSamples.from_model(lm, prompts, prompt_source, held_out, held_source,
-                                                                 new_tokens, eos, on_prompts=on_prompts)
-                choice = ChoiceText.from_model(lm, choice_windows, budgets.min_top1, budgets.max_ppl_delta,
-                                               f"{calib} held out of calibration") if choice_windows else None
-            pipeline = Pipeline(recipe, machine, Path(work), calibration=calibration, console=console, times=times,
-                                settings=settings, choice=choice)
-            source = [Artifact("torch", InputSpec.parse(list(LM_INPUTS)), obj=lm, output_names=("logits",))]
-            # from here the pipeline holds the only reference to the module, so its weights are freed once the passes
-            # are past it (the export; for INT4, the checkpoint's writer at the end)
-            loaded.module = loaded.artifact = lm = None
-            # the checkpoint's sha256 for the manifest (1.1 s for 0.5B's 1 GB here, growing with the bytes) read while
-            # the passes export and write
-            origin_of = in_background(source_info, folder, "hf-folder")
-            final = pipeline.run(source.pop())
-            checkpoint = final.products.get(CheckpointSource)
-            if checkpoint is not None:  # written now and its module let go: it held about 0.5 GB through the judging
-                with times.step("vllm_checkpoint"):
-                    final.products[CheckpointSource] = checkpoint.write_ahead(Path(work) / "vllm-checkpoint")
-                    del checkpoint
-                    release_memory(0)
-            decoder: KvDecoder = final.products[KvDecoder]
-            prepared = final.products[genai.GenaiFolder].path
-            # the folder opened once in the judging's process, for the judging and the timing;
-            # the hashes are waited for after the judging's step, before the timing
-            with hashed_ahead(p for p in prepared.iterdir() if p.stat().st_size >= HASH_AHEAD), times.step("validation"):
-                say(f"generating {new_tokens} tokens from {len(prompts)} prompts with onnxruntime_genai; teacher-forced "
-                    + ("logits of their prefill" + (f" and of {_sequences(len(held_out))}" if held_out else "")
-                       if on_prompts else f"logits on {_sequences(len(held_out))}"))
-                try:
-                    judged = evaluator.evaluate_in(judge, prepared, samples, budgets)
-                except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
-                    raise BuildError(f"onnxruntime_genai could not generate from the folder: {first_line(exc)}",
-                                     where=str(folder), fix="report the model's family; build --task logits meanwhile") from exc
-            quantization = _quantization(final.lineage, calibration)
-            if not judged["verdict"]["passed"] and quantization and quantization.get("choice"):
-                judged["verdict"]["reasons"].append(advice(quantization["choice"], f"recipes/pipelines/{recipe.name}.yaml"))
-            greedy = judged["greedy"]
-            if budgets.greedy_equal and greedy["equal"] != greedy["prompts"]:
-                first = greedy["differences"][0]
-                raise ValidationFailed(f"the ONNX Runtime GenAI folder's greedy tokens differ from transformers' generate "
-                                       f"on {greedy['prompts'] - greedy['equal']} of {greedy['prompts']} prompts (prompt "
-                                       f"{first['prompt']} first differs at token {first['at_token']})",
-                                       fix="report the model's family; build --task logits meanwhile")
-            with times.step("latency"):
-                budget = TIMING_SHARE * (time.perf_counter() - times.started)
-                say(f"timing TTFT and TPOT (about {budget:.0f} s)")
-                # a larger model's TPOT runs generate the greedy check's share of tokens (8 at 0.2B and up: 7 samples a
-                # run, 8 tokens fewer at 0.22 s each at 1.5B in float32), after no warm-up: the judging has just run the
-                # folder there
-                timing = time_folder(judge, prepared, decoder.layout.vocab, decoder.context, budget, every_row=False,
-                                     new_tokens=new_tokens, warm=True)
-            judge.close()  # its decoder's memory given back before the output is written
-            for row in timing["tpot"]:
-                row["usd_per_million_tokens"] = generation.usd_per_million(machine.price_per_hour, row["tokens_per_s"])
-            forced_budgets = evaluator.describe(budgets, forced_only=True)
-            judged_by = (f"teacher-forced agreement and perplexity ({forced_budgets})" if forced_budgets
-                         else "greedy tokens equal")
-            origin = {**origin_of(), "task": {"name": TASK, "judged_by": judged_by}}
-            if loaded.hub is not None:
-                origin["hub"] = loaded.hub.to_json()
-            notes = [f"greedy tokens of {len(prompts)} prompts from {prompt_source}, {new_tokens} each, compared with "
-                     "transformers' generate" + ("" if budgets.greedy_equal else " of the unquantized model (reported; a quantized "
-                                                 "build is judged by the teacher-forced figures)"),
-                     f"teacher-forced logits of {len(samples.held_out)} sequences ({judged['teacher_forced']['tokens']} tokens) "
-                     f"from {_forced_source(on_prompts, len(held_out), held_source, precision)}, against the "
-                     f"{reference_dtype} model's (its top-1 tokens and next-token "
-                     f"log-likelihoods are stored in {evaluator.SAMPLES_FILE} for `infopt validate`)"]
-            if new_tokens < NEW_TOKENS or len(held_out) < offered:
-                notes.append(judging_share_note(parameters, new_tokens, len(held_out), offered, on_prompts,
-                                                judged["teacher_forced"]))
-            if evaluator.describe(budgets, forced_only=True) and interval_note(judged["teacher_forced"]):
-                notes.append(interval_note(judged["teacher_forced"]))
-            if reference_dtype != "float32":
-                notes.append(f"the reference computed in {reference_dtype}, the checkpoint's dtype: the INT4 build keeps "
-                             "the weights as stored until each layer is rounded, so no float32 copy of them is held")
-            validation = {"device": "cpu (onnxruntime_genai, CPU)", "runs_on": "cpu", "notes": notes,
-                          "generation": {"greedy": greedy, "teacher_forced": judged["teacher_forced"], **timing,
-                                         "reference_dtype": reference_dtype,
-                                         "weights_bytes": genai.weights_bytes(prepared),
-                                         "bits_per_weight": round(8 * genai.weights_bytes(prepared) / parameters, 3),
-                                         "kv_cache_bytes_per_token": decoder.layout.kv_bytes_per_token(),
-                                         **({"quantization": quantization} if quantization else {})},
-                          "verdict": judged["verdict"]}
-            record = provenance.record(command, call, recipe.name, calibration,
-                                       {"source": prompt_source, "samples": len(prompts),
-                                        "sha256": data_sha256({"input_ids": np.asarray(p)} for p in prompts)}, settings)
-            with staged_output(out, force) as stage:
-                validation["stored_samples"] = samples.save(stage / evaluator.SAMPLES_FILE)
-                manifest = base_manifest(name, origin, machine, recipe, final.spec, decoder_outputs(decoder.layout),
-                                         final.lineage, validation, candidates=[],
-                                         selection="one candidate: the decoder for ONNX Runtime GenAI", provenance=record)
-                # the GenAI folder's model is the output's model (no model/ copy of the weights) where it is emitted
-                genai_emitted = recipe.emit is None or "onnxruntime-genai" in recipe.emit
-                typed = write_output(stage, manifest, final.path, final.spec, "cpu", recipe.emit, products=final.products,
-                                     times=times, model_in=f"{genai_server.FOLDER}/{final.path.name}" if genai_emitted else None)
-        return BuildResult(name, out, typed, out / typed.artifacts.get("onnxruntime-genai"))
+            self.work, self.judge_worker = Path(work), judge
+            yield
+
+    def reference(self) -> None:
+        """The model's answers, before any pass rounds its weights in place: its greedy tokens on the prompts, its
+        logits on the held-out text (a part of them past ``generation_share.JUDGED_PARAMETERS``), and INT4's choice text."""
+        lm, folder, val, calib, budgets, say = self.lm, self.folder, self.val, self.calib, self.budgets, self.say
+        with self.times.step("reference"):
+            vocab, context = cache_layout(lm).vocab, context_length(lm.config)
+            bos, eos, pad = genai.special_tokens(lm.config, vocab, folder)
+            special = {bos, pad, *eos}
+            self.prompts, self.prompt_source = prompts, prompt_source = _prompts(val, folder, vocab, special)
+            self.parameters = parameters = sum(p.numel() for p in lm.parameters())
+            self.new_tokens = new_tokens = share.judged_tokens(parameters)
+            # past JUDGED_PARAMETERS the first teacher-forced figures come from the greedy check's own prefill, and
+            # held-out lines after the prompts' make up the count a teacher-forced budget judges (float32 has none)
+            self.on_prompts = on_prompts = parameters > share.JUDGED_PARAMETERS
+            held_out, offered, held_source = [], 0, prompt_source
+            if not on_prompts or evaluator.describe(budgets, forced_only=True):
+                held_out, held_source = _held_out(val, folder, vocab, special, context,
+                                                  skip=len(prompts) if on_prompts else 0)
+                counted = sum(map(len, prompts)) if on_prompts else 0
+                offered, held_out = len(held_out), share.judged_sequences(held_out, parameters, counted)
+            self.held_out, self.offered, self.held_source = held_out, offered, held_source
+            say(f"the model's greedy tokens on {len(prompts)} prompts and its logits on "
+                + ("those prompts" + (f" and {sequences_text(len(held_out))}" if held_out else "") if on_prompts
+                   else sequences_text(len(held_out))) + f" in {self.reference_dtype}, the reference")
+            self.samples = evaluator.GenerationSamples.from_model(lm, prompts, prompt_source, held_out, held_source,
+                                                                  new_tokens, eos, on_prompts=on_prompts)
+            self.choice = (ChoiceText.from_model(lm, self.choice_windows, budgets.min_top1, budgets.max_ppl_delta,
+                                                 f"{calib} held out of calibration") if self.choice_windows else None)
+
+    def run_pipeline(self) -> None:
+        """The task's recipe run on the module: the decoder captured and exported, quantized where asked, and written
+        as an ONNX Runtime GenAI folder; an INT4 checkpoint for vLLM written ahead, its module let go."""
+        times, loaded = self.times, self.loaded
+        pipeline = Pipeline(self.recipe, self.machine, self.work, calibration=self.calibration, console=self.console,
+                            times=times, settings=self.settings, choice=self.choice)
+        source = [Artifact("torch", InputSpec.parse(list(LM_INPUTS)), obj=self.lm, output_names=("logits",))]
+        # from here the pipeline holds the only reference to the module, so its weights are freed once the passes are
+        # past it (the export; for INT4, the checkpoint's writer at the end)
+        loaded.module = loaded.artifact = self.lm = None
+        # the checkpoint's sha256 for the manifest (1.1 s for 0.5B's 1 GB here, growing with the bytes) read while the
+        # passes export and write
+        self.origin_of = in_background(source_info, self.folder, "hf-folder")
+        self.final = final = pipeline.run(source.pop())
+        checkpoint = final.products.get(CheckpointSource)
+        if checkpoint is not None:  # written now and its module let go: it held about 0.5 GB through the judging
+            with times.step("vllm_checkpoint"):
+                final.products[CheckpointSource] = checkpoint.write_ahead(self.work / "vllm-checkpoint")
+                del checkpoint
+                release_memory(0)
+        self.decoder: KvDecoder = final.products[KvDecoder]
+        self.prepared = final.products[genai.GenaiFolder].path
+
+    def judge(self) -> None:
+        """The folder judged in the judging's process: greedy tokens and teacher-forced logits against the
+        reference's, each against the recipe's budgets; a failed INT4 verdict says which layers and what cap would
+        pass. The folder is opened there once, for the judging and the timing."""
+        prepared, prompts, held_out, new_tokens = self.prepared, self.prompts, self.held_out, self.new_tokens
+        # the hashes for the manifest are waited for after the judging's step, before the timing
+        with hashed_ahead(p for p in prepared.iterdir() if p.stat().st_size >= HASH_AHEAD), self.times.step("validation"):
+            self.say(f"generating {new_tokens} tokens from {len(prompts)} prompts with onnxruntime_genai; teacher-forced "
+                     + ("logits of their prefill" + (f" and of {sequences_text(len(held_out))}" if held_out else "")
+                        if self.on_prompts else f"logits on {sequences_text(len(held_out))}"))
+            try:
+                self.judged = judged = evaluator.evaluate_in(self.judge_worker, prepared, self.samples, self.budgets)
+            except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
+                raise BuildError(f"onnxruntime_genai could not generate from the folder: {first_line(exc)}",
+                                 where=str(self.folder), fix="report the model's family; build --task logits meanwhile") from exc
+        self.quantization = quantization = _quantization(self.final.lineage, self.calibration)
+        if not judged["verdict"]["passed"] and quantization and quantization.get("choice"):
+            judged["verdict"]["reasons"].append(advice(quantization["choice"], f"recipes/pipelines/{self.recipe.name}.yaml"))
+        greedy = judged["greedy"]
+        if self.budgets.greedy_equal and greedy["equal"] != greedy["prompts"]:
+            first = greedy["differences"][0]
+            raise ValidationFailed(f"the ONNX Runtime GenAI folder's greedy tokens differ from transformers' generate "
+                                   f"on {greedy['prompts'] - greedy['equal']} of {greedy['prompts']} prompts (prompt "
+                                   f"{first['prompt']} first differs at token {first['at_token']})",
+                                   fix="report the model's family; build --task logits meanwhile")
+
+    def time(self) -> None:
+        """TTFT and TPOT of the folder in the judging's process, within :data:`TIMING_SHARE` of the build's time so
+        far; the process then closed, its decoder's memory given back before the output is written."""
+        times = self.times
+        with times.step("latency"):
+            budget = TIMING_SHARE * (time.perf_counter() - times.started)
+            self.say(f"timing TTFT and TPOT (about {budget:.0f} s)")
+            # a larger model's TPOT runs generate the greedy check's share of tokens (8 at 0.2B and up: 7 samples a
+            # run, 8 tokens fewer at 0.22 s each at 1.5B in float32), after no warm-up: the judging has just run the
+            # folder there
+            self.timing = timing = time_folder(self.judge_worker, self.prepared, self.decoder.layout.vocab,
+                                               self.decoder.context, budget, every_row=False,
+                                               new_tokens=self.new_tokens, warm=True)
+        self.judge_worker.close()
+        for row in timing["tpot"]:
+            row["usd_per_million_tokens"] = generation.usd_per_million(self.machine.price_per_hour, row["tokens_per_s"])
+
+    def emit(self) -> BuildResult:
+        """The output folder: the GenAI folder as the output's model, the reference's answers for ``infopt
+        validate``, the manifest (the generation figures, notes, provenance), the reports and the servers' packages."""
+        loaded, recipe, machine, budgets, judged, final = (self.loaded, self.recipe, self.machine, self.budgets,
+                                                           self.judged, self.final)
+        prompts, prepared, decoder, parameters = self.prompts, self.prepared, self.decoder, self.parameters
+        forced_budgets = evaluator.describe(budgets, forced_only=True)
+        judged_by = (f"teacher-forced agreement and perplexity ({forced_budgets})" if forced_budgets
+                     else "greedy tokens equal")
+        origin = {**self.origin_of(), "task": {"name": TASK, "judged_by": judged_by}}
+        if loaded.hub is not None:
+            origin["hub"] = loaded.hub.to_json()
+        validation = {"device": "cpu (onnxruntime_genai, CPU)", "runs_on": "cpu", "notes": self._notes(),
+                      "generation": {"greedy": judged["greedy"], "teacher_forced": judged["teacher_forced"],
+                                     **self.timing, "reference_dtype": self.reference_dtype,
+                                     "weights_bytes": genai.weights_bytes(prepared),
+                                     "bits_per_weight": round(8 * genai.weights_bytes(prepared) / parameters, 3),
+                                     "kv_cache_bytes_per_token": decoder.layout.kv_bytes_per_token(),
+                                     **({"quantization": self.quantization} if self.quantization else {})},
+                      "verdict": judged["verdict"]}
+        record = provenance.record(self.command, self.call, recipe.name, self.calibration,
+                                   {"source": self.prompt_source, "samples": len(prompts),
+                                    "sha256": data_sha256({"input_ids": np.asarray(p)} for p in prompts)}, self.settings)
+        with staged_output(self.out, self.force) as stage:
+            validation["stored_samples"] = self.samples.save(stage / evaluator.SAMPLES_FILE)
+            manifest = base_manifest(self.name, origin, machine, recipe, final.spec, decoder_outputs(decoder.layout),
+                                     final.lineage, validation, candidates=[],
+                                     selection="one candidate: the decoder for ONNX Runtime GenAI", provenance=record)
+            # the GenAI folder's model is the output's model (no model/ copy of the weights) where it is emitted
+            genai_emitted = recipe.emit is None or "onnxruntime-genai" in recipe.emit
+            typed = write_output(stage, manifest, final.path, final.spec, "cpu", recipe.emit, products=final.products,
+                                 times=self.times, model_in=f"{genai_server.FOLDER}/{final.path.name}" if genai_emitted else None)
+        return BuildResult(self.name, self.out, typed, self.out / typed.artifacts.get("onnxruntime-genai"))
+
+    def _notes(self) -> list[str]:
+        """The report's notes on how the folder was judged: the greedy check, the teacher-forced figures and what
+        they cover, the interval, the reference's dtype."""
+        budgets, judged, held_out, new_tokens = self.budgets, self.judged, self.held_out, self.new_tokens
+        notes = [f"greedy tokens of {len(self.prompts)} prompts from {self.prompt_source}, {new_tokens} each, compared "
+                 "with transformers' generate" + ("" if budgets.greedy_equal else " of the unquantized model (reported; a "
+                                                  "quantized build is judged by the teacher-forced figures)"),
+                 f"teacher-forced logits of {len(self.samples.held_out)} sequences ({judged['teacher_forced']['tokens']} "
+                 f"tokens) from {_forced_source(self.on_prompts, len(held_out), self.held_source, self.precision)}, "
+                 f"against the {self.reference_dtype} model's (its top-1 tokens and next-token log-likelihoods are "
+                 f"stored in {evaluator.SAMPLES_FILE} for `infopt validate`)"]
+        if new_tokens < NEW_TOKENS or len(held_out) < self.offered:
+            notes.append(share.judging_share_note(self.parameters, new_tokens, len(held_out), self.offered, self.on_prompts,
+                                            judged["teacher_forced"]))
+        if evaluator.describe(budgets, forced_only=True) and share.interval_note(judged["teacher_forced"]):
+            notes.append(share.interval_note(judged["teacher_forced"]))
+        if self.reference_dtype != "float32":
+            notes.append(f"the reference computed in {self.reference_dtype}, the checkpoint's dtype: the INT4 build keeps "
+                         "the weights as stored until each layer is rounded, so no float32 copy of them is held")
+        return notes
 
 
 def task_recipe(recipe: str | Path | None, backend: str = "auto") -> Recipe | None:
@@ -488,55 +499,6 @@ def in_background(function, *args):
     return result
 
 
-def judged_share(parameters: int) -> float:
-    return min(1.0, JUDGED_PARAMETERS / max(parameters, 1))
-
-
-def judged_tokens(parameters: int) -> int:
-    """The greedy check's tokens per prompt for a model of ``parameters`` (:data:`JUDGED_PARAMETERS`)."""
-    return min(NEW_TOKENS, max(MIN_NEW_TOKENS, round(NEW_TOKENS * judged_share(parameters))))
-
-
-def forced_tokens(parameters: int) -> int:
-    """The teacher-forced tokens a model is judged on (:data:`FORCED_PARAMETER_TOKENS`)."""
-    return max(MIN_FORCED_TOKENS, int(FORCED_PARAMETER_TOKENS / max(parameters, 1)))
-
-
-def judged_sequences(sequences: list[list[int]], parameters: int, counted: int = 0) -> list[list[int]]:
-    """The held-out ``sequences`` a model is judged on: the first that hold :func:`forced_tokens` tokens with the
-    ``counted`` ones already judged (the prompts'), all where they hold fewer, none where ``counted`` holds them."""
-    kept, tokens, wanted = [], counted, forced_tokens(parameters)
-    for sequence in sequences:
-        if (kept or counted) and tokens >= wanted:
-            break
-        kept.append(sequence)
-        tokens += len(sequence)
-    return kept
-
-
-def judging_share_note(parameters: int, new_tokens: int, kept: int, offered: int, on_prompts: bool,
-                       forced: dict) -> str:
-    """``on_prompts``: the teacher-forced figures start with the prompts' own (their prefill)."""
-    sequences = " and ".join(([] if not on_prompts else ["the prompts' prefill for the teacher-forced figures"])
-                             + ([f"{kept} of {_sequences(offered)}"] if kept or not on_prompts else []))
-    return (f"judged on a share of the samples, as the model's {parameters / 1e9:.2f}B parameters cost: "
-            f"{new_tokens} greedy tokens a prompt of {NEW_TOKENS}, {sequences}, about {forced_tokens(parameters)} "
-            f"teacher-forced tokens (top-1 agreement {top1_text(forced)}, the interval as if the tokens were "
-            f"independent; perplexity change {ppl_text(forced)})")
-
-
-def interval_note(forced: dict) -> str | None:
-    """What a perplexity change's interval wider than +/- :data:`WANTED_PPL_HALF_WIDTH` would have needed, or None."""
-    interval = forced.get("ppl_delta_interval")
-    needed = generation.tokens_to_narrow(interval, forced["tokens"], WANTED_PPL_HALF_WIDTH)
-    if needed is None:
-        return None
-    half = (interval[1] - interval[0]) / 2
-    return (f"the perplexity change is known to +/- {half * 100:.1f} points (95 %) over {forced['tokens']} tokens: "
-            f"about {needed} held-out tokens would narrow it to +/- {WANTED_PPL_HALF_WIDTH * 100:g} (more or longer "
-            f"--val lines)")
-
-
 def _prompts(val: str | Path | None, folder: Path, vocab: int, special: set[int]) -> tuple[list[list[int]], str]:
     """Prompts for the greedy check: --val text lines through the folder's tokenizer, else random ids
     (none of them a special token)."""
@@ -550,13 +512,9 @@ def _forced_source(on_prompts: bool, held_out: int, held_source: str, precision:
     if not on_prompts:
         return held_source
     if held_out:
-        return f"the greedy check's prompts (their prefill) and {_sequences(held_out)} after them from {held_source}"
+        return f"the greedy check's prompts (their prefill) and {sequences_text(held_out)} after them from {held_source}"
     return (f"the greedy check's prompts (their prefill, no sequence run for the figures alone: none judges a "
-            f"{precision} build past {JUDGED_PARAMETERS / 1e9:g}B parameters)")
-
-
-def _sequences(count: int) -> str:
-    return f"{count} held-out sequence{'' if count == 1 else 's'}"
+            f"{precision} build past {share.JUDGED_PARAMETERS / 1e9:g}B parameters)")
 
 
 def _held_out(val: str | Path | None, folder: Path, vocab: int, special: set[int], context: int, skip: int = 0):

@@ -5,13 +5,14 @@ candidate recipe for the target, each judged against the eager model for drift a
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from infopt.api import candidates as cand
 from infopt.api import flags, provenance
@@ -58,7 +59,7 @@ from infopt.validators.data import spec_from_samples, split_batches
 from infopt.validators.range_ends import check_range_ends, range_ends
 from infopt.validators.roofline import count_work
 from infopt.validators.timing_budget import TimingBudget
-from infopt.validators.verdict import judge
+from infopt.validators.verdict import judge as verdict_of
 
 
 def resolve_spec(loaded, inputs, dims, example_inputs, val) -> InputSpec:
@@ -217,9 +218,186 @@ class LogitsFlow:
         with self.times.step("machine roof"):
             self.request.target = _with_measured_roof(self.target)
 
-    def build(self) -> BuildResult:
-        """The build proper, with the output folder claimed."""
-        return _build_claimed(self.loaded, self.request)
+    @contextlib.contextmanager
+    def workspace(self) -> Iterator[None]:
+        """The work folder the candidates are built in: removed at the end, and by ``stop_now`` when the build is
+        stopped; the folders of builds killed outright (SIGKILL) removed first."""
+        clean_dead_work_folders()
+        try:
+            with work_folder("build") as work, removed_if_stopped(Path(work)):
+                self.work = Path(work)
+                yield
+        finally:
+            self._status_stopped()
+
+    def reference(self) -> None:
+        """The model run once on the capture's inputs (the forward check), the calibration data read, and the eager
+        outputs on the validation batches that every candidate is judged against."""
+        ctx, loaded = self.request, self.loaded
+        spec, times = ctx.spec, ctx.times
+        self.artifact = artifact = loaded.with_spec(spec)
+        self.reference_runner = reference = reference_runner(loaded, spec)
+        with times.step("forward check"):
+            forward = check_forward(reference, spec, loaded.module)
+        probe = forward[1]
+        if not artifact.output_names:
+            artifact.output_names = ("output",) if len(probe) == 1 else tuple(f"output_{i}" for i in range(len(probe)))
+        ctx.reader = raw_reader(loaded, ctx.tokenizer)  # a Hugging Face folder's text goes through its own tokenizer
+        if ctx.calibration is not None:
+            with times.step("calibration data"):
+                ctx.calib = load_calibration(ctx.calibration, spec, samples=ctx.calib_samples, seed=ctx.calib_seed,
+                                             tokenizer=ctx.tokenizer, hold_out=ctx.val is None, reader=ctx.reader)
+        with times.step("validation data"):
+            batches, self.source = validation_batches(spec, ctx.val, ctx.max_samples, loaded.module, ctx.calib,
+                                                      ctx.reader, random_batch_count(times.seconds("forward check")))
+        self.checked_on = f"{len(batches)} random batches (no --val data)" if self.source == "random" else self.source
+        max_batch = spec.dims[spec.batch_symbol].max if spec.batch_symbol else 1
+        self.batches = batches = list(split_batches(batches, spec, max_batch))
+        with times.step("validation"):  # the eager outputs every candidate is judged against, and INT8 chooses by
+            began = time.perf_counter()
+            self.ref_out, taken = reference_outputs(reference, batches, forward)
+            self.eager_run_s = (time.perf_counter() - began + taken * times.seconds("forward check")) / max(1, len(batches))
+            # a --dim range the model itself cannot take is refused now, before any candidate's minutes of building
+            self.ends = range_ends(spec, reference, loaded.module)
+
+    def run_pipeline(self) -> None:
+        """Each candidate recipe's pipeline run (:func:`_build_candidates`)."""
+        ctx = self.request
+        self.candidates = _build_candidates(self.work, self.artifact, ctx.recipes, ctx.target, ctx.console, ctx.calib,
+                                            ctx.budget, self.batches, self.checked_on, ctx.allow_partial, ctx.times,
+                                            self.ref_out, ctx.settings, self.loaded.module)
+
+    def judge(self) -> None:
+        """Each built candidate's drift from the eager outputs, and its run at the ends of the dim ranges; a
+        candidate that crashes is dropped, or stops the build where none may be (``allow_partial``)."""
+        ctx, candidates, batches, ref_out = self.request, self.candidates, self.batches, self.ref_out
+        self.status = progress_display.status(ctx.console, "validating: drift against the eager reference")
+        if self.status:
+            self.status.start()
+        with ctx.times.step("validation"):
+            for c in [c for c in candidates if c.status == "built"]:
+                c.drift = cand.run_candidate(c, lambda c=c: drift_mod.compare(
+                    ref_out, cand.validation_outputs(c, batches), tuple(o[0] for o in c.outputs), self.source))
+                if c.status == "built":
+                    cand.run_candidate(c, lambda c=c: check_range_ends(c.runner, self.ends))
+            self.built = cand.survivors(candidates, ctx.allow_partial, ctx.target.device)
+
+    def time(self) -> None:
+        """The survivors timed beside eager, each judged against its budgets (drift and p99 latency), the best
+        chosen (:func:`candidates.choose`), and its latency curve over batch sizes measured."""
+        ctx, candidates, built, spec, loaded = self.request, self.candidates, self.built, self.request.spec, self.loaded
+        if self.status:
+            self.status.update("validating: latency" + (f" of {len(built)} candidates" if len(built) > 1 else ""))
+        self.lat_cfg = lat_cfg = built[0].recipe.validation.latency
+        self.clock = clock = TimingBudget.after(ctx.times.elapsed())
+        with ctx.times.step("latency"):
+            self.eager = eager = gpu_eager_runner(loaded, spec, ctx.target) or self.reference_runner
+            feeds = latency_feeds(spec, built[0].recipe, loaded.module)
+            self.row_s = clock.latency_row_s(lat_cfg.seconds, 1 + len(built), len(feeds))
+            # the feeds the validation ran every runner at (same shapes): warm, each run taking about eager's time
+            self.warmed = warmed = {b: self.eager_run_s for b, feed in feeds.items()
+                                    if any(same_shapes(feed, v) for v in self.batches)}
+
+            def time_each(built):
+                runners = {"eager": eager.run, **{c.label: c.runner.run for c in built}}
+                return timing.measure(runners, feeds, warmup=lat_cfg.warmup, iterations=lat_cfg.iterations,
+                                      seconds=self.row_s, min_iterations=MIN_LATENCY_RUNS, min_warmup=1,
+                                      baseline="eager", warmed=warmed, least_slow=MIN_TRIAL_RUNS,
+                                      drop_slower=timing.DROP_SLOWER,
+                                      devices={"eager": eager.device, **{c.label: c.runner.device for c in built}},
+                                      clocks=timing.worker_clocks(**{c.label: c.runner for c in built}))
+
+            self.timings = timings = cand.without_crashed(candidates, time_each)
+            built = cand.survivors(candidates, ctx.allow_partial, ctx.target.device)
+        self._status_stopped()
+        for c in built:
+            c.verdict = verdict_of(c.recipe.validation, c.drift.worst, [t.p99_ms for t in timings.of(c.label)])
+        chosen, self.why = cand.choose(built, timings, ctx.target, ctx.batch_mix)
+        self.chosen, chosen.chosen = chosen, True
+        with ctx.times.step("curve"):
+            self.curve, self.untimed = measure_curve(chosen, spec, loaded.module, ctx.console,
+                                                     {t.batch: t for t in timings.of(chosen.label)},
+                                                     clock.left_after(ctx.times.seconds("latency")))
+
+    def emit(self) -> BuildResult:
+        """The chosen candidate's output folder: its model, the manifest (drift, latency, the candidates' table,
+        notes, provenance), the reports and the server packages, staged and renamed into place."""
+        ctx, loaded, chosen, timings, candidates = self.request, self.loaded, self.chosen, self.timings, self.candidates
+        spec, target, batches = ctx.spec, ctx.target, self.batches
+        final, recipe = chosen.artifact, chosen.recipe
+        with ctx.times.step("work count"):
+            flops = _work(loaded.module, spec, final.path)
+        latency = [t.to_json() for t in timings.of("eager")]
+        latency += [{**t.to_json(), "runner": "infopt"} for t in timings.of(chosen.label)]
+        validation = {"device": cand.runner_description(chosen.runner), "runs_on": chosen.runner.device,
+                      "notes": self._notes(), "drift": chosen.drift.to_json(),
+                      "latency": latency, "curve": self.curve, "work": flops,
+                      "timing_notes": noise_notes(timings.of("eager") + timings.of(chosen.label)) + self._budget_notes(),
+                      "verdict": chosen.verdict.to_json()}
+        names = tuple(o[0] for o in chosen.outputs)
+        origin = source_info(loaded.source, loaded.format, loaded.module if loaded.source is None else None)
+        if loaded.hub is not None:
+            origin["hub"] = loaded.hub.to_json()
+        if loaded.task is not None:
+            origin["task"] = {"name": loaded.task.name, "judged_by": loaded.task.judged_by}
+        samples = sum(int(next(iter(b.values())).shape[0]) if spec.batch_symbol else 1 for b in batches)
+        record = provenance.record(ctx.command, ctx.call, recipe.name, ctx.calib,
+                                   {"source": self.source, "samples": samples, "sha256": data_sha256(batches)},
+                                   ctx.settings)
+        with staged_output(ctx.out, ctx.force) as stage:
+            validation["stored_samples"] = store_samples(stage / "validation" / "samples.npz", batches, self.ref_out,
+                                                         names, spec.batch_symbol is not None)
+            manifest = base_manifest(ctx.name, origin, target, recipe, spec, chosen.outputs, final.lineage, validation,
+                                     candidates=cand.table(candidates, timings, ctx.batch_mix), selection=self.why,
+                                     provenance=record, shipped=shipped_precision(final.lineage))
+            manifest = write_output(stage, manifest, final.path, spec, target.device, recipe.emit, final.attachments,
+                                    server_engine=server_engine(final.lineage), products=final.products,
+                                    times=ctx.times)
+        return BuildResult(ctx.name, ctx.out, manifest, final, candidates)
+
+    def _notes(self) -> list[str]:
+        """The report's notes on what the build did: the passes', the timing's dropped runners, the probe, the range
+        ends, the thread cap, the devices."""
+        chosen, candidates, target, eager = self.chosen, self.candidates, self.request.target, self.eager
+        notes = pass_notes(chosen.artifact.lineage) + [f"{name}: {why}" for name, why in self.timings.dropped.items()]
+        probed = [c for c in candidates if c.probe_share is not None]
+        if probed and not any(c.reason.startswith("not built: ") for c in candidates):
+            notes.append(f"{probed[0].label} computed at {probed[0].probe_share:.0%} of this machine's measured fp32 "
+                         f"matmul peak on the first validation batch, under the {cand.ROOF_SHARE:.0%} at which the "
+                         "candidates after it are skipped, so they were built")
+        if self.ends:
+            notes.append("ran at the ends of its dim ranges (" + "; ".join(where for where, _, _ in self.ends)
+                         + ") with the output shapes eager gives")
+        if cap := thread_cap():
+            notes.append(f"{THREADS_ENV}={cap}: every run here used at most that many threads; latency is for them")
+        if eager.device == "cuda":
+            notes.append("eager: the source model in its own precision on the GPU; every GPU time is from CUDA events")
+        if getattr(chosen.runner, "graphs", None) is not None:
+            notes.append(f"{chosen.label}: {chosen.runner.graphs.describe()}")
+        if target.device != "cpu" and chosen.runner.device == "cpu":
+            notes.append(f"target {target.name} is a {target.device} device; drift and latency were measured here on "
+                         f"{cand.runner_description(chosen.runner)}, not on the target")
+        return notes
+
+    def _budget_notes(self) -> list[str]:
+        """What the timing budget cut: shorter rows, batch sizes left out of the curve, warm-ups skipped."""
+        notes, row_s, lat_cfg, untimed = [], self.row_s, self.lat_cfg, self.untimed
+        if row_s < lat_cfg.seconds or untimed:
+            notes.append(f"timed within a budget of {self.clock.describe()}: {row_s:.1f} s per latency row, each at "
+                         f"least {MIN_LATENCY_RUNS} runs however long they lasted ({MIN_TRIAL_RUNS}, one ABBA trial, "
+                         f"where {MIN_LATENCY_RUNS} would take over twice the row's time; 1, a single pair, where "
+                         f"{MIN_TRIAL_RUNS} would)" + (
+                             f"; the curve left out batch {', '.join(map(str, untimed))}: its predicted time did not "
+                             "fit what the latency step left" if untimed else ""))
+        if slow_warm := [b for b, run_s in self.warmed.items() if run_s >= timing.WARMUP_S]:
+            notes.append(f"batch {', '.join(map(str, slow_warm))} timed without warm-up runs: the validation had just "
+                         "run every runner there at the same shapes")
+        return notes
+
+    def _status_stopped(self) -> None:
+        status, self.status = getattr(self, "status", None), None
+        if status:
+            status.stop()
 
 
 def _with_measured_roof(target):
@@ -254,28 +432,6 @@ def _plan(loaded, request: BuildRequest) -> dict[str, Any]:
         "budget": None if budget is None else str(budget),
         "candidates": candidates,
     }
-
-
-def _build_claimed(loaded, ctx: BuildRequest) -> BuildResult:
-    """The build proper, with the output folder's lock held."""
-    spec = ctx.spec
-    artifact = loaded.with_spec(spec)
-    reference = reference_runner(loaded, spec)
-    with ctx.times.step("forward check"):
-        forward = check_forward(reference, spec, loaded.module)
-    probe = forward[1]
-    if not artifact.output_names:
-        artifact.output_names = ("output",) if len(probe) == 1 else tuple(f"output_{i}" for i in range(len(probe)))
-
-    ctx.reader = raw_reader(loaded, ctx.tokenizer)  # a Hugging Face folder's text goes through its own tokenizer
-    if ctx.calibration is not None:
-        with ctx.times.step("calibration data"):
-            ctx.calib = load_calibration(ctx.calibration, spec, samples=ctx.calib_samples, seed=ctx.calib_seed,
-                                         tokenizer=ctx.tokenizer, hold_out=ctx.val is None, reader=ctx.reader)
-
-    clean_dead_work_folders()  # what builds killed outright (SIGKILL) left in $TMPDIR
-    with work_folder("build") as work, removed_if_stopped(Path(work)):
-        return _build_in(Path(work), loaded, artifact, reference, ctx, forward)
 
 
 def _batch_mix(mix: dict[int, float] | None, batch_sizes) -> dict[int, float] | None:
@@ -332,129 +488,6 @@ class BuildRequest:
     """seconds per step, for the manifest's ``timings``"""
     settings: Settings = field(default_factory=dict)
     """what the build was asked for that passes take (the flags), given to every pass's pipeline"""
-
-
-def _build_in(work_dir, loaded, artifact, reference, ctx: BuildRequest, forward: tuple[dict, list] | None = None):
-    spec, recipes, target, name, out, force = ctx.spec, ctx.recipes, ctx.target, ctx.name, ctx.out, ctx.force
-    val, max_samples, console = ctx.val, ctx.max_samples, ctx.console
-
-    with ctx.times.step("validation data"):
-        batches, source = validation_batches(spec, val, max_samples, loaded.module, ctx.calib, ctx.reader,
-                                             random_batch_count(ctx.times.seconds("forward check")))
-    checked_on = f"{len(batches)} random batches (no --val data)" if source == "random" else source
-    max_batch = spec.dims[spec.batch_symbol].max if spec.batch_symbol else 1
-    batches = list(split_batches(batches, spec, max_batch))
-    with ctx.times.step("validation"):  # the eager outputs every candidate is judged against, and INT8 chooses by
-        began = time.perf_counter()
-        ref_out, taken = reference_outputs(reference, batches, forward)
-        eager_run_s = (time.perf_counter() - began + taken * ctx.times.seconds("forward check")) / max(1, len(batches))
-        # a --dim range the model itself cannot take is refused now, before any candidate's minutes of building
-        ends = range_ends(spec, reference, loaded.module)
-    candidates = _build_candidates(work_dir, artifact, recipes, target, console, ctx.calib, ctx.budget, batches, checked_on,
-                                   ctx.allow_partial, ctx.times, ref_out, ctx.settings, loaded.module)
-    built = [c for c in candidates if c.status == "built"]
-    status = progress_display.status(console, "validating: drift against the eager reference")
-    if status:
-        status.start()
-    try:
-        with ctx.times.step("validation"):
-            for c in built:
-                c.drift = cand.run_candidate(c, lambda c=c: drift_mod.compare(
-                    ref_out, cand.validation_outputs(c, batches), tuple(o[0] for o in c.outputs), source))
-                if c.status == "built":
-                    cand.run_candidate(c, lambda c=c: check_range_ends(c.runner, ends))
-            built = cand.survivors(candidates, ctx.allow_partial, target.device)
-        if status:
-            status.update("validating: latency" + (f" of {len(built)} candidates" if len(built) > 1 else ""))
-        lat_cfg = built[0].recipe.validation.latency
-        clock = TimingBudget.after(ctx.times.elapsed())
-        with ctx.times.step("latency"):
-            eager = gpu_eager_runner(loaded, spec, target) or reference
-            feeds = latency_feeds(spec, built[0].recipe, loaded.module)
-            row_s = clock.latency_row_s(lat_cfg.seconds, 1 + len(built), len(feeds))
-            # the feeds the validation ran every runner at (same shapes): warm, each run taking about eager's time
-            warmed = {b: eager_run_s for b, feed in feeds.items() if any(same_shapes(feed, v) for v in batches)}
-
-            def time_each(built):
-                runners = {"eager": eager.run, **{c.label: c.runner.run for c in built}}
-                return timing.measure(runners, feeds, warmup=lat_cfg.warmup, iterations=lat_cfg.iterations,
-                                      seconds=row_s, min_iterations=MIN_LATENCY_RUNS, min_warmup=1, baseline="eager",
-                                      warmed=warmed, least_slow=MIN_TRIAL_RUNS,
-                                      drop_slower=timing.DROP_SLOWER,
-                                      devices={"eager": eager.device, **{c.label: c.runner.device for c in built}},
-                                      clocks=timing.worker_clocks(**{c.label: c.runner for c in built}))
-
-            timings = cand.without_crashed(candidates, time_each)
-            built = cand.survivors(candidates, ctx.allow_partial, target.device)
-    finally:
-        if status:
-            status.stop()
-    for c in built:
-        c.verdict = judge(c.recipe.validation, c.drift.worst, [t.p99_ms for t in timings.of(c.label)])
-    chosen, why = cand.choose(built, timings, target, ctx.batch_mix)
-    chosen.chosen = True
-    with ctx.times.step("curve"):
-        curve, untimed = measure_curve(chosen, spec, loaded.module, console,
-                                       {t.batch: t for t in timings.of(chosen.label)},
-                                       clock.left_after(ctx.times.seconds("latency")))
-    final, recipe = chosen.artifact, chosen.recipe
-    notes = pass_notes(final.lineage) + [f"{name}: {why}" for name, why in timings.dropped.items()]
-    budget_notes = []
-    if row_s < lat_cfg.seconds or untimed:
-        budget_notes.append(f"timed within a budget of {clock.describe()}: {row_s:.1f} s per latency row, each at least "
-                     f"{MIN_LATENCY_RUNS} runs however long they lasted ({MIN_TRIAL_RUNS}, one ABBA trial, where "
-                     f"{MIN_LATENCY_RUNS} would take over twice the row's time; 1, a single pair, where "
-                     f"{MIN_TRIAL_RUNS} would)" + (
-                         f"; the curve left out batch {', '.join(map(str, untimed))}: its predicted time did not fit "
-                         "what the latency step left" if untimed else ""))
-    if slow_warm := [b for b, run_s in warmed.items() if run_s >= timing.WARMUP_S]:
-        budget_notes.append(f"batch {', '.join(map(str, slow_warm))} timed without warm-up runs: the validation had just "
-                            "run every runner there at the same shapes")
-    probed = [c for c in candidates if c.probe_share is not None]
-    if probed and not any(c.reason.startswith("not built: ") for c in candidates):
-        notes.append(f"{probed[0].label} computed at {probed[0].probe_share:.0%} of this machine's measured fp32 matmul "
-                     f"peak on the first validation batch, under the {cand.ROOF_SHARE:.0%} at which the candidates "
-                     "after it are skipped, so they were built")
-    if ends:
-        notes.append("ran at the ends of its dim ranges (" + "; ".join(where for where, _, _ in ends)
-                     + ") with the output shapes eager gives")
-    if cap := thread_cap():
-        notes.append(f"{THREADS_ENV}={cap}: every run here used at most that many threads; latency is for them")
-    if eager.device == "cuda":
-        notes.append("eager: the source model in its own precision on the GPU; every GPU time is from CUDA events")
-    if getattr(chosen.runner, "graphs", None) is not None:
-        notes.append(f"{chosen.label}: {chosen.runner.graphs.describe()}")
-    if target.device != "cpu" and chosen.runner.device == "cpu":
-        notes.append(f"target {target.name} is a {target.device} device; drift and latency were measured here on "
-                     f"{cand.runner_description(chosen.runner)}, not on the target")
-    with ctx.times.step("work count"):
-        flops = _work(loaded.module, spec, final.path)
-    latency = [t.to_json() for t in timings.of("eager")]
-    latency += [{**t.to_json(), "runner": "infopt"} for t in timings.of(chosen.label)]
-    validation = {"device": cand.runner_description(chosen.runner), "runs_on": chosen.runner.device, "notes": notes,
-                  "drift": chosen.drift.to_json(),
-                  "latency": latency, "curve": curve, "work": flops,
-                  "timing_notes": noise_notes(timings.of("eager") + timings.of(chosen.label)) + budget_notes,
-                  "verdict": chosen.verdict.to_json()}
-    names = tuple(o[0] for o in chosen.outputs)
-    origin = source_info(loaded.source, loaded.format, loaded.module if loaded.source is None else None)
-    if loaded.hub is not None:
-        origin["hub"] = loaded.hub.to_json()
-    if loaded.task is not None:
-        origin["task"] = {"name": loaded.task.name, "judged_by": loaded.task.judged_by}
-    record = provenance.record(ctx.command, ctx.call, recipe.name, ctx.calib,
-                               {"source": source,
-                                "samples": sum(int(next(iter(b.values())).shape[0]) if spec.batch_symbol else 1 for b in batches),
-                                "sha256": data_sha256(batches)}, ctx.settings)
-    with staged_output(out, force) as stage:
-        validation["stored_samples"] = store_samples(stage / "validation" / "samples.npz", batches, ref_out, names,
-                                                     spec.batch_symbol is not None)
-        manifest = base_manifest(name, origin, target, recipe, spec, chosen.outputs, final.lineage, validation,
-                                 candidates=cand.table(candidates, timings, ctx.batch_mix), selection=why, provenance=record,
-                                 shipped=shipped_precision(final.lineage))
-        manifest = write_output(stage, manifest, final.path, spec, target.device, recipe.emit, final.attachments,
-                                server_engine=server_engine(final.lineage), products=final.products, times=ctx.times)
-    return BuildResult(name, out, manifest, final, candidates)
 
 
 def _work(module, spec, model_file: Path) -> dict[str, Any]:

@@ -7,8 +7,14 @@
 3. **load**: the model, and what follows from it: its inputs, its name, the output folder.
 4. **dry run**: with ``dry_run``, the plan is returned and nothing is written.
 5. **prepare**: what the build measures before it claims the output (the machine's roof).
-6. **build**: with the output folder claimed, the task's pipeline runs, its artifact is judged and timed, and the
-   output is emitted.
+6. **workspace**: with the output folder claimed, the flow's work folder opened (and what else its stages share);
+   the stages below run inside it.
+7. **reference**: the source model's answers that the artifact is judged against.
+8. **pipeline**: the task's recipes run by the pass pipeline: the candidates, or the decoder's folder.
+9. **judge**: each artifact's outputs against the reference's, each against its budgets.
+10. **time**: each artifact timed; a logits build chooses its best candidate from the verdicts and times.
+11. **emit**: the output folder staged (the model, the manifest, the reports, the servers' packages) and renamed
+    into place.
 
 Each task is a flow that supplies these stages: :class:`~infopt.api.logits_flow.LogitsFlow` (candidates judged for
 drift against the eager model) and :class:`~infopt.api.generation_flow.GenerationFlow` (the decoder's ONNX Runtime
@@ -17,6 +23,7 @@ GenAI folder, judged by generating from it).
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
@@ -52,8 +59,23 @@ class Flow(Protocol):
     def prepare(self) -> None:
         """What the build measures before it claims the output folder."""
 
-    def build(self) -> BuildResult:
-        """With the output folder claimed: the pipeline run, its artifact judged and timed, the output emitted."""
+    def workspace(self) -> AbstractContextManager[None]:
+        """The work folder, and what else the stages below share while they run (the judging's process)."""
+
+    def reference(self) -> None:
+        """The source model's answers that the artifact is judged against."""
+
+    def run_pipeline(self) -> None:
+        """The task's recipes run by the pass pipeline."""
+
+    def judge(self) -> None:
+        """Each artifact's outputs against the reference's."""
+
+    def time(self) -> None:
+        """Each artifact timed (and for a logits build, the best candidate chosen)."""
+
+    def emit(self) -> BuildResult:
+        """The output folder written: staged, then renamed into place."""
 
 
 def _console(progress: bool | Any):
@@ -115,8 +137,12 @@ def run(flow: Flow, dry_run: bool = False) -> BuildResult | dict[str, Any]:
     if dry_run:
         return flow.dry_run()
     flow.prepare()
-    with claim_output(flow.out, flow.force):
-        return flow.build()
+    with claim_output(flow.out, flow.force), flow.workspace():
+        flow.reference()
+        flow.run_pipeline()
+        flow.judge()
+        flow.time()
+        return flow.emit()
 
 
 def _settle(model: Any, example_inputs: Any, config: BuildConfig, console: Any, command: Sequence[str] | None) -> Flow:

@@ -280,7 +280,7 @@ def test_a_decoder_stored_as_external_data_is_fused_and_packed_too(decoders, tmp
     threshold is lowered here so that the tiny Llama takes that path)."""
     import onnx
 
-    import infopt.api.generation_flow as generation_api
+    import infopt.api.generation_share as generation_api
     import infopt.core.tensor_file as tensor_file
     import infopt.passes.lower.onnx_export as onnx_export
     from infopt.api.orchestrator import build_generation
@@ -345,7 +345,8 @@ def test_past_the_judged_size_a_quantized_build_counts_the_prompts_prefill_and_r
     the greedy check's prompts' (the logits of their prefill, on the model and on the folder), and held-out lines
     after the prompts' make up MIN_FORCED_TOKENS; no token is counted twice. `infopt validate` judges the stored
     samples the same way and finds the same figures."""
-    import infopt.api.generation_flow as generation_api
+    import infopt.api.generation_share as generation_api
+    from infopt.api.generation_flow import HELD_OUT_TOKENS
     from infopt.api.orchestrator import build_generation
     from infopt.validators import generation
     from infopt.validators.generation_eval import SAMPLES_FILE, GenerationSamples
@@ -361,7 +362,7 @@ def test_past_the_judged_size_a_quantized_build_counts_the_prompts_prefill_and_r
     manifest = json.loads((result.output_dir / "manifest.json").read_text())
     samples = GenerationSamples.load(result.output_dir / SAMPLES_FILE)
     assert samples.forced_on_prompts and samples.held_out[:4] == samples.prompts
-    after = generation.text_ids(tmp_path / "val.txt", folder, "--val", 40, generation_api.HELD_OUT_TOKENS, 2, skip=4)
+    after = generation.text_ids(tmp_path / "val.txt", folder, "--val", 40, HELD_OUT_TOKENS, 2, skip=4)
     rest = samples.held_out[4:]
     assert rest and rest == after[:len(rest)]  # the lines after the prompts', in order
     assert not any(row[:len(p)] == p for row in rest for p in samples.prompts)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from infopt.api.generation_flow import (
+from infopt.api.generation_share import (
     JUDGED_PARAMETERS,
     MIN_FORCED_TOKENS,
     MIN_NEW_TOKENS,
