@@ -6,7 +6,8 @@ As in torchao, a method is a config class with a handler registered for it
 :class:`AWQGPTQConfig` each carry the settings shared by every method (group size, symmetry, device) and their own.
 :class:`Int4Config` holds every method's settings side by side, the way a recipe's YAML writes them,
 and :meth:`Int4Config.method_config` turns it into the chosen method's class, refusing a setting
-that belongs to another method.
+that belongs to another method. :class:`Int4Section` is INT4's section of ``infopt.BuildConfig``: the settings a
+build is asked for, with their flags.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from infopt.core.errors import UsageError
 from infopt.core.registry import Registry
+from infopt.core.settings import Section, setting
 from infopt.quantize.method_names import Int4MethodName
 
 
@@ -135,3 +137,20 @@ def as_method_config(config: Int4Config | Int4MethodConfig | None) -> Int4Method
     if isinstance(config, Int4Config):
         return config.method_config()
     return config
+
+
+class Int4Section(Section):
+    """INT4 weight-only quantization's build settings (``infopt.BuildConfig.int4``), with their flags."""
+
+    int4_method: str | None = setting(None, "INT4: auto, rtn, gptq, awq or awq-gptq (default: gptq with --calib, rtn "
+                                            "without).", "--int4-method")
+    group_size: int | None = setting(None, "INT4: input features per scale group (default 128).", "--group-size")
+    act_order: bool = setting(False, "INT4 GPTQ: quantize columns in order of activation size (checkpoint gets "
+                                     "g_idx).", "--act-order")
+    int4_checkpoint: str | None = setting(
+        None, "INT4: auto, gptq, awq or none: the 4-bit checkpoint written to servers/vllm/ for a Hugging Face model "
+              "(auto: GPTQ layout; none after AWQ).", "--int4-checkpoint", logits_only=True)
+    max_bits_per_weight: float | None = setting(
+        None, "INT4 text generation: the quantized layers' average stored bits per weight at most (INT4 layers about "
+              "4.3-5.1, those kept for 8 bits 9.25); caps how many layers --calib keeps for 8 bits.",
+        "--max-bits-per-weight", generation_only=True)

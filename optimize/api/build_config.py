@@ -5,7 +5,9 @@ same call: each keyword names one field, in whichever section holds it, and is v
 that names no field is a :class:`UsageError` that lists the close ones. The command line maps its flags onto these
 fields; a field's ``flag`` is the flag that sets it, named in the messages about it.
 
-A field declares, beside its type and default:
+The sections are the build's own, here, and each quantization method's, beside the method in ``quantize/``
+(``int8_settings.Int8Section``, ``int4_config.Int4Section``). A field is made with ``core.settings.setting`` and
+declares, beside its type and default:
 
 - ``flag``: the command line's flag for it;
 - ``logits_only``: only the logits graph takes it; a text-generation build refuses it, and a causal LM given it
@@ -27,21 +29,12 @@ from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationErr
 
 from infopt.core.errors import UsageError
 from infopt.core.pass_api import PASSES, new_settings
+from infopt.core.settings import Section, setting
+from infopt.quantize.int4_config import Int4Section
+from infopt.quantize.int8_settings import Int8Section
 
 DEFAULT_MAX_VAL_SAMPLES = 256
 """the validation samples a logits build judges at most, by default"""
-
-
-def setting(default: Any, description: str, flag: str | tuple[str, ...] | None = None, *, logits_only: bool = False,
-            generation_only: bool = False, **kwargs: Any) -> Any:
-    """A field of a section: its default, its help (``description``), the flag that sets it (with its short form, as
-    a tuple) and which task takes it."""
-    extra = {"flag": flag, "logits_only": logits_only, "generation_only": generation_only}
-    return Field(default, description=description, json_schema_extra=extra, **kwargs)
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, validate_assignment=True)
 
 
 class DeploySection(Section):
@@ -110,38 +103,13 @@ class TimingSection(Section):
 
 
 class CalibrationSection(Section):
-    """The data quantization calibrates on, and how INT8 turns ranges into scales."""
+    """The data quantization calibrates on."""
 
     calibration: Any = setting(None, "Calibration samples (.npy/.npz/.pt folder or file, or module:function), or a "
                                      "text file; makes INT8 static.", "--calib")
     calib_samples: int | None = setting(128, "Calibration samples to draw (seeded).", "--calib-samples",
                                         logits_only=True)
     calib_seed: int = setting(0, "The seed of the calibration draw.", logits_only=True)
-    calib_method: str | None = setting(None, "How INT8 calibration turns ranges into scales (see `infopt recipes "
-                                             "--passes`).", "--calib-method", logits_only=True)
-    calib_percentile: float | None = setting(None, "Percentile kept by --calib-method percentile.",
-                                             "--calib-percentile", logits_only=True)
-    calib_bins: int | None = setting(None, "Histogram bins for percentile, entropy and mse.", "--calib-bins",
-                                     logits_only=True)
-    smoothquant_alpha: float | None = setting(None, "SmoothQuant migration strength, 0..1.", "--smoothquant-alpha",
-                                              logits_only=True)
-
-
-class Int4Section(Section):
-    """INT4 weight-only quantization."""
-
-    int4_method: str | None = setting(None, "INT4: auto, rtn, gptq, awq or awq-gptq (default: gptq with --calib, rtn "
-                                            "without).", "--int4-method")
-    group_size: int | None = setting(None, "INT4: input features per scale group (default 128).", "--group-size")
-    act_order: bool = setting(False, "INT4 GPTQ: quantize columns in order of activation size (checkpoint gets "
-                                     "g_idx).", "--act-order")
-    int4_checkpoint: str | None = setting(
-        None, "INT4: auto, gptq, awq or none: the 4-bit checkpoint written to servers/vllm/ for a Hugging Face model "
-              "(auto: GPTQ layout; none after AWQ).", "--int4-checkpoint", logits_only=True)
-    max_bits_per_weight: float | None = setting(
-        None, "INT4 text generation: the quantized layers' average stored bits per weight at most (INT4 layers about "
-              "4.3-5.1, those kept for 8 bits 9.25); caps how many layers --calib keeps for 8 bits.",
-        "--max-bits-per-weight", generation_only=True)
 
 
 class EmitSection(Section):
@@ -180,11 +148,12 @@ class BuildConfig(BaseModel):
     validation: ValidationSection = Field(default_factory=ValidationSection)
     timing: TimingSection = Field(default_factory=TimingSection)
     calib: CalibrationSection = Field(default_factory=CalibrationSection)
+    int8: Int8Section = Field(default_factory=Int8Section)
     int4: Int4Section = Field(default_factory=Int4Section)
     emit: EmitSection = Field(default_factory=EmitSection)
     plugins: SerializeAsAny[Section] = Field(default_factory=lambda: plugin_section()())
 
-    SECTIONS: ClassVar[tuple[str, ...]] = ("deploy", "source", "validation", "timing", "calib", "int4", "emit",
+    SECTIONS: ClassVar[tuple[str, ...]] = ("deploy", "source", "validation", "timing", "calib", "int8", "int4", "emit",
                                            "plugins")
 
     @field_validator("plugins", mode="before")

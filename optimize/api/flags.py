@@ -25,10 +25,10 @@ def check_choices(config) -> None:
     """A usage error, named by its flag, for a quantization setting of ``config`` (a ``BuildConfig``) outside its
     choices: the INT4 method and checkpoint layout, and the INT8 calibration method (a plugin's too). The group size
     is checked by the options that take it, for recipes as well."""
-    int4, calib = config.int4, config.calib
+    int4, int8 = config.int4, config.int8
     for flag, value, allowed in (("--int4-method", int4.int4_method, ("auto", *get_args(Int4MethodName))),
                                  ("--int4-checkpoint", int4.int4_checkpoint, get_args(CheckpointLayout)),
-                                 ("--calib-method", calib.calib_method, tuple(calibrators.names()))):
+                                 ("--calib-method", int8.calib_method, tuple(calibrators.names()))):
         if value is not None and value not in allowed:
             raise UsageError(f"unknown {flag} {value!r}", fix=f"use one of: {', '.join(allowed)}")
 

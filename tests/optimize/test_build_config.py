@@ -21,6 +21,21 @@ def test_a_keyword_sets_its_field_in_its_section_and_is_validated_as_it():
     assert BuildConfig.model_validate_json(again.model_dump_json()) == again  # a recipe can hold it as JSON
 
 
+def test_each_quantization_methods_settings_are_its_own_section_defined_beside_it():
+    from pydantic import ValidationError
+
+    from infopt.quantize.int4_config import Int4Section
+    from infopt.quantize.int8_settings import Int8Section
+
+    config = BuildConfig.of(calib_method="entropy", smoothquant_alpha=0.5, group_size=64, calibration="calib.npz")
+    assert config.int8 == Int8Section(calib_method="entropy", smoothquant_alpha=0.5)
+    assert config.int4 == Int4Section(group_size=64) and config.calib.calibration == "calib.npz"
+    assert BuildConfig(int8={"calib_method": "entropy", "smoothquant_alpha": 0.5},
+                       int4={"group_size": 64}, calib={"calibration": "calib.npz"}) == config
+    with pytest.raises(ValidationError, match="group_size"):  # INT4's setting is not INT8's
+        BuildConfig(int8={"group_size": 64})
+
+
 @pytest.mark.parametrize("settings, message, fix", [
     ({"precison": "int8"}, "unknown build setting 'precison'", "did you mean precision"),
     ({"group_size": "big"}, "build setting group_size='big'", "--group-size: INT4: input features per scale group"),
