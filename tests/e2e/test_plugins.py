@@ -270,10 +270,13 @@ def test_a_plugins_pass_adds_an_int8_option_that_a_cli_build_takes(site, tmp_pat
 def test_loading_twice_is_a_no_op_and_a_failure_is_a_plugins_error(site, monkeypatch):
     """In this process: a second ``load_plugins`` loads nothing again (the toy's function would register its
     method twice, an error); an entry point whose function is missing or raises becomes that plugin's error."""
+    from infopt.core.pass_api import PASSES
     from infopt.quantize import calibrators
     from infopt.runtime import backend as backend_registry
 
     monkeypatch.syspath_prepend(str(site))
+    # what the toy registers is gone after the test: its pass would give later tests' configs its setting
+    monkeypatch.setattr(PASSES, "items", dict(PASSES.items))
     monkeypatch.setattr(backend_registry.BACKENDS, "items", dict(backend_registry.BACKENDS.items))
     monkeypatch.setattr(calibrators.CALIBRATORS, "items", dict(calibrators.CALIBRATORS.items))
     plugin_loader.load_plugins.cache_clear()
@@ -282,6 +285,7 @@ def test_loading_twice_is_a_no_op_and_a_failure_is_a_plugins_error(site, monkeyp
         assert [(p.name, p.loaded) for p in first] == [("broken", False), ("toy", True), ("toy-calibration", True)]
         assert plugin_loader.load_plugins() is first
         assert "toy" in calibrators.names() and backend_registry.named("toy").suffix == ".toy"
+        assert "toy_clip_weights" in PASSES.all()
 
         missing = plugin_loader.load(EntryPoint("missing", "toy_infopt_plugin:no_such_function", plugin_loader.GROUP))
         assert not missing.loaded and missing.error.startswith("AttributeError:")
