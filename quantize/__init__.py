@@ -10,7 +10,9 @@
 - ``sensitivity``: per-layer drift and the FP32 fallback under a drift budget
 - ``pt2e``: PT2E static INT8 (torchao) compiled with Inductor
 - ``int4_format``: the packed INT4 format, ``Int4Linear`` and the ``infopt::int4_linear`` op
-- ``int4_config``: INT4 weight-only settings, one config class per method, and the flat recipe form
+- ``int4_config``: INT4 weight-only settings, one config class per method, the flat recipe form, and INT4's
+  build settings (``BuildConfig.int4``)
+- ``int8_settings``: INT8's build settings (``BuildConfig.int8``)
 - ``int4_methods``: the handler registry (a method's statistic and its per-layer quantizer)
 - ``weight_only``: the streaming, block-by-block driver that calls the config's handler
 - ``rtn``, ``gptq``, ``awq``: the INT4 rounding methods, each registering its handler

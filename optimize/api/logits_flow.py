@@ -143,6 +143,8 @@ class LogitsFlow:
                                                                                    console, command)
         self.times = StepTimes()
         self.force = config.emit.force
+        self.status = None
+        """the progress display from the judging until the timing ends"""
 
     def plan(self) -> None:
         """The candidates' recipes, checked against the target and the settings, and the output folder checked,
@@ -395,7 +397,7 @@ class LogitsFlow:
         return notes
 
     def _status_stopped(self) -> None:
-        status, self.status = getattr(self, "status", None), None
+        status, self.status = self.status, None
         if status:
             status.stop()
 
