@@ -18,6 +18,9 @@ no activations are kept; :func:`gptq_quantize` is ``fasterquant``.
 
 from __future__ import annotations
 
+import functools
+
+import numpy as np
 import torch
 
 from infopt.quantize.int4_config import GPTQConfig
@@ -27,11 +30,16 @@ from infopt.quantize.int4_methods import Int4Method, Quantized, register, relati
 
 class Hessian:
     """Running ``2 X^T X / n`` over the rows of every batch a Linear sees: ``X^T X`` summed as the rows come
-    (one ``addmm`` a batch), scaled once when read."""
+    (one product a batch, or one per band of columns for a wide layer), scaled once when read."""
+
+    BAND = 512
+    """columns per band of the lower triangle for a layer wider than ``4 * BAND`` (see :meth:`add`)"""
 
     def __init__(self, in_features: int):
         self.sum = torch.zeros(in_features, in_features, dtype=torch.float32)
         self.rows = 0
+        self.banded = in_features > 4 * self.BAND
+        """only the lower triangle is summed, the upper mirrored from it when read"""
 
     def add(self, inputs: torch.Tensor) -> None:
         x = inputs.detach().reshape(-1, inputs.shape[-1])
@@ -40,17 +48,40 @@ class Hessian:
         if self.sum.device != x.device:
             self.sum = self.sum.to(x.device)
         self.rows += x.shape[0]
-        if x.dtype == torch.bfloat16:
-            # a bf16 model's activations are exact in bf16, and the matmul sums their products in fp32: only each
-            # batch's sum is rounded (to 8 bits), then added here in fp32. Several times faster on CPUs with bf16
-            # units, with GPTQ's error unchanged (measured in benchmarks/results/real_llm.md)
-            self.sum.add_(x.T @ x)
-        else:
-            self.sum.addmm_(x.T.float(), x.float())
+        # a bf16 model's activations are exact in bf16, and the matmul sums their products in fp32: only each
+        # product is rounded (to 8 bits), then added here in fp32. Several times faster on CPUs with bf16 units, with
+        # GPTQ's error unchanged (measured in benchmarks/results/real_llm.md)
+        if x.dtype != torch.bfloat16:
+            x = x.float()
+        if not self.banded:
+            if x.dtype == torch.bfloat16:
+                self.sum.add_(x.T @ x)
+            else:
+                self.sum.addmm_(x.T, x)
+            return
+        # a wide layer's (a down projection's thousands of inputs): the lower triangle, band by band, each band's
+        # product from contiguous rows of X^T. Half the products of X^T X, and several times faster than one product
+        # (benchmarks/results/scale.md, "Calibrated INT4 at the Qwen2.5-1.5B shape")
+        xt, width = x.T.contiguous(), x.shape[1]
+        for start in range(0, width, self.BAND):
+            end = min(start + self.BAND, width)
+            band = self.sum[start:, start:end]
+            if x.dtype == torch.bfloat16:
+                band.add_(xt[start:] @ x[:, start:end])
+            else:
+                band.addmm_(xt[start:], x[:, start:end])
 
     @property
     def matrix(self) -> torch.Tensor:
-        return self.sum * (2.0 / max(self.rows, 1))
+        scale = 2.0 / max(self.rows, 1)
+        if not self.banded:
+            return self.sum * scale
+        # below the diagonal blocks the sum holds X^T X, above them zeros, and each diagonal block is whole: the sum and
+        # its transpose add up to the matrix, with those blocks twice
+        full = self.sum.T.contiguous().add_(self.sum)
+        for start in range(0, full.shape[0], self.BAND):
+            full[start:start + self.BAND, start:start + self.BAND].mul_(0.5)
+        return full.mul_(scale)
 
 
 def _hessian_factor(reversed_h: torch.Tensor, damp: float) -> tuple[torch.Tensor, float]:
@@ -113,6 +144,62 @@ def _groups_by_importance(diagonal: torch.Tensor, group_size: int) -> tuple[torc
     return inside[order].reshape(-1), order
 
 
+@functools.cache
+def _blas_threads():
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
+def _round_block(block: torch.Tensor, lower: torch.Tensor, weights: torch.Tensor, pivots: torch.Tensor,
+                 codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, start: int, group_size: int,
+                 symmetric: bool) -> torch.Tensor:
+    """GPTQ's column loop over one lazy block, on the CPU: ``block`` ``[B, N]`` holds each column's optimal value
+    given the columns before the block, ``lower`` is ``A``'s block and ``weights`` the columns' own values. Writes
+    the codes and each group's grid, leaves each step's loss in ``block``, and returns the errors ``w - q``
+    ``[B, N]`` in the columns' order.
+
+    A column's value also takes the errors of the columns rounded before it in its group, as one product of their
+    reach with their errors (the group's columns so far), and the block's later rows take the group's errors in
+    one product where the next group starts: no rank-1 update per column. The loop runs once per input feature in
+    numpy, whose calls cost a fraction of torch's at these sizes (benchmarks/results/real_llm.md, "GPTQ's column
+    loop in numpy")."""
+    size = block.shape[0]
+    reach = (lower / torch.diagonal(lower)[:, None]).numpy()  # reach[i, j]: column j's error into column i's value
+    values, own, step = block.numpy(), weights.numpy(), pivots.tolist()
+    out, errors = codes.numpy(), np.zeros_like(values)
+    value = np.empty(values.shape[1], dtype=values.dtype)
+    first = 0  # the first column of the current group, in the block
+    for i in range(size):
+        col = start + i
+        if col % group_size == 0:
+            if i > first:  # the group before's errors into every later column of the block
+                values[i:] += reach[i:, first:i] @ errors[first:i]
+            first = i
+            # the group's grid from its columns' optimal values given the columns rounded so far: GPTQ's updated
+            # weights. values hold partial sums; the group's own triangle of A completes them
+            ahead = slice(i, i + group_size)
+            partial = (block[ahead] - weights[ahead]).mul_(pivots[ahead, None])
+            best = torch.linalg.solve_triangular(lower[ahead, ahead], partial, upper=False)
+            scale, zero = grid(best.add_(weights[ahead]).T, symmetric)
+            scales[col // group_size], zeros[col // group_size] = scale, zero
+            scale, zero = scales[col // group_size].numpy(), zeros[col // group_size].numpy()
+        column, code, err = values[i], out[i], errors[i]
+        if i > first:
+            np.add(column, np.dot(reach[i, first:i], errors[first:i], out=value), out=column)
+        np.divide(column, scale, out=code)
+        np.rint(code, out=code)
+        np.add(code, zero, out=code)
+        np.maximum(code, 0, out=code)
+        np.minimum(code, MAXQ, out=code)
+        np.subtract(code, zero, out=value)
+        np.multiply(value, scale, out=value)  # the column's rounded value
+        np.subtract(own[i], value, out=err)
+        np.subtract(column, value, out=column)
+        np.multiply(column, step[i], out=column)  # the step's loss
+    return torch.from_numpy(errors)
+
+
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, symmetric: bool, *,
                   damp: float = 0.01, act_order: bool = False, block_size: int = 128,
                   group_order: bool = True) -> Int4Weight:
@@ -151,43 +238,27 @@ def gptq_with_error(weight: torch.Tensor, hessian: torch.Tensor, group_size: int
         reversed_h.diagonal().copy_(diagonal.flip(0))
     lower, lam = _hessian_factor(reversed_h, damp)
     reach = _Reach(lower, rows)
-    pivots = reach.pivots.tolist()  # each column's A_kk as a number: no tensor indexed per column
 
-    # columns as rows ([K, N]): each column GPTQ rounds is contiguous, and its error reaches the rest of the lazy
-    # block in one rank-1 update (addr_)
+    # columns as rows ([K, N]): each column GPTQ rounds is contiguous
     wt = w.T.contiguous()
     groups = cols // group_size
-    scales = torch.zeros(groups, rows, device=w.device)
-    zeros = torch.zeros(groups, rows, device=w.device)
-    codes = torch.zeros(cols, rows, device=w.device)
+    scales = torch.zeros(groups, rows, dtype=dtype)
+    zeros = torch.zeros(groups, rows, dtype=dtype)
+    codes = torch.zeros(cols, rows, dtype=dtype)
     damped = 0.0
     block_size = -(-max(block_size, group_size) // group_size) * group_size  # whole groups in each block
-    for start in range(0, cols, block_size):
-        end = min(start + block_size, cols)
-        # each column's optimal value given every column before the block: one product a block (lazy updates)
-        block = reach.carried(start, end, start).add_(wt[start:end])
-        lower = reach.block(start, end)
-        inner = (lower / torch.diagonal(lower)[:, None]).T.contiguous()  # row i: column i's reach in the block
-        loss = torch.zeros_like(block)
-        for i in range(end - start):
-            col = start + i
-            if col % group_size == 0:
-                # the group's grid from its columns' optimal values given the columns rounded so far: GPTQ's
-                # updated weights. block holds partial sums; the group's own triangle of A completes them
-                ahead = slice(i, i + group_size)
-                partial = (block[ahead] - wt[col:col + group_size]).mul_(reach.pivots[col:col + group_size, None])
-                best = torch.linalg.solve_triangular(lower[ahead, ahead], partial, upper=False)
-                scale, zero = grid(best.add_(wt[col:col + group_size]).T, symmetric)
-                scales[col // group_size], zeros[col // group_size] = scale, zero
-            # written into their rows of codes and losses, each step in place: the loop runs once per input
-            # feature, and its cost is the ops' count more than their size
-            column, code, err, gone = block[i], codes[col], loss[i], reach.error_row(col)
-            torch.div(column, scale, out=code).round_().add_(zero).clamp_(0, MAXQ)
-            torch.sub(code, zero, out=err).mul_(scale)
-            torch.sub(wt[col], err, out=gone)
-            torch.sub(column, err, out=err).mul_(pivots[col])
-            block[i + 1:].addr_(inner[i, i + 1:], gone)
-        damped += float(loss.square().sum(dtype=torch.float64))
+    # the column loop's small products on one of numpy's BLAS threads: its threads and torch's wait on the same cores
+    # by spinning, and each took 2-4x longer beside the other
+    with _blas_threads().limit(limits=1, user_api="blas"):
+        for start in range(0, cols, block_size):
+            end = min(start + block_size, cols)
+            # each column's optimal value given every column before the block: one product a block (lazy updates)
+            block = reach.carried(start, end, start).add_(wt[start:end]).cpu()
+            gone = _round_block(block, reach.block(start, end).cpu(), wt[start:end].cpu(),
+                                reach.pivots[start:end].cpu(), codes[start:end], scales, zeros, start, group_size,
+                                symmetric)
+            damped += float(block.square().sum(dtype=torch.float64))  # block now holds each step's loss
+            reach.errors[reach.cols - end:reach.cols - start] = gone.flip(0).to(reach.errors.device)
     codes, scales, zeros = codes.T, scales.T, zeros.T
 
     codes = codes.cpu()

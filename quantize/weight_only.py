@@ -452,26 +452,27 @@ def _block_inputs(work: nn.Module, block: nn.Module, batches) -> list[tuple[tupl
 
 
 def _chained(work: nn.Module, blocks: list[nn.Module], batch) -> bool:
-    """Whether the blocks form a chain (one batch run through the whole model to see): each block takes the
-    previous one's output as its hidden states, and every one the same other arguments. Where not (a residual
-    added between blocks, alternating attention masks), each block's inputs must come from the model's forward."""
+    """Whether the blocks form a chain (the batch's first sequence run through the blocks to see): each block takes
+    the previous one's output as its hidden states, and every one the same other arguments. Where not (a residual
+    added between blocks, alternating attention masks), each block's inputs must come from the model's forward.
+    The forward stops after the last block: a large vocabulary's head costs more than the blocks on one sequence."""
     seen: list[dict] = []
     outputs: list = []
 
     def entered(_module, args, kwargs):
         seen.append({"hidden": args[0] if args else None, "args": args[1:], **_arguments(kwargs)})
 
-    def left(_module, _args, out):
+    def left(module, _args, out):
         outputs.append(out[0] if isinstance(out, (tuple, list)) else out)
+        if module is blocks[-1]:
+            raise _Stop
 
     handles = [h for b in blocks for h in (b.register_forward_pre_hook(entered, with_kwargs=True),
                                            b.register_forward_hook(left))]
-    try:
-        with torch.no_grad():
-            work(*batch)
-    finally:
-        for handle in handles:
-            handle.remove()
+    first = batch
+    if all(isinstance(t, torch.Tensor) and t.dim() > 0 and t.shape[0] == batch[0].shape[0] for t in batch):
+        first = tuple(t[:1] for t in batch)
+    _run_batches(work, [first], handles)
     if len(seen) != len(blocks) or len(outputs) != len(blocks):
         return False
     rest = [{k: v for k, v in entry.items() if k != "hidden"} for entry in seen]

@@ -102,6 +102,27 @@ def test_hessian_streamed_in_batches_equals_the_whole_gram_matrix():
 
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_wide_layers_hessian_summed_band_by_band_below_the_diagonal_is_the_whole_gram_matrix(dtype):
+    """Past ``4 * BAND`` inputs (a down projection's) only the lower triangle is summed, band by band, and the upper
+    one mirrored when read: the same matrix, bit for bit in float32, and to bf16's rounding of each batch's sum."""
+    features = 4 * Hessian.BAND + 300  # a last band narrower than the rest
+    x = correlated_inputs(700, features).to(dtype)
+    banded, whole = Hessian(features), Hessian(features)
+    whole.banded = False
+    assert banded.banded
+    for part in torch.split(x, [450, 250]):
+        banded.add(part)
+        whole.add(part)
+    matrix = banded.matrix
+    assert torch.equal(matrix, matrix.T) and matrix.is_contiguous()
+    if dtype == torch.float32:
+        torch.testing.assert_close(matrix, whole.matrix, rtol=1e-5, atol=1e-5)
+    else:
+        assert float((matrix - whole.matrix).norm() / whole.matrix.norm()) < 2 ** -8
+    assert not Hessian(4 * Hessian.BAND).banded
+
+
 def test_a_bf16_models_hessian_is_the_float32_sum_of_its_activations_to_bf16_rounding():
     """bf16 activations are multiplied in bf16 (each batch's sum rounded once, then summed in fp32): the matrix
     stays within bf16's rounding of the exact one, and GPTQ's error under the exact matrix barely moves."""
