@@ -54,22 +54,14 @@ class Hessian:
         if x.dtype != torch.bfloat16:
             x = x.float()
         if not self.banded:
-            if x.dtype == torch.bfloat16:
-                self.sum.add_(x.T @ x)
-            else:
-                self.sum.addmm_(x.T, x)
+            _add_product(self.sum, x.T, x)
             return
         # a wide layer's (a down projection's thousands of inputs): the lower triangle, band by band, each band's
         # product from contiguous rows of X^T. Half the products of X^T X, and several times faster than one product
         # (benchmarks/results/scale.md, "Calibrated INT4 at the Qwen2.5-1.5B shape")
-        xt, width = x.T.contiguous(), x.shape[1]
-        for start in range(0, width, self.BAND):
-            end = min(start + self.BAND, width)
-            band = self.sum[start:, start:end]
-            if x.dtype == torch.bfloat16:
-                band.add_(xt[start:] @ x[:, start:end])
-            else:
-                band.addmm_(xt[start:], x[:, start:end])
+        xt = x.T.contiguous()
+        for start in range(0, x.shape[1], self.BAND):
+            _add_product(self.sum[start:, start:start + self.BAND], xt[start:], x[:, start:start + self.BAND])
 
     @property
     def matrix(self) -> torch.Tensor:
@@ -82,6 +74,14 @@ class Hessian:
         for start in range(0, full.shape[0], self.BAND):
             full[start:start + self.BAND, start:start + self.BAND].mul_(0.5)
         return full.mul_(scale)
+
+
+def _add_product(into: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``into += a @ b`` in float32; bf16 operands multiplied in bf16 (fp32 sums inside, the product rounded once)."""
+    if a.dtype == torch.bfloat16:
+        into.add_(a @ b)
+    else:
+        into.addmm_(a, b)
 
 
 def _hessian_factor(reversed_h: torch.Tensor, damp: float) -> tuple[torch.Tensor, float]:
@@ -117,8 +117,10 @@ class _Reach:
         self.errors = torch.zeros(self.cols, rows, dtype=lower.dtype, device=lower.device)
         """``e_j = w_j - q_j`` of the rounded columns, column ``j`` in row ``cols - 1 - j``"""
 
-    def error_row(self, col: int) -> torch.Tensor:
-        return self.errors[self.cols - 1 - col]
+    def keep(self, start: int, errors: torch.Tensor) -> None:
+        """The errors of columns ``start`` on (``[n, N]``, in the columns' order), kept in their rows."""
+        k = self.cols
+        self.errors[k - start - errors.shape[0]:k - start] = errors.flip(0).to(self.errors.device)
 
     def carried(self, start: int, end: int, before: int) -> torch.Tensor:
         """``sum_{j < before} (A_kj / A_kk) e_j`` for each column ``k`` in ``[start, end)``: ``[end - start, N]``."""
@@ -258,10 +260,8 @@ def gptq_with_error(weight: torch.Tensor, hessian: torch.Tensor, group_size: int
                                 reach.pivots[start:end].cpu(), codes[start:end], scales, zeros, start, group_size,
                                 symmetric)
             damped += float(block.square().sum(dtype=torch.float64))  # block now holds each step's loss
-            reach.errors[reach.cols - end:reach.cols - start] = gone.flip(0).to(reach.errors.device)
-    codes, scales, zeros = codes.T, scales.T, zeros.T
-
-    codes = codes.cpu()
+            reach.keep(start, gone)
+    codes, scales, zeros = codes.T, scales.T, zeros.T  # written on the CPU by the column loop
     g_idx = None
     if perm is not None:  # back to the weight's own order
         inverse = torch.argsort(perm).cpu()
@@ -271,7 +271,7 @@ def gptq_with_error(weight: torch.Tensor, hessian: torch.Tensor, group_size: int
         else:  # whole groups: scales and zeros back in the groups' own order
             back = torch.argsort(group_perm).cpu()
             scales, zeros = scales[:, back], zeros[:, back]
-    packed = Int4Weight.from_codes(codes, scales.cpu(), zeros.cpu(), group_size, symmetric, g_idx=g_idx)
+    packed = Int4Weight.from_codes(codes, scales, zeros, group_size, symmetric, g_idx=g_idx)
     # ||E||^2 from the errors kept as the columns were rounded: the weight with its dead columns zeroed (H has no
     # row for them) less its rounded values, as the packed weight dequantizes them
     spread = float(reach.errors.square().sum(dtype=torch.float64))

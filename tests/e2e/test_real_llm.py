@@ -137,7 +137,7 @@ def test_awq_then_gptq_passes_its_budget_with_its_scales_in_the_model(real):
     assert "whole groups" not in details["notes"][0]  # the weight's own column order
     # about the size of the builder's k_quant with mixed INT8 layers (117 MB, +19 %). The choice's readings on 2,048
     # tokens move by a rung with the float order of GPTQ's sums: the same builds chose 20 % (106 MiB) and 29 %
-    # (117.2 MB), +6.9 % and +5.8 % on 48 held-out windows (benchmarks/results/real_llm.md, 2026-12-06, the loop)
+    # (117.2 MB), +6.9 % and +5.8 % on 48 held-out windows (benchmarks/results/real_llm.md, "GPTQ's column loop in numpy")
     assert manifest["validation"]["generation"]["weights_bytes"] < 120e6
 
 def test_a_removed_model_file_is_a_clear_error(real, tmp_path):
