@@ -59,11 +59,21 @@ def environment() -> list[str]:
 
 
 def publish(text: str, markdown: Path | None) -> None:
-    """Print a result table and, when asked, write it to a markdown file."""
+    """Print a result table and, when asked, write it to a markdown file. A file that exists keeps what it holds:
+    the results files hold every dated run, newest first, after their title and summary, so the new text goes in
+    before the first section after those (at the end where there is none)."""
     print(text)
     if markdown:
         markdown.parent.mkdir(parents=True, exist_ok=True)
-        markdown.write_text(text + "\n")
+        body = text.rstrip("\n") + "\n"
+        if markdown.exists():
+            lines = markdown.read_text().splitlines(keepends=True)
+            at = next((i for i, line in enumerate(lines) if line.startswith("## ") and line.strip() != "## Summary"),
+                      len(lines))
+            body = "".join(lines[:at]).rstrip("\n") + "\n\n" + body + ("\n" + "".join(lines[at:]) if at < len(lines) else "")
+        partial = markdown.with_name(markdown.name + ".partial")
+        partial.write_text(body)
+        partial.replace(markdown)
 
 
 def cpu_seconds() -> tuple[float, float, float]:

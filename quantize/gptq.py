@@ -40,6 +40,11 @@ class Hessian:
         self.rows = 0
         self.banded = in_features > 4 * self.BAND
         """only the lower triangle is summed, the upper mirrored from it when read"""
+        self.mirrored = False
+        """whether the upper triangle holds the lower's mirror (until the next :meth:`add`)"""
+        self.outputs: dict[str, tuple[float, int]] = {}
+        """each Linear reading these inputs: the sum of its squared outputs on them (its bias taken off), and its
+        output features"""
 
     def add(self, inputs: torch.Tensor) -> None:
         x = inputs.detach().reshape(-1, inputs.shape[-1])
@@ -48,6 +53,7 @@ class Hessian:
         if self.sum.device != x.device:
             self.sum = self.sum.to(x.device)
         self.rows += x.shape[0]
+        self.mirrored = False
         # a bf16 model's activations are exact in bf16, and the matmul sums their products in fp32: only each
         # product is rounded (to 8 bits), then added here in fp32. Several times faster on CPUs with bf16 units, with
         # GPTQ's error unchanged (measured in benchmarks/results/real_llm.md)
@@ -64,16 +70,44 @@ class Hessian:
             _add_product(self.sum[start:, start:start + self.BAND], xt[start:], x[:, start:start + self.BAND])
 
     @property
+    def wants_outputs(self) -> bool:
+        """Whether :meth:`add_output` should be given the outputs of the Linears reading these inputs: for a wide
+        layer, where summing them (each output once) costs far less than the product of the weight with ``H``
+        (``N * K^2``); a narrow one's product costs about what the outputs' sum does."""
+        return self.banded
+
+    def add_output(self, source: str, outputs: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """What the Linear ``source`` gave on the rows :meth:`add` took last (``[..., N]``, in the forward that ran to
+        collect them): its squared outputs summed, toward ``tr(W H W^T)`` (:meth:`output_energy`)."""
+        y = outputs.detach()
+        if bias is not None:
+            y = y - bias.detach().to(y.dtype)
+        energy = float(torch.linalg.vector_norm(y, dtype=torch.float32)) ** 2
+        before = self.outputs.get(source, (0.0, y.shape[-1]))[0]
+        self.outputs[source] = (before + energy, y.shape[-1])
+
+    def output_energy(self, rows: int) -> float | None:
+        """``tr(W H W^T)`` of the weight ``W`` that stacks the rows of every Linear that read these inputs (``rows``
+        output features in all), from their outputs: one product of ``W`` with ``H`` fewer. None where the outputs
+        seen are not those of ``rows`` features (no forward hook, or the stack split by group size)."""
+        if not self.outputs or sum(width for _, width in self.outputs.values()) != rows:
+            return None
+        return sum(energy for energy, _ in self.outputs.values()) * 2.0 / max(self.rows, 1)
+
+    @property
     def matrix(self) -> torch.Tensor:
         scale = 2.0 / max(self.rows, 1)
-        if not self.banded:
-            return self.sum * scale
-        # below the diagonal blocks the sum holds X^T X, above them zeros, and each diagonal block is whole: the sum and
-        # its transpose add up to the matrix, with those blocks twice
-        full = self.sum.T.contiguous().add_(self.sum)
-        for start in range(0, full.shape[0], self.BAND):
-            full[start:start + self.BAND, start:start + self.BAND].mul_(0.5)
-        return full.mul_(scale)
+        if self.banded and not self.mirrored:
+            # below the diagonal blocks the sum holds X^T X, above them zeros, and each diagonal block is whole: each
+            # band's rows right of its block take the transpose of the band below it, in place (no second matrix),
+            # and each diagonal block the mean of itself and its transpose
+            for start in range(0, self.sum.shape[0], self.BAND):
+                end = start + self.BAND
+                self.sum[start:end, end:].copy_(self.sum[end:, start:end].T)
+                block = self.sum[start:end, start:end]
+                block.copy_(block.T + block).mul_(0.5)
+            self.mirrored = True
+        return self.sum * scale
 
 
 def _add_product(into: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -84,21 +118,50 @@ def _add_product(into: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
         into.addmm_(a, b)
 
 
-def _hessian_factor(reversed_h: torch.Tensor, damp: float) -> tuple[torch.Tensor, float]:
-    """The lower Cholesky factor ``L`` of ``J (H + lam * I) J``, ``J`` the reversal of the order, and the ``lam`` it
-    took: ``damp * mean(diag H)``, raised until ``H`` factors (a rank-deficient ``H`` comes from too few
-    calibration rows). ``H + lam * I = A^T A`` with ``A = J L^T J`` lower triangular: see :class:`_Reach`.
-    ``reversed_h`` is ``J H J``, a copy this function damps in place."""
+PANEL = 512
+"""columns the factorization takes at a time (:func:`_hessian_factor`)"""
+MAX_DAMPING = 10 ** 5
+"""the most the damping is raised, as a multiple of ``damp``, before a Hessian is given up as not definite"""
+
+
+def _hessian_factor(reversed_h: torch.Tensor, damp: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The lower Cholesky factor ``L`` of ``J (H + D) J``, ``J`` the reversal of the order, and the damping ``D``
+    it took (its diagonal, in ``L``'s order): ``damp * mean(diag H)``, raised tenfold on the columns from a panel
+    on where the factorization meets a pivot that is not positive (a rank-deficient ``H`` comes from too few
+    calibration rows; a wide one summed from bfloat16 products can be slightly indefinite).
+    ``H + D = A^T A`` with ``A = J L^T J`` lower triangular: see :class:`_Reach`. ``reversed_h`` is ``J H J``,
+    which this function overwrites with ``L``.
+
+    A Hessian wider than ``4 * PANEL`` is factored left-looking, :data:`PANEL` columns at a time: each panel takes
+    the product of the factor's rows before it, then its own factorization and a triangular solve for the rows
+    below. The factor's columns before a panel read nothing of the diagonal from the panel on, so a raise there
+    repeats that panel's small factorization only, where a whole factorization again took as long as the first
+    (1.6 s at 8,960 inputs, most of them failing past 70 % of the way). A narrower one is one panel, damped alike
+    throughout: factoring it again costs little."""
+    cols = reversed_h.shape[0]
     mean = float(torch.mean(torch.diagonal(reversed_h).flip(0)))  # summed in the columns' order
-    added = 0.0
-    for attempt in range(6):
-        lam = damp * 10 ** attempt * mean
-        reversed_h.diagonal().add_(lam - added)
-        added = lam
-        factor, info = torch.linalg.cholesky_ex(reversed_h)
-        if int(info) == 0:
-            return factor, lam
-    raise torch.linalg.LinAlgError("the Hessian is not positive definite even with 1e5x damping")
+    lam = torch.full((cols,), damp * mean, dtype=torch.float64)
+    a = reversed_h
+    a.diagonal().add_(damp * mean)
+    panel = PANEL if cols > 4 * PANEL else cols
+    raised = 0  # the columns from the current panel on are damped by damp * 10 ** raised * mean
+    for start in range(0, cols, panel):
+        end = min(start + panel, cols)
+        if start:
+            a[start:, start:end].addmm_(a[start:, :start], a[start:end, :start].T, alpha=-1)
+        factor, info = torch.linalg.cholesky_ex(a[start:end, start:end])
+        while int(info):
+            if 10 ** (raised + 1) > MAX_DAMPING:
+                raise torch.linalg.LinAlgError(f"the Hessian is not positive definite even with {MAX_DAMPING}x "
+                                               "damping")
+            before, raised = damp * 10 ** raised * mean, raised + 1
+            lam[start:] = damp * 10 ** raised * mean
+            a.diagonal()[start:].add_(float(lam[start]) - before)
+            factor, info = torch.linalg.cholesky_ex(a[start:end, start:end])
+        a[start:end, start:end] = factor
+        if end < cols:
+            a[end:, start:end] = torch.linalg.solve_triangular(factor.T, a[end:, start:end], upper=True, left=False)
+    return a.tril_(), lam
 
 
 class _Reach:
@@ -215,8 +278,8 @@ def gptq_with_error(weight: torch.Tensor, hessian: torch.Tensor, group_size: int
     (without ``act_order``) takes the columns in :func:`_groups_by_importance`'s order.
 
     Each step's loss ``err^2`` is what fixing that column adds to the error under the damped Hessian
-    ``H + lam * I`` (the rest of the row then optimal), so their sum is ``tr(E (H + lam * I) E^T)``: less
-    ``lam * ||E||^2``, the error under ``H``. One product of ``E`` with ``H`` fewer than computing it again."""
+    ``H + D`` (the rest of the row then optimal, ``D`` the damping), so their sum is ``tr(E (H + D) E^T)``: less
+    ``tr(E D E^T)``, the error under ``H``. One product of ``E`` with ``H`` fewer than computing it again."""
     dtype = torch.float64 if weight.dtype == torch.float64 else torch.float32  # float64 stays, for exact checks
     w = weight.detach().to(dtype, copy=True)
     h = hessian.detach().to(dtype)
@@ -232,7 +295,7 @@ def gptq_with_error(weight: torch.Tensor, hessian: torch.Tensor, group_size: int
         perm, group_perm = _groups_by_importance(diagonal, group_size)
     # the factorization takes H in reversed order: one copy of a wide H, gathered in that order or flipped
     if perm is not None:
-        w, backwards = w[:, perm], perm.flip(0)
+        backwards = perm.flip(0)
         reversed_h = h[backwards][:, backwards]
         reversed_h.diagonal().copy_(diagonal[backwards])
     else:
@@ -241,8 +304,8 @@ def gptq_with_error(weight: torch.Tensor, hessian: torch.Tensor, group_size: int
     lower, lam = _hessian_factor(reversed_h, damp)
     reach = _Reach(lower, rows)
 
-    # columns as rows ([K, N]): each column GPTQ rounds is contiguous
-    wt = w.T.contiguous()
+    # columns as rows ([K, N]), in the order GPTQ rounds them: each column it rounds is contiguous
+    wt = w.T.contiguous() if perm is None else w.T.contiguous()[perm]
     groups = cols // group_size
     scales = torch.zeros(groups, rows, dtype=dtype)
     zeros = torch.zeros(groups, rows, dtype=dtype)
@@ -261,29 +324,38 @@ def gptq_with_error(weight: torch.Tensor, hessian: torch.Tensor, group_size: int
                                 symmetric)
             damped += float(block.square().sum(dtype=torch.float64))  # block now holds each step's loss
             reach.keep(start, gone)
-    codes, scales, zeros = codes.T, scales.T, zeros.T  # written on the CPU by the column loop
     g_idx = None
-    if perm is not None:  # back to the weight's own order
+    if perm is not None:  # back to the weight's own order: the codes' rows (columns) gathered before the transpose
         inverse = torch.argsort(perm).cpu()
-        codes = codes[:, inverse]
+        codes = codes[inverse]
+    codes, scales, zeros = codes.T, scales.T, zeros.T  # written on the CPU by the column loop
+    if perm is not None:
         if group_perm is None:  # act-order: each column names its group
             g_idx = (torch.arange(cols) // group_size)[inverse]
         else:  # whole groups: scales and zeros back in the groups' own order
             back = torch.argsort(group_perm).cpu()
             scales, zeros = scales[:, back], zeros[:, back]
     packed = Int4Weight.from_codes(codes, scales, zeros, group_size, symmetric, g_idx=g_idx)
-    # ||E||^2 from the errors kept as the columns were rounded: the weight with its dead columns zeroed (H has no
-    # row for them) less its rounded values, as the packed weight dequantizes them
-    spread = float(reach.errors.square().sum(dtype=torch.float64))
-    return packed, max(damped - lam * spread, 0.0)
+    # tr(E D E^T) from the errors kept as the columns were rounded (the weight with its dead columns zeroed, H has
+    # no row for them, less its rounded values, as the packed weight dequantizes them), each column's squared
+    # errors times its damping: both in reversed order
+    if bool((lam == lam[0]).all()):  # damped alike throughout
+        spread = float(lam[0]) * float(reach.errors.square().sum(dtype=torch.float64))
+    else:
+        spread = float((reach.errors.square().sum(dim=1, dtype=torch.float64) * lam.to(reach.errors.device)).sum())
+    return packed, max(damped - spread, 0.0)
 
 
 def _quantize(weight: torch.Tensor, hessian: Hessian, config: GPTQConfig) -> Quantized:
     matrix = hessian.matrix
     packed, absolute = gptq_with_error(weight, matrix, config.group_size, config.symmetric, config.damp,
                                        config.act_order, config.block_size, config.group_order)
-    return Quantized(packed, relative_error(absolute, weight.detach().float().cpu(), matrix.cpu()),
-                     output_error=absolute)
+    whole = hessian.output_energy(weight.shape[0])
+    if whole is None:
+        relative = relative_error(absolute, weight.detach().float().cpu(), matrix.cpu())
+    else:
+        relative = absolute / whole if whole > 0 else 0.0
+    return Quantized(packed, relative, output_error=absolute)
 
 
 HANDLER = register(Int4Method(GPTQConfig, _quantize, lambda config, in_features: Hessian(in_features), stacks=True))

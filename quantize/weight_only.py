@@ -517,9 +517,21 @@ def _statistic_hooks(work: nn.Module, members: list[str], stats: dict, current: 
             if twin is not None:
                 stats[n] = stats[twin]
         if owner[n] == n:
-            stats[n].add(x[mask] if mask is not None and x.dim() == 3 and x.shape[:2] == mask.shape else x)
+            stats[n].add(_real_rows(x, mask))
 
-    return [work.get_submodule(n).register_forward_pre_hook(lambda m, args, n=n: add(m, args, n)) for n in members]
+    def output(module, y, n):  # a wide layer's output, toward its statistic's tr(W H W^T) (gptq.Hessian)
+        if isinstance(y, torch.Tensor):
+            stats[n].add_output(n, _real_rows(y, current.get("mask")), getattr(module, "bias", None))
+
+    hooks = [work.get_submodule(n).register_forward_pre_hook(lambda m, args, n=n: add(m, args, n)) for n in members]
+    return hooks + [work.get_submodule(n).register_forward_hook(lambda m, _args, y, n=n: output(m, y, n))
+                    for n in members if getattr(stats[n], "wants_outputs", False)]
+
+
+def _real_rows(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``x``'s rows at the positions ``mask`` (``[batch, seq]``) marks real, where it is a ``[batch, seq, ...]``
+    tensor of that batch; else ``x``."""
+    return x[mask] if mask is not None and x.dim() == 3 and x.shape[:2] == mask.shape else x
 
 
 def _collect_block(work: nn.Module, block: nn.Module, members: list[str], stats: dict, inputs, masks) -> int:

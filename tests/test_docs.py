@@ -147,6 +147,23 @@ def test_the_benchmarks_readme_is_an_index_of_every_result_file():
         assert (BENCHMARKS / script).is_file(), script
 
 
+def test_a_benchmark_s_table_goes_into_its_results_file_as_the_newest_run(tmp_path, capsys):
+    """A results file holds every dated run: a benchmark run with its default --markdown adds its table before the
+    runs there, after the title and summary, and leaves them as they were."""
+    from benchmarks.common import publish
+
+    results = tmp_path / "scale.md"
+    older = "## Real sizes\n\n### A run, 2026-12-02\n\n| a |\n"
+    results.write_text("# Real sizes (`bench_scale.py`)\n\n## Summary\n\nIn short.\n\n" + older)
+    publish("## Real sizes\n\n| b |", results)
+    assert results.read_text() == ("# Real sizes (`bench_scale.py`)\n\n## Summary\n\nIn short.\n\n## Real sizes\n\n"
+                                   "| b |\n\n" + older)
+    assert "| b |" in capsys.readouterr().out
+    fresh = tmp_path / "new.md"
+    publish("## T\n\n| c |", fresh)
+    assert fresh.read_text() == "## T\n\n| c |\n" and not list(tmp_path.glob("*.partial"))
+
+
 def test_the_link_check_sees_a_broken_link(tmp_path):
     (tmp_path / "there.md").write_text("# A heading\n")
     page = tmp_path / "page.md"

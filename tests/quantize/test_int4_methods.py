@@ -141,15 +141,17 @@ def test_a_bf16_models_hessian_is_the_float32_sum_of_its_activations_to_bf16_rou
 
 @pytest.mark.parametrize("features", [64, 1000])
 def test_gptq_factor_is_the_inverse_transpose_of_the_upper_cholesky_factor_of_the_damped_inverse(features):
-    """One Cholesky of the reversed matrix gives ``A`` (lower) with ``A^T A = H + lam I``, the inverse transpose of
-    GPTQ's factor ``U`` (``U^T U = (H + lam I)^-1``); too few rows for ``H`` to factor raise the damping."""
+    """One Cholesky of the reversed matrix (by panels where it is wider than one) gives ``A`` (lower) with
+    ``A^T A = H + lam I``, the inverse transpose of GPTQ's factor ``U`` (``U^T U = (H + lam I)^-1``); too few rows
+    for ``H`` to factor raise the damping."""
     from infopt.quantize.gptq import _hessian_factor, _Reach
 
     x = correlated_inputs(4 * features, features).double()
     h = x.T @ x / x.shape[0]
     lower, lam = _hessian_factor(h.float().flip(0, 1), 0.01)  # it takes H in reversed order
-    assert lam == pytest.approx(0.01 * float(h.diagonal().mean()), rel=1e-5)
-    damped = h + lam * torch.eye(features, dtype=torch.float64)
+    base = 0.01 * float(h.diagonal().mean())
+    assert torch.allclose(lam.double(), torch.full((features,), base, dtype=torch.float64), rtol=1e-5)
+    damped = h + base * torch.eye(features, dtype=torch.float64)
     a = _Reach(lower, 1).block(0, features).double()
     assert torch.equal(a, a.tril())
     assert float((a.T @ a - damped).norm() / damped.norm()) < 1e-5
@@ -158,7 +160,28 @@ def test_gptq_factor_is_the_inverse_transpose_of_the_upper_cholesky_factor_of_th
     few = x[: features // 2]  # fewer rows than features: H is singular, and factors once damped enough
     singular = (few.T @ few / few.shape[0]).float()
     lower, lam = _hessian_factor(singular.flip(0, 1), 1e-9)
-    assert lam > 1e-9 * float(singular.diagonal().mean()) and bool(torch.isfinite(lower).all())
+    assert float(lam.max()) > 1e-9 * float(singular.diagonal().mean()) and bool(torch.isfinite(lower).all())
+    damped = singular.double().flip(0, 1) + torch.diag(lam.double())
+    assert float((lower.double() @ lower.double().T - damped).norm() / damped.norm()) < 1e-5
+
+
+def test_gptq_damping_is_raised_from_the_panel_that_does_not_factor_on():
+    """A wide reversed Hessian whose first panel factors and whose later columns are singular: the damping is raised
+    on those later columns alone, the first panel's factor is the one it had, and the factor is that of ``H + D``."""
+    from infopt.quantize.gptq import PANEL, _hessian_factor
+
+    well = correlated_inputs(4 * PANEL, PANEL).double()  # full rank
+    mix = torch.randn(100, 4 * PANEL - 448, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    x = torch.cat([well, well[:, :100] @ mix], dim=1)  # more columns of rank 100, read from the first ones
+    reversed_h = (x.T @ x / x.shape[0]).float()
+    base = 1e-9 * float(reversed_h.diagonal().mean())
+    lower, lam = _hessian_factor(reversed_h.clone(), 1e-9)
+    assert torch.allclose(lam[:PANEL].double(), torch.full((PANEL,), base, dtype=torch.float64), rtol=1e-5)
+    assert float(lam[PANEL:].min()) >= 9 * base and float(lam[PANEL:].max()) == float(lam[PANEL:].min())
+    first = torch.linalg.cholesky(reversed_h[:PANEL, :PANEL] + base * torch.eye(PANEL))
+    assert float((lower[:PANEL, :PANEL] - first).abs().max()) < 1e-4 * float(first.abs().max())
+    damped = reversed_h.double() + torch.diag(lam.double())
+    assert float((lower.double() @ lower.double().T - damped).norm() / damped.norm()) < 1e-5
 
 
 def test_gptq_without_an_inverse_rounds_as_algorithm_1_does():
@@ -195,6 +218,44 @@ def test_gptq_without_an_inverse_rounds_as_algorithm_1_does():
             assert (packed.g_idx is not None) == act_order
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+def test_gptq_reads_its_layers_output_energy_from_the_forward_that_collected_their_hessian():
+    """Layers reading one wide input (here three, as a block's query, key and value projections would): their
+    shared Hessian also sums their outputs (bias taken off, padding left out) as the collecting forward gives them,
+    so GPTQ's relative error needs no product of the stacked weight with ``H``. It is the figure that product
+    gives; a stack of some of them has none, and a narrow input's Hessian takes no outputs."""
+    from infopt.quantize.weight_only import _statistic_hooks
+
+    g = torch.Generator().manual_seed(6)
+    wide = 4 * Hessian.BAND + 64
+    layers = nn.ModuleDict({n: nn.Linear(wide, width) for n, width in (("q", 64), ("k", 32), ("v", 32))})
+    for layer in layers.values():
+        nn.init.normal_(layer.bias, generator=g)
+    x = correlated_inputs(2 * 40, wide, seed=7).reshape(2, 40, wide)
+    mask = torch.ones(2, 40, dtype=torch.bool)
+    mask[1, 25:] = False  # the second passage is padded
+    stats = {n: Hessian(wide) for n in layers}
+    assert stats["q"].wants_outputs and not Hessian(4 * Hessian.BAND).wants_outputs
+    current = {"mask": mask}
+    handles = _statistic_hooks(layers, list(layers), stats, current)
+    with torch.no_grad():
+        for layer in layers.values():
+            layer(x)
+    for handle in handles:
+        handle.remove()
+    hessian = stats["q"]
+    assert stats["k"] is hessian and stats["v"] is hessian and hessian.rows == 65
+    stacked = torch.cat([layer.weight.detach() for layer in layers.values()])
+    real = x[mask]
+    assert torch.allclose(hessian.matrix, 2 * real.T @ real / 65, rtol=1e-4, atol=1e-5)
+    assert hessian.output_energy(128) == pytest.approx(output_errors(stacked, torch.zeros_like(stacked),
+                                                                     hessian.matrix)[0], rel=1e-4)
+    assert hessian.output_energy(64) is None
+    config = GPTQConfig(group_size=64)
+    done = handler_for(config).quantize(stacked, hessian, config)
+    assert done.error == pytest.approx(output_errors(stacked, done.weight.effective_weight(), hessian.matrix)[1],
+                                       rel=1e-3)
 
 
 @pytest.mark.parametrize("act_order", [False, True])
