@@ -83,11 +83,8 @@ def serve(
             else:
                 url = f"{endpoints.inference}/predictions/{manifest.name}"
                 where = f"TorchServe on {endpoints.inference} (management {endpoints.management})"
-            if generates:
-                _say_ready_to_generate(manifest, where, url)
-            else:
-                _say_ready(manifest, where, url)
-            handlers = _wait(endpoints.process)
+            say = _say_ready_to_generate if generates else _say_ready
+            handlers = _wait(endpoints.process, lambda: say(manifest, where, url))
             stdout().print("stopping the server", markup=False)
     for sig, handler in handlers.items():
         signal.signal(sig, handler)
@@ -206,10 +203,12 @@ def _say_ready_to_generate(manifest, where: str, url: str) -> None:
                   soft_wrap=True)
 
 
-def _wait(process) -> dict:
-    """Until Ctrl-C or SIGTERM (then further ones are ignored until the caller restores the handlers it gets
-    back: a second Ctrl-C while the server stops must not leave it running without this process), or the
-    server exits on its own (an error: exit 3)."""
+def _wait(process, announce) -> dict:
+    """``announce()`` (the ready message), then wait until Ctrl-C or SIGTERM (then further ones are ignored until
+    the caller restores the handlers it gets back: a second Ctrl-C while the server stops must not leave it running
+    without this process), or the server exits on its own (an error: exit 3). The handlers are set before the
+    message: a Ctrl-C sent as soon as it is read stops the server cleanly (before, one that came between the
+    message and the handlers ended as an interrupted build, exit 130)."""
     from infopt.core.errors import BuildError
 
     signals = (signal.SIGINT, signal.SIGTERM)
@@ -223,6 +222,7 @@ def _wait(process) -> dict:
     # would otherwise not stop on Ctrl-C
     previous = {sig: signal.signal(sig, stop) for sig in signals}
     try:
+        announce()
         while process.poll() is None:
             time.sleep(0.5)
     except KeyboardInterrupt:
