@@ -305,7 +305,9 @@ def gptq_with_error(weight: torch.Tensor, hessian: torch.Tensor, group_size: int
     reach = _Reach(lower, rows)
 
     # columns as rows ([K, N]), in the order GPTQ rounds them: each column it rounds is contiguous
-    wt = w.T.contiguous() if perm is None else w.T.contiguous()[perm]
+    wt = w.T.contiguous()
+    if perm is not None:
+        wt = wt[perm]
     groups = cols // group_size
     scales = torch.zeros(groups, rows, dtype=dtype)
     zeros = torch.zeros(groups, rows, dtype=dtype)

@@ -225,7 +225,7 @@ def test_gptq_reads_its_layers_output_energy_from_the_forward_that_collected_the
     shared Hessian also sums their outputs (bias taken off, padding left out) as the collecting forward gives them,
     so GPTQ's relative error needs no product of the stacked weight with ``H``. It is the figure that product
     gives; a stack of some of them has none, and a narrow input's Hessian takes no outputs."""
-    from infopt.quantize.weight_only import _statistic_hooks
+    from infopt.quantize.calib_forwards import _statistic_hooks
 
     g = torch.Generator().manual_seed(6)
     wide = 4 * Hessian.BAND + 64
@@ -440,7 +440,7 @@ def test_calibration_runs_each_block_a_fixed_number_of_times_whatever_the_depth(
         block.register_forward_hook(lambda *_, i=index: runs.__setitem__(i, runs[i] + 1))
     cached = calibrate_int4(model, Int4Config(method="gptq", group_size=32), batches)
     assert runs == [1 + 2 * len(batches)] * len(model.blocks)
-    monkeypatch.setattr(weight_only, "_chained", lambda *_: False)  # the model run up to each block instead
+    monkeypatch.setattr(weight_only, "chained", lambda *_: False)  # the model run up to each block instead
     runs[:] = [0] * len(model.blocks)
     forward = calibrate_int4(model, Int4Config(method="gptq", group_size=32), batches)
     assert runs[0] == len(model.blocks) * len(batches) and runs[-1] == len(batches)  # quadratic in the depth
@@ -565,9 +565,9 @@ def test_a_transformers_decoder_calibrates_block_by_block_to_the_same_weights(mo
         vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2)).eval()
     batches = [(torch.randint(1, 512, (2, 32)), torch.ones(2, 32, dtype=torch.long)) for _ in range(2)]
-    assert weight_only._chained(lm, list(lm.model.layers), batches[0])
+    assert weight_only.chained(lm, list(lm.model.layers), batches[0])
     cached = calibrate_int4(lm, Int4Config(method="gptq", group_size=32), batches)
-    monkeypatch.setattr(weight_only, "_chained", lambda *_: False)
+    monkeypatch.setattr(weight_only, "chained", lambda *_: False)
     forward = calibrate_int4(lm, Int4Config(method="gptq", group_size=32), batches)
     assert len(cached.weights) == 21
     assert all(torch.equal(w.qweight, forward.weights[n].qweight) for n, w in cached.weights.items())
