@@ -296,7 +296,8 @@ def gptq_with_error(weight: torch.Tensor, hessian: torch.Tensor, group_size: int
     # the factorization takes H in reversed order: one copy of a wide H, gathered in that order or flipped
     if perm is not None:
         backwards = perm.flip(0)
-        reversed_h = h[backwards][:, backwards]
+        # one gather of both dims: the rows' gather, then the columns', took nearly twice as long on a wide H
+        reversed_h = h[backwards[:, None], backwards]
         reversed_h.diagonal().copy_(diagonal[backwards])
     else:
         reversed_h = h.flip(0, 1)
