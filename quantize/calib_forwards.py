@@ -140,6 +140,8 @@ def block_outputs(block: nn.Module, inputs) -> list[tuple[tuple, dict]]:
 
 
 def collect(work: nn.Module, block: nn.Module | None, members: list[str], stats: dict, batches, masks) -> int:
+    """The statistics of ``members`` from the model's own forward on each batch, stopped at the end of ``block``
+    (the whole forward for the Linears outside the blocks, ``block`` None); the rows the first member saw."""
     current: dict = {}
     handles = _statistic_hooks(work, members, stats, current)
     if block is not None:

@@ -136,8 +136,8 @@ def _hessian_factor(reversed_h: torch.Tensor, damp: float) -> tuple[torch.Tensor
     the product of the factor's rows before it, then its own factorization and a triangular solve for the rows
     below. The factor's columns before a panel read nothing of the diagonal from the panel on, so a raise there
     repeats that panel's small factorization only, where a whole factorization again took as long as the first
-    (1.6 s at 8,960 inputs, most of them failing past 70 % of the way). A narrower one is one panel, damped alike
-    throughout: factoring it again costs little."""
+    (benchmarks/results/scale.md, "Calibrated INT4 at the Qwen2.5-1.5B shape"). A narrower one is one panel, damped
+    alike throughout: factoring it again costs little."""
     cols = reversed_h.shape[0]
     mean = float(torch.mean(torch.diagonal(reversed_h).flip(0)))  # summed in the columns' order
     lam = torch.full((cols,), damp * mean, dtype=torch.float64)
@@ -353,11 +353,9 @@ def _quantize(weight: torch.Tensor, hessian: Hessian, config: GPTQConfig) -> Qua
     matrix = hessian.matrix
     packed, absolute = gptq_with_error(weight, matrix, config.group_size, config.symmetric, config.damp,
                                        config.act_order, config.block_size, config.group_order)
-    whole = hessian.output_energy(weight.shape[0])
-    if whole is None:
-        relative = relative_error(absolute, weight.detach().float().cpu(), matrix.cpu())
-    else:
-        relative = absolute / whole if whole > 0 else 0.0
+    # a wide layer's tr(W H W^T) from its outputs in the forward that collected H (Hessian.add_output)
+    relative = relative_error(absolute, weight.detach().float().cpu(), matrix.cpu(),
+                              hessian.output_energy(weight.shape[0]))
     return Quantized(packed, relative, output_error=absolute)
 
 

@@ -80,10 +80,12 @@ def output_energy(weight: torch.Tensor, hessian: torch.Tensor) -> float:
     return float(torch.dot(product.float().view(-1), weight.float().reshape(-1)))
 
 
-def relative_error(error: float, weight: torch.Tensor, hessian: torch.Tensor) -> float:
-    """``error`` (``tr(E H E^T)``) over ``tr(W H W^T)``; 0 for a layer whose output is nothing. The denominator goes
-    through bf16: it only scales the figure, and a wide layer's product is then several times faster."""
-    whole = output_energy(weight, hessian.bfloat16())
+def relative_error(error: float, weight: torch.Tensor, hessian: torch.Tensor, whole: float | None = None) -> float:
+    """``error`` (``tr(E H E^T)``) over ``tr(W H W^T)``; 0 for a layer whose output is nothing. The denominator is
+    ``whole`` where the caller has it, else a product through bf16: it only scales the figure, and a wide layer's
+    product is then several times faster."""
+    if whole is None:
+        whole = output_energy(weight, hessian.bfloat16())
     return error / whole if whole > 0 else 0.0
 
 

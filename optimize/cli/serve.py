@@ -207,8 +207,8 @@ def _wait(process, announce) -> dict:
     """``announce()`` (the ready message), then wait until Ctrl-C or SIGTERM (then further ones are ignored until
     the caller restores the handlers it gets back: a second Ctrl-C while the server stops must not leave it running
     without this process), or the server exits on its own (an error: exit 3). The handlers are set before the
-    message: a Ctrl-C sent as soon as it is read stops the server cleanly (before, one that came between the
-    message and the handlers ended as an interrupted build, exit 130)."""
+    message, so a Ctrl-C sent as soon as it is read stops the server cleanly rather than ending as an interrupted
+    build (exit 130)."""
     from infopt.core.errors import BuildError
 
     signals = (signal.SIGINT, signal.SIGTERM)
