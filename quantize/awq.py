@@ -27,7 +27,7 @@ import torch
 from infopt.quantize.gptq import Hessian
 from infopt.quantize.int4_config import AWQConfig
 from infopt.quantize.int4_format import MAXQ, Int4Weight, range_grid
-from infopt.quantize.int4_methods import Int4Method, Quantized, output_errors, register
+from infopt.quantize.int4_methods import Int4Method, Quantized, output_errors, product_dtype, register
 from infopt.quantize.rtn import group_codes, group_grid
 
 
@@ -93,9 +93,10 @@ def search_scale(weight: torch.Tensor, mean_abs: torch.Tensor, hessian: torch.Te
     when no scaling beats plain rounding. ``mean_abs`` and ``hessian`` are the layer's :class:`ActivationStatistics`.
     The error ``||X D^T||^2`` (``D`` the rounded weight less the
     weight) is taken as ``tr(D H D^T)`` under the layer's Hessian, not the rows again for every point of the grid."""
-    # the candidates' errors through bf16 products (the sum of each row of products in fp32): on the real SmolLM2's
-    # layers the same alpha as in fp32 at half the search's time (benchmarks/results/real_llm.md)
-    gram = hessian.to(weight.device).bfloat16()
+    # the candidates' errors through bf16 products where those are fast (the sum of each row of products in fp32): on
+    # the real SmolLM2's layers the same alpha as in fp32 at half the search's time (benchmarks/results/real_llm.md)
+    gram = hessian.to(weight.device)
+    gram = gram.to(product_dtype(gram.device))
     mean_abs = mean_abs.to(weight.device).clamp(min=1e-4)
     rows, cols = weight.shape
     grouped = weight.abs().reshape(rows, cols // group_size, group_size)
@@ -104,7 +105,7 @@ def search_scale(weight: torch.Tensor, mean_abs: torch.Tensor, hessian: torch.Te
 
     def error(s: torch.Tensor | None) -> float:
         diff = _rounding_error(weight, s, group_size, symmetric, buffer)
-        return float(torch.dot((diff.bfloat16() @ gram).float().view(-1), diff.view(-1)))
+        return float(torch.dot((diff.to(gram.dtype) @ gram).float().view(-1), diff.view(-1)))
 
     def scale_at(step: int) -> torch.Tensor:
         alpha = step / grid_points
@@ -181,9 +182,9 @@ def _quantize(weight: torch.Tensor, stats: ActivationStatistics, config: AWQConf
     hessian = stats.hessian.matrix
     packed, alpha = awq_quantize(weight, stats, config.group_size, config.symmetric,
                                  grid_points=config.awq_grid, clip=config.awq_clip, hessian=hessian)
-    # the reported error through bf16 products, as the searches' (a share of a percent of it, for ranking layers)
+    # the reported error through the searches' products (bf16 where fast: a share of a percent of it, for ranking)
     absolute, relative = output_errors(weight.detach().float().cpu(), packed.effective_weight(),
-                                       hessian.cpu().bfloat16())
+                                       hessian.cpu().to(product_dtype(torch.device("cpu"))))
     return Quantized(packed, relative, alpha, output_error=absolute)
 
 

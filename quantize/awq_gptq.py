@@ -32,7 +32,8 @@ def _quantize(weight: torch.Tensor, statistic: ActivationStatistics, config: AWQ
                                 config.awq_grid)
     scaled = weight if scale is None else weight * scale[None, :]
     packed, absolute = gptq.gptq_with_error(scaled, scaled_hessian(hessian, scale), config.group_size, config.symmetric,
-                                            config.damp, config.act_order, config.block_size, config.group_order)
+                                            config.damp, config.act_order, config.block_size, config.group_order,
+                                            config.grid)
     packed = dataclasses.replace(packed, input_scale=ones_if_none(scale, weight.shape[1]))
     return Quantized(packed, relative_error(absolute, weight.cpu(), hessian.cpu()), alpha, output_error=absolute)
 

@@ -23,7 +23,9 @@ import functools
 import numpy as np
 import torch
 
-from infopt.quantize.int4_config import GPTQConfig
+from infopt.core.cpu_features import bf16_products_fast
+from infopt.quantize.grid_search import weighted_grid
+from infopt.quantize.int4_config import GPTQConfig, GridName
 from infopt.quantize.int4_format import MAXQ, Int4Weight, grid
 from infopt.quantize.int4_methods import Int4Method, Quantized, register, relative_error
 
@@ -56,8 +58,8 @@ class Hessian:
         self.mirrored = False
         # a bf16 model's activations are exact in bf16, and the matmul sums their products in fp32: only each
         # product is rounded (to 8 bits), then added here in fp32. Several times faster on CPUs with bf16 units, with
-        # GPTQ's error unchanged (measured in benchmarks/results/real_llm.md)
-        if x.dtype != torch.bfloat16:
+        # GPTQ's error unchanged (measured in benchmarks/results/real_llm.md); emulated, and slower, on the others
+        if x.dtype != torch.bfloat16 or not bf16_products_fast(x.device.type):
             x = x.float()
         if not self.banded:
             _add_product(self.sum, x.T, x)
@@ -218,7 +220,7 @@ def _blas_threads():
 
 def _round_block(block: torch.Tensor, lower: torch.Tensor, weights: torch.Tensor, pivots: torch.Tensor,
                  codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, start: int, group_size: int,
-                 symmetric: bool) -> torch.Tensor:
+                 symmetric: bool, importance: torch.Tensor | None) -> torch.Tensor:
     """GPTQ's column loop over one lazy block, on the CPU: ``block`` ``[B, N]`` holds each column's optimal value
     given the columns before the block, ``lower`` is ``A``'s block and ``weights`` the columns' own values. Writes
     the codes and each group's grid, leaves each step's loss in ``block``, and returns the errors ``w - q``
@@ -246,7 +248,11 @@ def _round_block(block: torch.Tensor, lower: torch.Tensor, weights: torch.Tensor
             ahead = slice(i, i + group_size)
             partial = (block[ahead] - weights[ahead]).mul_(pivots[ahead, None])
             best = torch.linalg.solve_triangular(lower[ahead, ahead], partial, upper=False)
-            scale, zero = grid(best.add_(weights[ahead]).T, symmetric)
+            best = best.add_(weights[ahead]).T
+            if importance is None:
+                scale, zero = grid(best, symmetric)
+            else:  # each column's error weighted by its input's mean square, the Hessian's diagonal
+                scale, zero = weighted_grid(best, importance[ahead], symmetric=symmetric)
             scales[col // group_size], zeros[col // group_size] = scale, zero
             scale, zero = scales[col // group_size].numpy(), zeros[col // group_size].numpy()
         column, code, err = values[i], out[i], errors[i]
@@ -267,15 +273,19 @@ def _round_block(block: torch.Tensor, lower: torch.Tensor, weights: torch.Tensor
 
 def gptq_quantize(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, symmetric: bool, *,
                   damp: float = 0.01, act_order: bool = False, block_size: int = 128,
-                  group_order: bool = True) -> Int4Weight:
+                  group_order: bool = True, grid_search: GridName = "search") -> Int4Weight:
     """GPTQ (Algorithm 1 with lazy batches) of ``weight`` ``[N, K]`` under ``hessian`` ``[K, K]``."""
-    return gptq_with_error(weight, hessian, group_size, symmetric, damp, act_order, block_size, group_order)[0]
+    return gptq_with_error(weight, hessian, group_size, symmetric, damp, act_order, block_size, group_order,
+                           grid_search)[0]
 
 
 def gptq_with_error(weight: torch.Tensor, hessian: torch.Tensor, group_size: int, symmetric: bool, damp: float,
-                    act_order: bool, block_size: int, group_order: bool) -> tuple[Int4Weight, float]:
+                    act_order: bool, block_size: int, group_order: bool,
+                    grid_search: GridName = "search") -> tuple[Int4Weight, float]:
     """:func:`gptq_quantize`, and the output error ``tr(E H E^T)`` of the rounding, ``E = W - Q``. ``group_order``
-    (without ``act_order``) takes the columns in :func:`_groups_by_importance`'s order.
+    (without ``act_order``) takes the columns in :func:`_groups_by_importance`'s order. ``grid_search``: each
+    group's grid minimizes its rounding error weighted by the Hessian's diagonal (``grid_search.weighted_grid``,
+    taken from GPTQ's updated weights as the group starts), or ``minmax``: the group's min and max.
 
     Each step's loss ``err^2`` is what fixing that column adds to the error under the damped Hessian
     ``H + D`` (the rest of the row then optimal, ``D`` the damping), so their sum is ``tr(E (H + D) E^T)``: less
@@ -307,6 +317,7 @@ def gptq_with_error(weight: torch.Tensor, hessian: torch.Tensor, group_size: int
 
     # columns as rows ([K, N]), in the order GPTQ rounds them: each column it rounds is contiguous
     wt = w.T.contiguous()
+    importance = None if grid_search == "minmax" else diagonal if perm is None else diagonal[perm]
     if perm is not None:
         wt = wt[perm]
     groups = cols // group_size
@@ -324,7 +335,7 @@ def gptq_with_error(weight: torch.Tensor, hessian: torch.Tensor, group_size: int
             block = reach.carried(start, end, start).add_(wt[start:end]).cpu()
             gone = _round_block(block, reach.block(start, end).cpu(), wt[start:end].cpu(),
                                 reach.pivots[start:end].cpu(), codes[start:end], scales, zeros, start, group_size,
-                                symmetric)
+                                symmetric, None if importance is None else importance[start:end].cpu())
             damped += float(block.square().sum(dtype=torch.float64))  # block now holds each step's loss
             reach.keep(start, gone)
     g_idx = None
@@ -352,7 +363,7 @@ def gptq_with_error(weight: torch.Tensor, hessian: torch.Tensor, group_size: int
 def _quantize(weight: torch.Tensor, hessian: Hessian, config: GPTQConfig) -> Quantized:
     matrix = hessian.matrix
     packed, absolute = gptq_with_error(weight, matrix, config.group_size, config.symmetric, config.damp,
-                                       config.act_order, config.block_size, config.group_order)
+                                       config.act_order, config.block_size, config.group_order, config.grid)
     # a wide layer's tr(W H W^T) from its outputs in the forward that collected H (Hessian.add_output)
     relative = relative_error(absolute, weight.detach().float().cpu(), matrix.cpu(),
                               hessian.output_energy(weight.shape[0]))

@@ -21,6 +21,12 @@ from infopt.core.registry import Registry
 from infopt.core.settings import Section, setting
 from infopt.quantize.method_names import Int4MethodName
 
+GridName = Literal["search", "minmax"]
+"""how each group's scale and zero point are chosen: ``search`` minimizes the group's weighted squared rounding
+error (``grid_search.weighted_grid``), ``minmax`` spans the group's least and greatest weight"""
+GRID_HELP = ("each group's scale and zero point: search, the least rounding error weighted by each weight's "
+             "importance; minmax, the group's range")
+
 
 class Int4MethodConfig(BaseModel):
     """What every INT4 method is given; a method's config class adds its own settings."""
@@ -57,8 +63,7 @@ class RTNConfig(Int4MethodConfig):
     name: ClassVar[str] = "rtn"
     needs_data: ClassVar[bool] = False
 
-    mse_grid: bool = Field(True, description="RTN: clip each group's min/max range to the fraction (80-100 %) "
-                                             "that leaves the least rounding error; false: the plain min/max grid")
+    grid: GridName = Field("search", description=f"{GRID_HELP} (RTN weighs a weight by its magnitude)")
 
 
 @METHOD_CONFIGS.register
@@ -72,6 +77,7 @@ class GPTQConfig(Int4MethodConfig):
     block_size: int = Field(128, ge=1, description="GPTQ: columns per lazy batch update")
     group_order: bool = Field(True, description="GPTQ without act-order: whole groups by decreasing largest Hessian "
                               "diagonal, each group's columns likewise (no g_idx)")
+    grid: GridName = Field("search", description=f"{GRID_HELP} (GPTQ weighs a column by its Hessian diagonal)")
 
 
 class AWQScaleSearch(Int4MethodConfig):
@@ -151,6 +157,6 @@ class Int4Section(Section):
         None, "INT4: auto, gptq, awq or none: the 4-bit checkpoint written to servers/vllm/ for a Hugging Face model "
               "(auto: GPTQ layout; none after AWQ).", "--int4-checkpoint", logits_only=True)
     max_bits_per_weight: float | None = setting(
-        None, "INT4 text generation: the quantized layers' average stored bits per weight at most (INT4 layers about "
-              "4.3-5.1, those kept for 8 bits 9.25); caps how many layers --calib keeps for 8 bits.",
-        "--max-bits-per-weight", generation_only=True)
+        None, "INT4 text generation: the size target, the whole model's stored bits per parameter with every table "
+              "counted (default: what llama.cpp's Q4_K_M stores for the model); --calib keeps as many of the most "
+              "sensitive layers in 8 bits as it holds.", "--max-bits-per-weight", generation_only=True)

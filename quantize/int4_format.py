@@ -87,38 +87,6 @@ def range_grid(wmin: torch.Tensor, wmax: torch.Tensor, symmetric: bool) -> tuple
     return scale, zero
 
 
-SEARCH_SHRINKS = tuple(1 - 0.02 * i for i in range(11))
-"""the fractions of the min/max range :func:`searched_grid` tries: 100 % down to 80 % (GPTQ's mse grid's span)"""
-SEARCH_ROWS = 2048
-"""groups searched at a time (their temporaries stay in the CPU's cache)"""
-
-
-def searched_grid(weight: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scale and zero point per row of ``weight`` (``[rows, group]``) as :func:`grid`, but for the range clipped to
-    the fraction of :data:`SEARCH_SHRINKS` whose rounding leaves the least squared error (the first such
-    fraction on a tie): an outlier then costs its own error, not a coarser step for the whole group. No data
-    needed.
-
-    Each fraction's grid is computed for all rows at once; its error per row is ``scale² · Σ (q - r)²`` with
-    ``r = w / scale + zero`` and ``q`` its rounding clamped to the codes: five passes over the rows, in the
-    CPU's cache (:data:`SEARCH_ROWS` at a time)."""
-    shrinks = torch.tensor(SEARCH_SHRINKS, dtype=weight.dtype, device=weight.device)[:, None]
-    scales, zeros = [], []
-    for rows in weight.split(SEARCH_ROWS):
-        scale, zero = range_grid(shrinks * rows.amin(dim=1), shrinks * rows.amax(dim=1), symmetric)  # [shrinks, rows]
-        inverse = scale.reciprocal()
-        shifted, rounded = torch.empty_like(rows), torch.empty_like(rows)
-        error = torch.empty_like(scale)
-        for i in range(len(SEARCH_SHRINKS)):
-            torch.mul(rows, inverse[i, :, None], out=shifted).add_(zero[i, :, None])
-            torch.round(shifted, out=rounded).clamp_(0, MAXQ).sub_(shifted)
-            torch.linalg.vector_norm(rounded, dim=1, out=error[i])
-        best = error.square_().mul_(scale.square()).t().contiguous().argmin(dim=1)[None]
-        scales.append(scale.gather(0, best)[0])
-        zeros.append(zero.gather(0, best)[0])
-    return torch.cat(scales), torch.cat(zeros)
-
-
 def quantize_codes(weight: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
     """Codes 0..15 for ``weight`` ``[rows, cols]`` with per-row (or broadcastable) scale and zero."""
     if scale.dim() == 1:

@@ -16,6 +16,7 @@ from typing import Any, Callable, NamedTuple, Protocol
 
 import torch
 
+from infopt.core.cpu_features import bf16_products_fast
 from infopt.core.registry import Registry
 from infopt.quantize.int4_config import Int4MethodConfig
 from infopt.quantize.int4_format import Int4Weight
@@ -80,12 +81,18 @@ def output_energy(weight: torch.Tensor, hessian: torch.Tensor) -> float:
     return float(torch.dot(product.float().view(-1), weight.float().reshape(-1)))
 
 
+def product_dtype(device: torch.device) -> torch.dtype:
+    """bf16 where its matrix products are fast on ``device`` (a GPU, a CPU with bf16 instructions), else float32:
+    the dtype the searches and figures that only rank or scale take their products in."""
+    return torch.bfloat16 if bf16_products_fast(device.type) else torch.float32
+
+
 def relative_error(error: float, weight: torch.Tensor, hessian: torch.Tensor, whole: float | None = None) -> float:
     """``error`` (``tr(E H E^T)``) over ``tr(W H W^T)``; 0 for a layer whose output is nothing. The denominator is
-    ``whole`` where the caller has it, else a product through bf16: it only scales the figure, and a wide layer's
-    product is then several times faster."""
+    ``whole`` where the caller has it, else a product in :func:`product_dtype`: it only scales the figure, and a wide
+    layer's product is then several times faster where bf16 is."""
     if whole is None:
-        whole = output_energy(weight, hessian.bfloat16())
+        whole = output_energy(weight, hessian.to(product_dtype(hessian.device)))
     return error / whole if whole > 0 else 0.0
 
 

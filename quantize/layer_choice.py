@@ -48,6 +48,11 @@ def stored_bits(bits: int, group_size: int, symmetric: bool = False) -> float:
 
 INT8_BITS = stored_bits(8, EIGHT_BIT_BLOCK)
 """``quantize_int8_weights``' grid: 8-bit codes per block of 32, asymmetric"""
+HEAD_BITS = INT8_BITS
+"""the output head's (and a tied embedding's) bits per weight in an INT4 text-generation build (``quantize_int8_weights``)"""
+EMBEDDING_BITS = 4 + (32 + 8) / 32
+"""an untied embedding's bits per entry in an INT4 text-generation build (``quantize_embedding``: 4-bit codes, a
+float32 scale and a byte's zero point per block of 32)"""
 
 
 @dataclass
@@ -122,6 +127,9 @@ class LayerChoice:
     int4_bits: float
     max_bits: float | None = None
     progress: Callable[[str], None] | None = None
+    whole: Callable[[float], float] | None = None
+    """the whole model's bits per parameter with the INT4 layers at a given average, every table counted (the size
+    target's measure, ``--max-bits-per-weight``); None: the INT4 layers' own average is the measure"""
     rungs: list[dict[str, Any]] = field(default_factory=list)
     chosen: dict[str, Any] | None = None
     would_pass: dict[str, Any] | None = None
@@ -138,9 +146,12 @@ class LayerChoice:
 
     def __call__(self, model, sizes: list[int], total: int, use: Callable[[int], None]) -> int:
         """How many of the ranked units (``sizes``, largest error first, of ``total`` weights) go to 8 bits;
-        ``use(k)`` puts the first ``k`` in float and the rest in INT4 in ``model``."""
-        counts = _counts(sizes, total)
-        allowed = [c for c in counts if c["share"] <= self.cap_share() + 1e-9]
+        ``use(k)`` puts the first ``k`` in float and the rest in INT4 in ``model``. Under a size target
+        (``max_bits``), as many as it holds; without one, the fewest that hold the budget."""
+        cap = self.cap_share()
+        counts = _counts(sizes, total, [*(s for s in CHOICE_SHARES if s < cap - 1e-9), cap]
+                         if self.max_bits is not None else CHOICE_SHARES)
+        allowed = [c for c in counts if c["share"] <= cap + 1e-9]
 
         def tried(rung: dict) -> bool:
             if "passed" not in rung:
@@ -156,31 +167,42 @@ class LayerChoice:
                 self.rungs.append(rung)
             return rung["passed"]
 
-        best = _first_passing(allowed, tried)
+        best = _first_passing(allowed, tried) if self.max_bits is None else \
+            (allowed[-1] if allowed and tried(allowed[-1]) else None)
         if best is None:
-            self.would_pass = _first_passing(counts[len(allowed):], tried, last_first=True)
+            above = _counts(sizes, total, [s for s in CHOICE_SHARES if s > cap + 1e-9])
+            self.would_pass = _first_passing([c for c in above if c["units"] > allowed[-1]["units"]], tried,
+                                             last_first=True)
             best = allowed[-1]
             tried(best)
         self.chosen = best
         self.rungs.sort(key=lambda r: r["share"])
         return best["units"]
 
+    def model_bits(self, share: float) -> float:
+        """The size target's measure at ``share`` in 8 bits: the flag's value that keeps that share."""
+        bits = self.bits(share)
+        return round(self.whole(bits) if self.whole else bits, 3)
+
     def to_json(self) -> dict[str, Any]:
+        chosen = None if self.chosen is None else self.chosen["share"]
+        more = None if chosen is None else next((s for s in CHOICE_SHARES if s > chosen + 0.01), None)
         return {"text": self.text.source, "tokens": self.text.tokens, "budget": self.text.budget_text(),
                 "max_bits_per_weight": self.max_bits, "int4_bits": round(self.int4_bits, 3),
-                "int8_bits": INT8_BITS, "rungs": self.rungs,
-                "chosen": None if self.chosen is None else self.chosen["share"],
+                "int8_bits": INT8_BITS, "rungs": self.rungs, "chosen": chosen,
+                "model_bits": None if chosen is None else self.model_bits(chosen),
                 "held": bool(self.chosen and self.chosen.get("passed")),
                 "would_pass": None if self.would_pass is None else
-                {"share": self.would_pass["share"], "bits": self.would_pass["bits"]}}
+                {"share": self.would_pass["share"], "bits": self.would_pass["bits"],
+                 "model_bits": self.model_bits(self.would_pass["share"])},
+                "more": None if more is None else {"share": more, "model_bits": self.model_bits(more)}}
 
 
-def _counts(sizes: list[int], total: int) -> list[dict[str, Any]]:
-    """For each share of :data:`CHOICE_SHARES`, the most ranked units within it and their actual share (equal
-    unit counts merged)."""
+def _counts(sizes: list[int], total: int, shares=CHOICE_SHARES) -> list[dict[str, Any]]:
+    """For each of ``shares``, the most ranked units within it and their actual share (equal unit counts merged)."""
     rungs: dict[int, dict[str, Any]] = {}
     cumulative = np.cumsum([0, *sizes])
-    for share in CHOICE_SHARES:
+    for share in shares:
         units = int(np.searchsorted(cumulative, share * total + 0.5, side="right")) - 1
         rungs.setdefault(units, {"units": units, "share": round(float(cumulative[units]) / max(total, 1), 4)})
     return list(rungs.values())
@@ -232,18 +254,17 @@ def checked_cap(max_bits: float | None, int4_bits: float) -> None:
                          fix=f"pass at least {int4_bits:.2f}, or a larger --group-size")
 
 
-def advice(choice: dict[str, Any], recipe: str) -> str:
-    """What to do after a failed verdict, from ``LayerChoice.to_json`` (``recipe``: the bundled recipe's file)."""
+def advice(choice: dict[str, Any]) -> str:
+    """What to do after a failed verdict, as a flag, from ``LayerChoice.to_json``."""
     if not choice["held"] and choice["would_pass"]:
-        return (f"the INT4 choice kept {choice['chosen']:.0%} of the weights in 8 bits, the most "
-                f"--max-bits-per-weight {choice['max_bits_per_weight']:g} allows, and no share under it held the "
-                f"budget on {choice['text']}; --max-bits-per-weight {choice['would_pass']['bits']:g} held it there")
+        return (f"the INT4 choice kept {choice['chosen']:.0%} of the weights in 8 bits, the most the size target "
+                f"allows ({choice['model_bits']:g} bits per parameter), and that did not hold the budget on "
+                f"{choice['text']}; --max-bits-per-weight {choice['would_pass']['model_bits']:g} held it there")
     if not choice["held"]:
         return (f"no share of the weights in 8 bits up to {choice['chosen']:.0%} held the budget on {choice['text']}: "
                 "build --int8 (weight-only, every layer in 8 bits), or loosen --max-drift")
-    share = next((s for s in CHOICE_SHARES if s > choice["chosen"] + 0.01), None)
-    step = (f"keep more layers in 8 bits: a copy of {recipe} with quantize_int4's int8_share at {share:g}, built with "
-            "--int4 --recipe FILE --calib ..., or " if share is not None else "")
+    step = (f"--max-bits-per-weight {choice['more']['model_bits']:g} keeps {choice['more']['share']:.0%} of the "
+            "weights in 8 bits, or " if choice.get("more") else "")
     return (f"the INT4 choice held the budget on {choice['text']} with {choice['chosen']:.0%} of the weights in 8 "
             f"bits, and the --val text judged it otherwise: {step}build --int8; a --calib text like the --val text "
             "chooses closer to it")

@@ -1,9 +1,9 @@
 """Round-to-nearest (RTN) group-wise INT4: every weight to its nearest point on its group's grid.
 
-No data needed. Each group of ``g`` input features of an output row gets the min/max grid of
-:func:`infopt.quantize.int4_format.grid`, its range clipped where that leaves less rounding error
-(:func:`infopt.quantize.int4_format.searched_grid`, ``RTNConfig.mse_grid``; on the trained test LM it
-took INT4's perplexity change from +0.65 % to -0.02 %, ``benchmarks/results/generation.md``).
+No data needed. Each group of ``g`` input features of an output row gets the grid whose rounding error, each weight's
+weighted by its magnitude, is least (:func:`infopt.quantize.grid_search.weighted_grid`, ``RTNConfig.grid``), or
+with ``grid: minmax`` the min/max grid of :func:`infopt.quantize.int4_format.grid`. What each costs on the real
+SmolLM2: ``benchmarks/results/real_llm.md``.
 """
 
 from __future__ import annotations
@@ -11,17 +11,19 @@ from __future__ import annotations
 import torch
 
 from infopt.core.memory import drop_file_pages, file_mappings
+from infopt.quantize.grid_search import weighted_grid
 from infopt.quantize.int4_config import RTNConfig
-from infopt.quantize.int4_format import Int4Weight, grid, quantize_codes, searched_grid
+from infopt.quantize.int4_format import Int4Weight, grid, quantize_codes
 from infopt.quantize.int4_methods import Int4Method, Quantized, register
 
 
 def group_grid(weight: torch.Tensor, group_size: int, symmetric: bool,
                search: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scales and zeros ``[N, K // g]`` for ``weight`` ``[N, K]``: the min/max grid, or with ``search`` the
-    clipped one with the least rounding error."""
+    """Scales and zeros ``[N, K // g]`` for ``weight`` ``[N, K]``: the min/max grid, or with ``search`` the one
+    with the least rounding error, each weight's weighted by its magnitude."""
     rows, cols = weight.shape
-    scale, zero = (searched_grid if search else grid)(weight.reshape(-1, group_size), symmetric)
+    groups = weight.reshape(-1, group_size)
+    scale, zero = weighted_grid(groups, symmetric=symmetric) if search else grid(groups, symmetric)
     return scale.reshape(rows, cols // group_size), zero.reshape(rows, cols // group_size)
 
 
@@ -70,7 +72,7 @@ def rtn_quantize(weight: torch.Tensor, group_size: int, symmetric: bool,
 
 
 def _quantize(weight: torch.Tensor, _statistic: None, config: RTNConfig) -> Quantized:
-    return Quantized(rtn_quantize(weight, config.group_size, config.symmetric, search=config.mse_grid), None)
+    return Quantized(rtn_quantize(weight, config.group_size, config.symmetric, search=config.grid == "search"), None)
 
 
 HANDLER = register(Int4Method(RTNConfig, _quantize))

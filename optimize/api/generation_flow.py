@@ -57,7 +57,7 @@ from infopt.exporters.staging import check_output, staged_output
 from infopt.passes.decoder.quantize_int8_weights import QuantizeInt8WeightsDetails
 from infopt.passes.fx.quantize_int4 import Int4Details
 from infopt.passes.lower.onnx_int4 import BLOCK_SIZES
-from infopt.quantize.calib_data import CalibrationSet
+from infopt.quantize.calib_data import CalibrationSet, random_token_calibration
 from infopt.quantize.int4_config import Int4Config
 from infopt.quantize.layer_choice import ChoiceText, advice
 from infopt.runtime.loading import load_model
@@ -89,6 +89,8 @@ HELD_OUT_TOKENS = 128
 """the longest held-out sequence (longer lines are cut)"""
 CALIB_PASSAGES, CALIB_TOKENS = 128, 256
 """--calib lines read for INT4 GPTQ/AWQ, and the longest kept"""
+RANDOM_PASSAGES = 16
+"""sequences of random token ids (:data:`CALIB_TOKENS` each) INT4 calibrates GPTQ on where no --calib is given"""
 CHOICE_TOKENS, CHOICE_WINDOW = 2048, 128
 """--calib text after :data:`CALIB_PASSAGES`' (a quarter of the lines where the file holds no more) that INT4's
 ``int8_share: auto`` chooses its 8-bit layers on: the lines joined, each ended by the end token, cut into windows
@@ -188,6 +190,9 @@ class GenerationFlow:
         reference_dtype = str(next(lm.parameters()).dtype).removeprefix("torch.")
         lm.source_dir = str(folder)  # where the INT4 checkpoint for vLLM takes the tokenizer and config from
         calibration, choice_windows = _calibration(calib, folder, lm.config) if calib else (None, [])
+        if calib is None and precision == "int4" and (self.settings.get("int4_method") or "auto") == "auto":
+            calibration = random_token_calibration(lm.config.vocab_size, RANDOM_PASSAGES,
+                                                   min(CALIB_TOKENS, context_length(lm.config)))
         if deploy.price_per_hour is not None:
             machine = machine.model_copy(update={"price_per_hour": deploy.price_per_hour})
         name = name or loaded.name or folder.name
@@ -288,7 +293,7 @@ class GenerationFlow:
                                  where=str(self.folder), fix="report the model's family; build --task logits meanwhile") from exc
         self.quantization = quantization = _quantization(self.final.lineage, self.calibration)
         if not judged["verdict"]["passed"] and quantization and quantization.get("choice"):
-            judged["verdict"]["reasons"].append(advice(quantization["choice"], f"recipes/pipelines/{self.recipe.name}.yaml"))
+            judged["verdict"]["reasons"].append(advice(quantization["choice"]))
         greedy = judged["greedy"]
         if self.budgets.greedy_equal and greedy["equal"] != greedy["prompts"]:
             first = greedy["differences"][0]
@@ -432,7 +437,8 @@ def _check_int4(settings: Settings, calib) -> None:
         raise UsageError(f"--group-size {group_size}: ONNX Runtime's MatMulNBits takes "
                          f"{', '.join(map(str, BLOCK_SIZES))}", fix="pass --group-size 32, 64 or 128")
     method = settings.get("int4_method") or "auto"
-    method = ("gptq" if calib else "rtn") if method == "auto" else method
+    if method == "auto":  # GPTQ, on random token ids where no --calib is given
+        return
     given = {k: settings[k] for k in ("group_size", "act_order") if k in settings}
     if Int4Config(method=method, **given).method_config().needs_data and not calib:
         raise UsageError(f"INT4 {method.upper()} calibrates on text, and no --calib was given",

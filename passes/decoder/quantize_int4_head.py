@@ -114,9 +114,18 @@ def reads_transposed(node) -> bool:
 
 
 def share_table(graph, table, nbits, scales, zeros, group_size: int, bits: int = 4) -> int:
-    """Each ``Gather(table, ids)`` (the embedding's lookup) replaced by ``GatherBlockQuantized`` on the ``MatMulNBits``
-    node's weight ``[N, G, group_size * bits / 8]`` (its last axis one block: the same bytes, read by row), with the scales
-    and zero points as ``[N, G, 1]``, and a ``Reshape`` to ``[..., K]``; returns how many."""
+    """Each ``Gather(table, ids)`` (the embedding's lookup) made to read the ``MatMulNBits`` node's weight
+    (:func:`block_quantized_lookups`): the tied head's table, stored once; returns how many."""
+    has_zeros = len(nbits.inputs) >= 4 and nbits.inputs[3] is not None
+    return block_quantized_lookups(graph, table, nbits.inputs[1], scales.astype(nbits.inputs[2].dtype.numpy()),
+                                   zeros if has_zeros else None, group_size, bits)
+
+
+def block_quantized_lookups(graph, table, weight, scales, zeros, group_size: int, bits: int) -> int:
+    """Each ``Gather(table, ids)`` replaced by ``GatherBlockQuantized`` on ``weight`` ``[N, G, group_size * bits / 8]``
+    (``MatMulNBits``' layout: its last axis one block, the same bytes read by row), with ``scales`` ``[N, G]`` (in the
+    table's float type) and ``zeros`` ``[N, G]`` (None: the op's default) as ``[N, G, 1]``, and a ``Reshape`` to
+    ``[..., K]``; returns how many."""
     import numpy as np
     import onnx_ir as ir
 
@@ -124,7 +133,6 @@ def share_table(graph, table, nbits, scales, zeros, group_size: int, bits: int =
                and node.attributes.get("axis", ir.AttrInt64("axis", 0)).as_int() == 0]
     if not lookups:
         return 0
-    weight = nbits.inputs[1]
     n, blocks, k = weight.shape[0], weight.shape[1], weight.shape[1] * group_size
 
     def constant(name: str, array) -> ir.Value:
@@ -133,9 +141,9 @@ def share_table(graph, table, nbits, scales, zeros, group_size: int, bits: int =
         graph.register_initializer(value)
         return value
 
-    scale = constant(f"{table.name}.gbq_scales", scales.astype(nbits.inputs[2].dtype.numpy()).reshape(n, blocks, 1))
-    zero = None if len(nbits.inputs) < 4 or nbits.inputs[3] is None else constant(
-        f"{table.name}.gbq_zero_points", zeros.astype(np.uint8).reshape(n, blocks, 1))
+    scale = constant(f"{table.name}.gbq_scales", scales.reshape(n, blocks, 1))
+    zero = None if zeros is None else constant(f"{table.name}.gbq_zero_points",
+                                               zeros.astype(np.uint8).reshape(n, blocks, 1))
     for number, lookup in enumerate(lookups):
         out = lookup.outputs[0]
         rank = len(out.shape) if out.shape is not None else 3

@@ -32,6 +32,7 @@ from infopt.core.pass_api import Pass, PassContext, PassDetails, PassOptions, Pa
 from infopt.exporters.int4_checkpoint import CheckpointSource, checkpoint_format
 from infopt.passes.fx.int4_eight_bit import choice_note, held_in_int4, int8_plan, mixed_rule
 from infopt.passes.fx.int4_sections import int4_sections
+from infopt.quantize.calib_data import RANDOM_IDS
 from infopt.quantize.int4_config import Int4Config, Int4MethodConfig, Method
 from infopt.quantize.int4_fallback import fall_back_to_budget
 from infopt.quantize.int4_format import conv1d_as_linear
@@ -67,9 +68,9 @@ class QuantizeInt4Options(PassOptions, Int4Config):
                                                         "statistics; 1 runs each at its own length")
     int8_share: float | Literal["auto"] = Field(
         0.0, description="the layers adding the most error to their outputs (GPTQ/AWQ on calibration data), up to "
-                         "this share of the weights, stay in float for 8 bits downstream; auto: the smallest share "
-                         "whose figures on text held out of calibration hold the build's budget (text generation), "
-                         "else 0.1; RTN (no data): llama.cpp's mixed strategy")
+                         "this share of the weights, stay in float for 8 bits downstream; auto: as many as the size "
+                         "target holds (max_bits_per_weight, else Q4_K_M's size), judged on text held out of "
+                         "calibration (text generation); RTN (no data): llama.cpp's mixed strategy")
     @field_validator("int8_share")
     @classmethod
     def _a_share(cls, value):
@@ -82,8 +83,10 @@ class QuantizeInt4Options(PassOptions, Int4Config):
                            "from their float weights, so a decoder's layers stay alike (one exported, stamped for "
                            "all); else they are float in the module, for a graph pass to round")
     max_bits_per_weight: float | None = Field(
-        None, gt=0, description="the INT4 layers' average bits per weight at most (codes, scales and zero points; "
-                                "the layers kept for 8 bits counted at 8-bit's): caps int8_share")
+        None, gt=0, description="the size target: the whole model's stored bits per parameter, every table counted "
+                                "(for a decoder with an output head; else the INT4 layers' own average); int8_share auto "
+                                "keeps as many of the most sensitive layers for 8 bits as it holds. Unset: llama.cpp "
+                                "Q4_K_M's size for the model")
     checkpoint: CheckpointLayout = Field(
         "auto", description="4-bit checkpoint for the serving engines when the model has a Hugging Face config; "
                             "auto: GPTQ layout, none after AWQ (its input scales have no place in either layout)")
@@ -111,6 +114,10 @@ class Int4Details(PassDetails):
     fallback: dict[str, Any] | None = None
     bits_per_weight: float | None = None
     """the INT4 layers' and those kept for 8 bits' average bits per weight, as stored (codes, scales, zero points)"""
+    model_bits: float | None = None
+    """the whole model's bits per parameter, every table counted (the head in 8 bits, an untied embedding in 4)"""
+    target_bits: float | None = None
+    """the size target it was built to: ``--max-bits-per-weight``, else llama.cpp Q4_K_M's size for this model"""
     choice: dict[str, Any] | None = None
     """``int8_share: auto``'s ladder (``layer_choice.LayerChoice.to_json``): each share tried, its figures, the one chosen"""
     checkpoint: dict[str, Any] | None = None
@@ -220,8 +227,9 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
     checkpoint = options.checkpoint in ("gptq", "awq") or (options.checkpoint == "auto" and not config.input_scales
                                                            and not conv1d)
     uniform = checkpoint and hf_model(model) is not None
-    share, chooser, int4_bits = int8_plan(model, config, options, context, uniform)
-    rule = mixed_rule(model, config, options, uniform, int4_bits)
+    planned = int8_plan(model, config, options, context, uniform)
+    share, chooser, int4_bits = planned.share, planned.chooser, planned.int4_bits
+    rule = mixed_rule(model, config, options, uniform, planned)
     result = quantize_int4(model, config, batches, progress=context.say, uniform_group_size=uniform,
                            masks=calibration_masks(batches, artifact.spec) if batches else None,
                            int8_share=share, choose=chooser, for_8bit=rule, fold_scales=options.in_place)
@@ -245,7 +253,7 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
         notes.append(f"{len(for_8bit)} layers kept for 8 bits (int8_share {share:g}): those adding the "
                      f"most error to their outputs on the calibration data (the INT4 layers table names them)")
     if chooser is not None:
-        notes.append(choice_note(chooser, len(for_8bit)))
+        notes.append(choice_note(chooser, len(for_8bit), planned.target))
     smaller = [row["name"] for row in layers if row["group_size"] != config.group_size]
     if smaller and uniform and len(sizes) == 1:
         notes.append(f"group size {sizes[0]} for every layer: {config.group_size} does not divide the input features "
@@ -268,6 +276,10 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
         notes.append(f"{len(conv1d)} transformers Conv1D layers quantized as the Linears they are (weight transposed)")
     if options.method == "auto" and method == "rtn":
         notes.append("no calibration data: round-to-nearest; pass --calib for GPTQ")
+    if context.calibration is not None and RANDOM_IDS in context.calibration.source and config.needs_data:
+        notes.append(f"no --calib: {method.upper()} on {context.calibration.source.removesuffix(' (no --calib)')}, "
+                     "whose activations the model's own layers shape; --calib with text like what the model will serve "
+                     "calibrates closer to it")
     if errors:
         notes.append(f"relative output error per layer on calibration data: mean {sum(errors) / len(errors):.2e}, "
                      f"worst {max(errors):.2e}")
@@ -276,10 +288,16 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
     bits = round((int4_bits * four + INT8_BITS * eight) / (four + eight), 3) if four + eight else None
     if bits is not None:
         notes.append(f"{bits:g} bits per weight over the quantized layers (INT4 {int4_bits:.3f} as stored, 8-bit "
-                     f"{INT8_BITS:g}; the head and embedding not counted)")
+                     f"{INT8_BITS:g})" + ("" if planned.target is None else
+                                         f"; {planned.target.whole(bits):.3f} bits per parameter over every table, the "
+                                         f"head in 8 bits and an untied embedding in 4, against a target of "
+                                         f"{planned.target.text()}"))
     details = Int4Details(method=method, group_size=config.group_size, symmetric=config.symmetric,
                           act_order=getattr(config, "act_order", False), calibration_rows=result.rows, layers=layers,
                           kept=result.kept, fallback=fallback, bits_per_weight=bits,
+                          model_bits=None if planned.target is None or bits is None else
+                          round(planned.target.whole(bits), 3),
+                          target_bits=None if planned.target is None else round(planned.target.target, 3),
                           choice=chooser.to_json() if chooser is not None and chooser.chosen else None)
     result_artifact = artifact.derive("torch", obj=model)
     if eight_bit is not None:

@@ -79,10 +79,13 @@ def test_int8_of_the_real_model_keeps_its_perplexity_and_top1_on_held_out_prose(
     assert judged["prefix_kept"] >= 0.4
 
 
-def test_int4_with_calibration_text_passes_its_default_budget_with_its_most_sensitive_layers_in_8_bits(real):
-    """GPTQ on the calibration text; the layers adding the most error to their outputs per weight, as few as hold the
-    budget on the calibration text's tail, and the head in 8 bits. Before, every INT4 build of this model failed
+def test_int4_with_calibration_text_fills_q4_k_m_size_with_its_most_sensitive_layers_in_8_bits(real):
+    """GPTQ on the calibration text, each group's grid searched under its Hessian diagonal; the layers adding the most
+    error to their outputs per weight go to 8 bits until the model is llama.cpp Q4_K_M's size (every table counted:
+    the head in 8 bits), judged once on the calibration text's tail. Before, every INT4 build of this model failed
     its own budget (perplexity +31 % with GPTQ)."""
+    from infopt.quantize.llama_cpp_types import BITS
+
     work = real["work"]
     proc = run_cli("build", "smollm2", "--int4", "--calib", "calib.txt", "--val", "val.txt", "-o", "int4", "--json",
                    "-q", cwd=work, timeout=900, env={"HF_HUB_OFFLINE": "1"})
@@ -92,10 +95,12 @@ def test_int4_with_calibration_text_passes_its_default_budget_with_its_most_sens
     assert verdict["passed"] is True and {c["name"] for c in verdict["checks"]} == {"top1", "ppl_delta"}
     quantization = manifest["validation"]["generation"]["quantization"]
     choice = quantization["choice"]
-    assert quantization["method"] == "gptq" and choice["held"] and 0 < choice["chosen"] <= 0.5
-    # pure INT4 fails the budget on the choice's text (+16 % on held-out prose): some layers must go to 8 bits
-    assert any(not r["passed"] for r in choice["rungs"]) and len(choice["rungs"]) <= 5
-    assert quantization["bits_per_weight"] <= 4.562 * (1 - choice["chosen"]) + 9.25 * choice["chosen"] + 1e-3
+    assert quantization["method"] == "gptq" and choice["held"] and 0.1 < choice["chosen"] <= 0.5
+    assert len(choice["rungs"]) == 1  # the size's share, judged once
+    details = next(p["details"] for p in manifest["passes"] if p["name"] == "quantize_int4")
+    # SmolLM2 in Q4_K_M: its 576-wide rows Q5_0, the tied table Q8_0 (tests/quantize/test_llama_cpp_types.py)
+    assert 5.5 < details["target_bits"] < BITS["Q8_0"] and details["model_bits"] <= details["target_bits"] + 1e-3
+    assert details["model_bits"] > details["target_bits"] - 0.1  # the size is spent
     # the layers kept for 8 bits held in INT4 while the decoder is captured: its layers alike, one stamped for all
     passes = {p["name"]: p for p in manifest["passes"]}
     assert passes["capture_kv_decoder"]["details"]["stamped"] is True
@@ -105,10 +110,10 @@ def test_int4_with_calibration_text_passes_its_default_budget_with_its_most_sens
     bits = nbits_bits(folder)
     assert bits[4] > bits[8] >= 2  # the head, and the kept layers (packed where siblings)
     judged = judge_folder(folder, real["windows"], real["reference"])
-    # the builder's default INT4 loses +32 % here, its k_quant with mixed INT8 layers +10 % at 108 MiB
-    assert judged["ppl_delta"] <= 0.10 and judged["top1"] >= 0.80, judged
-    assert manifest["validation"]["generation"]["weights_bytes"] < 120 * 2**20
-
+    # llama.cpp's Q4_K_M with an importance matrix from the same text loses +1.7 % here, flattered by the Q4_1 grid its
+    # blocks of 32 share with this model's weights (benchmarks/results/real_llm.md)
+    assert judged["ppl_delta"] <= 0.07 and judged["top1"] >= 0.85, judged
+    assert manifest["validation"]["generation"]["weights_bytes"] < 110 * 2**20
 
 
 def test_awq_then_gptq_passes_its_budget_with_its_scales_in_the_model(real):

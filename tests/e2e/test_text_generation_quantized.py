@@ -61,10 +61,12 @@ def built(folder: Path, name: str, *flags: str, code: int = 0) -> dict:
 
 @pytest.fixture(scope="module")
 def builds(trained) -> dict[str, dict]:
-    """The FP32, INT4 (GPTQ on calib.txt; RTN without it) and INT8 builds of the trained LM: their manifests."""
+    """The FP32, INT4 (GPTQ on calib.txt; GPTQ on random token ids without it; RTN) and INT8 builds of the trained
+    LM: their manifests."""
     return {"fp32": built(trained, "fp32"),
             "int4": built(trained, "int4", "--int4", "--calib", "calib.txt"),
-            "int4-rtn": built(trained, "int4-rtn", "--int4"),
+            "int4-free": built(trained, "int4-free", "--int4"),
+            "int4-rtn": built(trained, "int4-rtn", "--int4", "--int4-method", "rtn"),
             "int8": built(trained, "int8", "--int8", "--price-per-hour", "0.8")}
 
 
@@ -129,6 +131,8 @@ def test_a_tied_head_and_embedding_share_one_8bit_table(trained, tmp_path):
     recipe = yaml.safe_load(bundled_recipes()["int4-onnxruntime-genai"].read_text())
     head = next(step for step in recipe["passes"] if step["name"] == "quantize_int8_weights")
     head["options"] = {**head.get("options", {}), "tied_embedding": "float"}
+    # and no pass rounding the float table the lookup then keeps
+    recipe["passes"] = [step for step in recipe["passes"] if step["name"] != "quantize_embedding"]
     (tmp_path / "float-table.yaml").write_text(yaml.safe_dump(recipe))
     manifests = {}
     for name, flags in (("shared", ["--int4"]), ("float", ["--recipe", str(tmp_path / "float-table.yaml")])):
@@ -152,10 +156,27 @@ def test_a_tied_head_and_embedding_share_one_8bit_table(trained, tmp_path):
     assert len(generates(folder)) == 8
 
 
-def test_int4_without_calibration_is_rtn_on_searched_grids_and_keeps_perplexity(trained, builds):
-    """RTN needs no data; its grid per group is the min/max range clipped where that rounds with less error, and
-    the layers llama.cpp's mixed strategy finds most sensitive stay in 8 bits (of 2 blocks, the first eighth's: the
-    first block's query, key, value and down projections). On the trained LM's held-out text perplexity
+def test_int4_without_calibration_text_is_gptq_on_random_token_ids_at_q4_k_m_size(trained, builds):
+    """No --calib: GPTQ calibrates on seeded random token ids (the model's layers give them its activations'
+    structure), and the layers adding the most error per weight go to 8 bits until the model is llama.cpp Q4_K_M's
+    size, every table counted. It loses no more than RTN does on the held-out text."""
+    manifest = builds["int4-free"]
+    generation = manifest["validation"]["generation"]
+    forced, rtn = generation["teacher_forced"], builds["int4-rtn"]["validation"]["generation"]["teacher_forced"]
+    assert generation["quantization"]["method"] == "gptq"
+    assert manifest["provenance"]["calibration"]["source"] == "16 sequences of 128 random token ids (no --calib)"
+    details = next(p["details"] for p in manifest["passes"] if p["name"] == "quantize_int4")
+    assert details["model_bits"] <= details["target_bits"] + 1e-3 and details["kept"]
+    assert details["target_bits"] == builds["int4-rtn"]["passes"][0]["details"]["target_bits"]
+    assert all(why.startswith("kept for 8 bits: its output error") for why in details["kept"].values())
+    assert forced["top1"] >= 0.9 and forced["ppl_delta"] <= max(rtn["ppl_delta"], 0.004), (forced, rtn)
+    assert manifest["validation"]["verdict"]["passed"] is True
+
+
+def test_int4_rtn_is_on_searched_grids_and_keeps_perplexity(trained, builds):
+    """RTN needs no data; each group's grid is searched for the least rounding error, each weight's counted by its
+    magnitude, and the layers llama.cpp's mixed strategy finds most sensitive stay in 8 bits (of 2 blocks, the first
+    eighth's: the first block's query, key, value and down projections). On the trained LM's held-out text perplexity
     stays within 0.4 % of FP32 (a change below zero is the rounding's luck on these lines)."""
     manifest = builds["int4-rtn"]
     generation = manifest["validation"]["generation"]
@@ -256,7 +277,7 @@ def test_validate_judges_a_generation_folder_again_from_what_the_build_stored(tr
     manifest = builds["int4"]
     assert [p["name"] for p in manifest["passes"]] == [s["name"] for s in manifest["recipe"]["passes"]] == [
         "quantize_int4", "capture_kv_decoder", "onnx_export", "fuse_decoder", "quantize_int8_weights",
-        "write_genai_folder"]
+        "quantize_embedding", "write_genai_folder"]
     assert manifest["passes"][0]["details"]["method"] == "gptq" and manifest["passes"][4]["details"]["head"].endswith("lm_head")
     assert manifest["validation"]["stored_samples"] == 4 and SAMPLES_FILE in manifest["files"]
 
@@ -337,7 +358,8 @@ def test_a_sweep_takes_a_causal_lm_as_text_generation_cells_and_a_missed_budget_
     judged = json.loads(proc.stdout)
     assert proc.returncode == 1 and judged["generation"]["budgets"].startswith("top1 >= 0.999"), proc.stdout[-2000:]
     assert [c["name"] for c in judged["verdict"]["checks"] if not c["passed"]] == ["top1"]
-    assert manifest["validation"]["generation"]["quantization"]["method"] == "rtn"  # no --calib
+    assert manifest["validation"]["generation"]["quantization"]["method"] == "gptq"  # no --calib: on random ids
+    assert "random token ids" in manifest["provenance"]["calibration"]["source"]
     assert math.isfinite(manifest["validation"]["generation"]["teacher_forced"]["ppl"])
 
 

@@ -1,4 +1,5 @@
-"""Small ONNX graphs built by hand, so quantization tests know every tensor's name and value."""
+"""Small ONNX graphs built by hand, so quantization tests know every tensor's name and value, and activations shaped
+like a transformer's."""
 
 from __future__ import annotations
 
@@ -34,6 +35,17 @@ def layernorm_matmul(path: Path, *, outlier: float = 40.0, seed: int = 0) -> Pat
 def run(path: Path, x: np.ndarray) -> np.ndarray:
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    from infopt.core.threads import ort_session_options
+
+    return ort.InferenceSession(str(path), ort_session_options(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+def correlated_inputs(rows: int, features: int, seed: int = 0):
+    """Activations with a few dominant directions and some loud features, as in transformers."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    basis = torch.randn(8, features, generator=g)
+    x = torch.randn(rows, 8, generator=g) @ basis + 0.3 * torch.randn(rows, features, generator=g)
+    x[:, :4] *= 12
+    return x

@@ -17,15 +17,7 @@ from infopt.quantize.int4_methods import handler_for, output_errors, weighted_er
 from infopt.quantize.rtn import rtn_quantize
 from infopt.quantize.weight_only import calibrate_int4, layer_groups, quantize_int4
 from infopt.validators.metrics import cosine
-
-
-def correlated_inputs(rows: int, features: int, seed: int = 0) -> torch.Tensor:
-    """Activations with a few dominant directions and some loud features, as in transformers."""
-    g = torch.Generator().manual_seed(seed)
-    basis = torch.randn(8, features, generator=g)
-    x = torch.randn(rows, 8, generator=g) @ basis + 0.3 * torch.randn(rows, features, generator=g)
-    x[:, :4] *= 12
-    return x
+from tests.quantize.helpers import correlated_inputs
 
 
 def output_error(weight: torch.Tensor, quantized: torch.Tensor, x: torch.Tensor) -> float:
@@ -52,37 +44,6 @@ def test_rtn_on_the_min_max_grid_stays_within_half_a_step(symmetric):
         assert bool(((packed.dequantize() - weight).abs()[inside] <= step[inside] / 2 + 1e-6).all())
     else:
         assert float(((packed.dequantize() - weight).abs() / step).max()) <= 0.5 + 1e-4
-
-
-@pytest.mark.parametrize("symmetric", [False, True])
-def test_rtn_searched_grid_clips_ranges_and_never_rounds_a_group_worse_than_min_max(symmetric):
-    weight = torch.randn(64, 256, generator=torch.Generator().manual_seed(4))
-    weight[::4, 5] = 4.0  # an outlier in every fourth row's first group
-    plain, searched = rtn_quantize(weight, 64, symmetric, search=False), rtn_quantize(weight, 64, symmetric)
-    group_error = [((p.dequantize() - weight) ** 2).reshape(64, 4, 64).sum(-1) for p in (plain, searched)]
-    assert bool((group_error[1] <= group_error[0] * (1 + 1e-5)).all())
-    assert float(group_error[1].sum()) < 0.95 * float(group_error[0].sum())
-    clipped = searched.scales < plain.scales * (1 - 1e-6)  # a finer step than min/max: the range was clipped
-    assert float(clipped.float().mean()) > 0.5 and float(clipped[::4, 0].float().mean()) > 0.5
-    assert float((searched.scales / plain.scales).min()) >= 0.8 - 1e-6  # never below 80 % of the range
-
-
-@pytest.mark.parametrize("symmetric", [False, True])
-def test_the_searched_grid_is_the_fraction_of_the_range_with_the_least_rounding_error(symmetric):
-    from infopt.quantize.int4_format import SEARCH_ROWS, SEARCH_SHRINKS, fake_quantize, range_grid, searched_grid
-
-    groups = torch.randn(2 * SEARCH_ROWS + 37, 64, generator=torch.Generator().manual_seed(5))  # chunks and a rest
-    groups[::3, 7] *= 6.0  # outliers, so that the best fraction differs from group to group
-    low, high = groups.amin(1), groups.amax(1)
-    errors = torch.stack([((fake_quantize(groups, *range_grid(low * s, high * s, symmetric)) - groups) ** 2).sum(1)
-                          for s in SEARCH_SHRINKS])
-    scale, zero = searched_grid(groups, symmetric)
-    chosen = ((fake_quantize(groups, scale, zero) - groups) ** 2).sum(1)
-    assert bool((chosen <= errors.min(0).values * (1 + 1e-4) + 1e-7).all())
-    fractions = errors.argmin(0)
-    assert len(set(fractions.tolist())) > 3  # the search had choices to make
-    plain = range_grid(low, high, symmetric)[0]
-    assert float((scale / plain).min()) >= SEARCH_SHRINKS[-1] - 1e-5
 
 
 def test_rtn_of_a_bf16_weight_rounds_what_its_float32_widening_rounds():
@@ -123,16 +84,25 @@ def test_a_wide_layers_hessian_summed_band_by_band_below_the_diagonal_is_the_who
     assert not Hessian(4 * Hessian.BAND).banded
 
 
-def test_a_bf16_models_hessian_is_the_float32_sum_of_its_activations_to_bf16_rounding():
-    """bf16 activations are multiplied in bf16 (each batch's sum rounded once, then summed in fp32): the matrix
-    stays within bf16's rounding of the exact one, and GPTQ's error under the exact matrix barely moves."""
+def test_a_bf16_models_hessian_is_the_float32_sum_of_its_activations_to_bf16_rounding(monkeypatch):
+    """bf16 activations are multiplied in bf16 where the CPU has bf16 products (each batch's sum rounded once, then
+    summed in fp32): the matrix stays within bf16's rounding of the exact one, and GPTQ's error under the exact matrix
+    barely moves. Where bf16 is emulated, they are widened first: the exact sum."""
+    from infopt.quantize import gptq
+
     x = correlated_inputs(4096, 256).bfloat16()
+    widened = Hessian(256)
+    monkeypatch.setattr(gptq, "bf16_products_fast", lambda device: False)
+    for part in torch.split(x, 512):
+        widened.add(part)
+    monkeypatch.setattr(gptq, "bf16_products_fast", lambda device: True)
     fast, exact = Hessian(256), Hessian(256)
     for part in torch.split(x, 512):
         fast.add(part)
         exact.add(part.float())
     assert fast.rows == exact.rows == 4096 and fast.sum.dtype == torch.float32
     assert 0 < float((fast.matrix - exact.matrix).norm() / exact.matrix.norm()) < 2 ** -8
+    torch.testing.assert_close(widened.matrix, exact.matrix)
     weight = torch.randn(64, 256, generator=torch.Generator().manual_seed(5)) * 0.05
     errors = [weighted_error(weight, gptq_quantize(weight, h.matrix, 64, False).effective_weight(), exact.matrix)
               for h in (fast, exact)]
@@ -212,7 +182,7 @@ def test_gptq_without_an_inverse_rounds_as_algorithm_1_does():
                 err = (target[:, col] - (codes[:, col] - zero) * scale) / u[col, col]
                 target[:, col:] -= err[:, None] * u[col, col:][None, :]
             packed = gptq.gptq_quantize(w, h, group, False, act_order=act_order, block_size=128,
-                                        group_order=group_order)
+                                        group_order=group_order, grid_search="minmax")
             got = unpack_int4(packed.qweight).to(codes.dtype)[:, order]
             assert torch.equal(got, codes)
             assert (packed.g_idx is not None) == act_order
@@ -343,7 +313,7 @@ def test_awq_then_gptq_keeps_the_scales_rounds_under_the_scaled_hessian_and_repo
     assert both < 0.8 * output_error(weight, awq.weight.effective_weight(), x)
     hessian = Hessian(256)
     hessian.add(x)
-    assert both < 0.5 * output_error(weight, gptq_quantize(weight, hessian.matrix, 64, False).effective_weight(), x)
+    assert both < 0.8 * output_error(weight, gptq_quantize(weight, hessian.matrix, 64, False).effective_weight(), x)
 
     # a layer no scale helps keeps a scale of ones (its decoder's layers stay alike), and GPTQ's codes as they are
     import infopt.quantize.awq_gptq as awq_gptq

@@ -1,5 +1,6 @@
-"""INT4's choice of 8-bit layers by accuracy: the smallest share of the weights whose teacher-forced figures on
-held-out text hold the budget, under a cap on the bits per weight, and what a failed choice says to do next."""
+"""INT4's choice of 8-bit layers by accuracy: as many of the most sensitive layers as a size target holds, or without
+one the smallest share of the weights whose teacher-forced figures on held-out text hold the budget, and what a
+failed choice says to do next (a flag)."""
 
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def test_a_loose_budget_keeps_every_layer_in_int4_and_a_strict_one_the_most_the_
     total = kept + sum(w.out_features * w.in_features for w in result.weights.values())
     assert result.for_8bit and abs(kept / total - found["chosen"]) < 1e-3
     assert all(type(lm.get_submodule(n)).__name__ == "Linear" for n in result.for_8bit)
-    assert "build --int8" in advice(found, "recipes/pipelines/int4-onnxruntime-genai.yaml")
+    assert "build --int8" in advice(found)
 
 
 def test_a_cap_limits_the_share_kept_for_8_bits():
@@ -121,6 +122,17 @@ def search(ppl_at, max_bits=None):
     return chooser, count, text.evaluated
 
 
+def test_under_a_size_target_the_choice_keeps_as_many_layers_as_it_holds_in_one_run():
+    """A target of 23 % of the weights in 8 bits: that share exactly (not a rung of the ladder below it), judged once,
+    even where every layer in INT4 would hold the budget: the size is spent on accuracy, as llama.cpp's Q4_K_M does."""
+    cap = 4.5 + 0.23 * (INT8_BITS - 4.5)
+    chooser, count, evaluated = search(lambda share: 0.01, max_bits=cap)
+    assert count == 23 and chooser.chosen["passed"] and evaluated == [0.23]
+    assert chooser.chosen["bits"] == pytest.approx(cap, abs=1e-3)
+    found = chooser.to_json()
+    assert found["held"] and found["model_bits"] == pytest.approx(cap, abs=1e-3) and found["more"]["share"] == 0.3
+
+
 def test_the_search_finds_the_smallest_share_that_holds_by_bisection():
     chooser, count, evaluated = search(lambda share: 0.2 - share)  # ppl_delta <= 0.085 from share 0.115
     assert chooser.chosen["share"] == 0.15 and count == 15 and chooser.chosen["passed"]
@@ -137,11 +149,13 @@ def test_under_a_cap_no_share_holds_and_the_cap_that_would_is_named():
     chooser, count, _ = search(lambda share: 0.2 - share, max_bits=cap)
     found = chooser.to_json()
     assert count == 10 and not found["held"] and found["would_pass"]["share"] == 0.15
-    said = advice(found, "recipes/pipelines/int4-onnxruntime-genai.yaml")
-    assert f"--max-bits-per-weight {found['would_pass']['bits']:g} held it" in said
-    # held on the choice's text and failed on --val: the next share, in a recipe copy
+    said = advice(found)
+    assert f"--max-bits-per-weight {found['would_pass']['model_bits']:g} held it" in said
+    assert found["would_pass"]["model_bits"] == pytest.approx(4.5 + 0.15 * (INT8_BITS - 4.5), abs=1e-3)
+    # held on the choice's text and failed on --val: the flag that keeps the next share
     chooser, _, _ = search(lambda share: 0.2 - share)
-    assert "int8_share at 0.2" in advice(chooser.to_json(), "recipes/pipelines/int4-onnxruntime-genai.yaml")
+    said = advice(chooser.to_json())
+    assert f"--max-bits-per-weight {4.5 + 0.2 * (INT8_BITS - 4.5):.4g} keeps 20%" in said and "recipe" not in said
 
 
 def test_the_mixed_strategy_picks_the_builders_blocks_and_roles():

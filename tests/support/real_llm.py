@@ -63,6 +63,63 @@ def smollm2_folder(dest: Path, dtype: str = "bfloat16") -> Path:
     return dest
 
 
+def rotated_folder(source: Path, dest: Path, seed: int = 0, dtype: str = "float32") -> Path:
+    """``dest`` as a copy of the Llama folder ``source`` that computes the same function with every weight off its grid.
+
+    Each RMSNorm's weight is folded into the Linears that read it (the final one into the head, untied from the
+    embedding), then the residual stream is multiplied by a random orthogonal ``Q`` (``seed``): the embedding
+    ``E Q``; query, key, value, gate and up ``W Q``; the attention's and the MLP's outputs ``Q^T W``; the head ``W Q``.
+    ``RMSNorm(x Q) = RMSNorm(x) Q`` with unit weights, so the logits are the same to rounding (computed in float64,
+    stored in ``dtype``). SmolLM2's weights come from a Q4_1 file, each block of 32 inputs on a 4-bit grid; this
+    copy's are on no grid, so a quantizer working in blocks of 32 is not flattered (DESIGN.md, "Weights")."""
+    import torch
+    import transformers
+
+    if (dest / "config.json").is_file():
+        return dest
+    work = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(work, ignore_errors=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float64).eval()
+    if model.config.model_type != "llama":
+        raise ValueError(f"{source}: a Llama folder is rotated, not {model.config.model_type}")
+    width = model.config.hidden_size
+    generator = torch.Generator().manual_seed(seed)
+    q, r = torch.linalg.qr(torch.randn(width, width, generator=generator, dtype=torch.float64))
+    q = q * torch.sign(torch.diagonal(r))[None, :]  # Haar-distributed
+    inner = model.model
+    state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
+
+    def fold(norm: str, readers: list[str]) -> None:
+        scale = state.pop(f"{norm}.weight")
+        state[f"{norm}.weight"] = torch.ones_like(scale)
+        for reader in readers:
+            state[f"{reader}.weight"] = state[f"{reader}.weight"] * scale[None, :]
+
+    for index in range(len(inner.layers)):
+        block = f"model.layers.{index}"
+        fold(f"{block}.input_layernorm", [f"{block}.self_attn.{p}" for p in ("q_proj", "k_proj", "v_proj")])
+        fold(f"{block}.post_attention_layernorm", [f"{block}.mlp.{p}" for p in ("gate_proj", "up_proj")])
+    fold("model.norm", ["lm_head"])
+    for name, tensor in list(state.items()):
+        if name == "model.embed_tokens.weight" or name == "lm_head.weight" or \
+                name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight")):
+            state[name] = tensor @ q
+        elif name.endswith(("o_proj.weight", "down_proj.weight")):
+            state[name] = q.T @ tensor
+        elif name.endswith(("o_proj.bias", "down_proj.bias")):
+            state[name] = tensor @ q
+    config = model.config
+    config.tie_word_embeddings = False
+    config.dtype = dtype
+    rotated = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float64)
+    rotated.load_state_dict(state)
+    rotated.to(getattr(torch, dtype)).eval().save_pretrained(work)
+    transformers.AutoTokenizer.from_pretrained(source).save_pretrained(work)
+    work.rename(dest)
+    return dest
+
+
 WINDOW = 256
 PROMPT, GREEDY, GREEDY_PROMPTS = 32, 32, 8
 
@@ -102,6 +159,37 @@ def judge_folder(folder: Path, windows: list[list[int]], reference) -> dict:
     top1, nll = teacher_forced_figures(folder, windows)
     return figures_against(reference, top1, nll,
                            generate_folder(folder, [w[:PROMPT] for w in windows[:GREEDY_PROMPTS]], GREEDY))
+
+
+def judge_gguf(path: Path, windows: list[list[int]], reference, threads: int = 2) -> dict:
+    """A GGUF file judged as :func:`judge_folder` judges a folder, through llama.cpp (``llama_cpp.Llama`` with
+    ``logits_all``) on the same token ids: each window evaluated whole from an empty cache, and the greedy tokens
+    generated one at a time after each prompt."""
+    import llama_cpp
+    import numpy as np
+
+    from infopt.validators.generation import figures
+
+    llm = llama_cpp.Llama(str(path), n_ctx=WINDOW, n_batch=WINDOW, n_ubatch=WINDOW, n_threads=threads,
+                          logits_all=True, verbose=False)
+    top1, nll = [], []
+    for window in windows:
+        llm.reset()
+        llm.eval(window)
+        got = figures(np.array(llm.scores[:len(window)], dtype=np.float32), window)
+        top1.append(got[0])
+        nll.append(got[1])
+    greedy = []
+    for window in windows[:GREEDY_PROMPTS]:
+        llm.reset()
+        llm.eval(window[:PROMPT])
+        tokens = []
+        for _ in range(GREEDY):
+            tokens.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+            llm.eval(tokens[-1:])
+        greedy.append(tokens)
+    llm.close()
+    return figures_against(reference, top1, nll, greedy)
 
 
 def figures_against(reference, top1, nll, greedy) -> dict:
