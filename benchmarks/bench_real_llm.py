@@ -69,7 +69,8 @@ ROWS = {
     # label: (tool, arguments)
     "fp32": ("infopt", []),
     "int8": ("infopt", ["--int8"]),
-    "int8 block 128": ("infopt", ["--int8", "--recipe", "RECIPE:int8-block128"]),
+    **{f"int8 block {b}{' sym' if sym else ''}": ("infopt", ["--int8", "--recipe", f"RECIPE:int8-block{b}{'-sym' if sym else ''}"])
+       for b in (32, 64, 128) for sym in (False, True)},
     # --int4 without --calib: GPTQ on random token ids, the 8-bit layers filling Q4_K_M's size
     "int4 no data": ("infopt", ["--int4", "--max-drift", "top1=0,ppl_delta=100"]),
     "int4 rtn g128": ("infopt", ["--int4", "--int4-method", "rtn", "--max-drift", "top1=0,ppl_delta=100"]),
@@ -129,9 +130,12 @@ DEFAULT_ROWS = ("int8,int4 gptq g128 auto,int4 no data,llama.cpp Q4_K_M,llama.cp
 def variant_recipe(work: Path, name: str) -> Path:
     """A bundled recipe with one pass or option changed, for the rows that measure a choice the defaults made."""
     bundled = ROOT / "recipes" / "pipelines"
-    if name == "int8-block128":
+    if name.startswith("int8-block"):  # "int8-block64-sym": every 8-bit table (body, head, embedding) at that block
+        block, symmetric = int(name.split("-")[1].removeprefix("block")), name.endswith("-sym")
         text = (bundled / "int8-onnxruntime-genai.yaml").read_text().replace(
-            "  - name: quantize_int8_weights\n", "  - name: quantize_int8_weights\n    options:\n      block_size: 128\n")
+            "  - name: quantize_int8_weights\n",
+            f"  - name: quantize_int8_weights\n    options:\n      block_size: {block}\n      symmetric: {str(symmetric).lower()}\n"
+        ).replace("      bits: 8\n", f"      bits: 8\n      block_size: {block}\n")
     elif name == "int4-head4":  # the head (and a tied embedding) in INT4 by RTN, as the other layers
         text = (bundled / "int4-onnxruntime-genai.yaml").read_text().replace(
             "  - name: quantize_int8_weights\n", "  - name: quantize_int4_head\n    options:\n      accuracy_level: 4\n")

@@ -56,7 +56,8 @@ class QuantizeInt4Options(PassOptions, Int4Config):
                                           "act_order": "act_order", "checkpoint": "int4_checkpoint",
                                           "max_bits_per_weight": "max_bits_per_weight"}
     method: Literal["auto", Method] = Field(
-        "auto", description="auto: GPTQ with calibration data, RTN without; or rtn, gptq, awq")
+        "auto", description="auto: GPTQ with calibration data (for text generation, seeded random token ids "
+                        "where no --calib is given), else RTN; or rtn, gptq, awq")
     fallback_budget: str | None = Field(
         None, description="drift budget METRIC=VALUE (as --max-drift, which wins) measured on the validation inputs "
                           "after quantizing; the most sensitive layers go back to float until it holds")

@@ -110,6 +110,7 @@ def run(artifact: Artifact, options: InductorOptions, context: PassContext) -> P
                                  f"{compiler.problem()}",
                                  fix="install the system g++ (apt install g++) or set CXX to a compiler that links "
                                      "libstdc++ dynamically; or use --backend onnxruntime")
+    portable_rnn = device == "cpu" and lstm_lacks_onednn_kernel(program)
     key = key_or_none(lambda: package_key(program, configs, device, compiler.path)) if options.cache else None
     hit = stored(STORE, key) if key else None
     with inductor_cache() as cache:
@@ -117,7 +118,7 @@ def run(artifact: Artifact, options: InductorOptions, context: PassContext) -> P
             shutil.copyfile(hit[0] / path.name, path)
         else:
             context.say(f"AOTInductor compiling for {device} (generated kernels, then the C++ build)")
-            with quiet_third_party():
+            with quiet_third_party(), torch.backends.mkldnn.flags(enabled=not portable_rnn):
                 torch._inductor.aoti_compile_and_package(program, package_path=str(path),
                                                          inductor_configs={**configs, "cpp.cxx": (None, compiler.path)})
             if key:
@@ -127,6 +128,8 @@ def run(artifact: Artifact, options: InductorOptions, context: PassContext) -> P
     notes = [f"AOTInductor package for {device} ({', '.join(k for k, v in configs.items() if v) or 'defaults'})"]
     if compiler.note():
         notes.append(compiler.note())
+    if portable_rnn:
+        notes.append("LSTM layers as matmuls unrolled over their steps: oneDNN has no bf16 LSTM on this CPU")
     if int4_layers:
         notes.append(f"{int4_layers} INT4 layers as dequantize + matmul in generated code")
         details.int4_layers = int4_layers
@@ -135,6 +138,27 @@ def run(artifact: Artifact, options: InductorOptions, context: PassContext) -> P
 
 
 STORE = "aoti-package"
+
+
+def lstm_lacks_onednn_kernel(program) -> bool:
+    """Whether the program holds a bf16 LSTM and this CPU has no oneDNN bf16 kernels (no AVX512-BF16 or AMX).
+
+    Inductor lowers an LSTM to oneDNN's wherever oneDNN is on, without asking whether oneDNN can run it in the
+    LSTM's dtype; on such a CPU the package then fails at its first run ("could not create a primitive
+    descriptor for the LSTM forward propagation primitive"). Compiled with oneDNN off, the LSTM becomes plain
+    matmuls over its (fixed) steps, which run anywhere."""
+    import torch
+
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return False
+    lstm = (torch.ops.aten.lstm.input, torch.ops.aten.lstm.data)
+    for node in program.graph.nodes:
+        if node.target in lstm:
+            value = node.meta.get("val")
+            first = value[0] if isinstance(value, (tuple, list)) else value
+            if getattr(first, "dtype", None) == torch.bfloat16:
+                return True
+    return False
 
 
 def package_key(program, configs: dict[str, Any], device: str, compiler: str) -> str:

@@ -130,3 +130,23 @@ def test_cuda_package_needs_a_gpu_here(digits, tmp_path):
     with pytest.raises(EnvironmentProblem, match="CUDA GPU") as info:
         run(artifact, InductorOptions(device="cuda"), PassContext(get_target("h100"), tmp_path))
     assert info.value.exit_code == 4
+
+
+def test_a_bf16_lstm_skips_onednn_only_where_the_cpu_has_no_bf16_kernels():
+    from infopt.passes.lower.aoti_compile import lstm_lacks_onednn_kernel
+
+    class Recurrent(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(6, 8, batch_first=True)
+
+        def forward(self, x):
+            return self.lstm(x)[0]
+
+    spec = InputSpec.parse(["x:float32[batch,3,6]"], ["batch=1:2:4"])
+    float32 = export_module(Recurrent().eval(), spec)
+    bf16 = export_module(cast_module(Recurrent().eval(), torch.bfloat16), spec)
+    assert not lstm_lacks_onednn_kernel(float32)
+    assert lstm_lacks_onednn_kernel(bf16) == (not torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    linear = export_module(torch.nn.Linear(6, 8).eval(), InputSpec.parse(["x:float32[batch,6]"], ["batch=1:2:4"]))
+    assert not lstm_lacks_onednn_kernel(linear)
