@@ -182,7 +182,7 @@ def build(label: str, work: Path, limit_s: float, model: str, llama_dir: Path | 
     out = work / label.replace(" ", "-")
     if tool == "llama.cpp":
         print(f"building {label}", flush=True)
-        gguf = out.with_suffix(".gguf")
+        gguf = out.parent / f"{out.name}.gguf"  # not with_suffix: "llama.cpp-Q4_0" has a suffix of its own
         row = llama_cpp_row.build(work / model, gguf, args[0], work / "calib.txt" if "imatrix" in args else None,
                                   llama_dir, limit_s)
         written = row["code"] == 0

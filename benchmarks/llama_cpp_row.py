@@ -39,7 +39,7 @@ def build(folder: Path, out: Path, kind: str, calib: Path | None, llama_dir: Pat
     env = {**os.environ, "PYTHONPATH": str(llama_dir / "gguf-py"), "HF_HUB_OFFLINE": "1"}
     full = out.with_name(f"{folder.name}-f32.gguf")
     steps = [[sys.executable, str(paths["convert"]), str(folder), "--outtype", "f32", "--outfile", str(full)]]
-    imatrix = out.with_suffix(".imatrix")
+    imatrix = out.parent / f"{out.name}.imatrix"
     if calib is not None:
         steps.append([str(paths["imatrix"]), "-m", str(full), "-f", str(calib), "-o", str(imatrix), "-c", "256",
                       "-t", str(THREADS)])
