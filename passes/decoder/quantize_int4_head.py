@@ -115,17 +115,20 @@ def reads_transposed(node) -> bool:
 
 def share_table(graph, table, nbits, scales, zeros, group_size: int, bits: int = 4) -> int:
     """Each ``Gather(table, ids)`` (the embedding's lookup) made to read the ``MatMulNBits`` node's weight
-    (:func:`block_quantized_lookups`): the tied head's table, stored once; returns how many."""
+    (:func:`block_quantized_lookups`): the tied head's table, stored once; returns how many. The lookup reads the
+    node's own scales too (and its zero points at 8 bits, where their layout is the same), reshaped in the graph, so
+    they are stored once as well (ONNX Runtime folds the reshape when the session starts)."""
     has_zeros = len(nbits.inputs) >= 4 and nbits.inputs[3] is not None
-    return block_quantized_lookups(graph, table, nbits.inputs[1], scales.astype(nbits.inputs[2].dtype.numpy()),
-                                   zeros if has_zeros else None, group_size, bits)
+    stored_zeros = nbits.inputs[3] if has_zeros and bits == 8 else (zeros if has_zeros else None)
+    return block_quantized_lookups(graph, table, nbits.inputs[1], nbits.inputs[2], stored_zeros, group_size, bits)
 
 
 def block_quantized_lookups(graph, table, weight, scales, zeros, group_size: int, bits: int) -> int:
     """Each ``Gather(table, ids)`` replaced by ``GatherBlockQuantized`` on ``weight`` ``[N, G, group_size * bits / 8]``
     (``MatMulNBits``' layout: its last axis one block, the same bytes read by row), with ``scales`` ``[N, G]`` (in the
     table's float type) and ``zeros`` ``[N, G]`` (None: the op's default) as ``[N, G, 1]``, and a ``Reshape`` to
-    ``[..., K]``; returns how many."""
+    ``[..., K]``; returns how many. ``scales`` and ``zeros`` are arrays, or values already in the graph (a
+    ``MatMulNBits`` node's), which a ``Reshape`` then reads."""
     import numpy as np
     import onnx_ir as ir
 
@@ -141,9 +144,19 @@ def block_quantized_lookups(graph, table, weight, scales, zeros, group_size: int
         graph.register_initializer(value)
         return value
 
-    scale = constant(f"{table.name}.gbq_scales", scales.reshape(n, blocks, 1))
-    zero = None if zeros is None else constant(f"{table.name}.gbq_zero_points",
-                                               zeros.astype(np.uint8).reshape(n, blocks, 1))
+    def per_block(name: str, values, dtype=None) -> ir.Value:
+        if not isinstance(values, ir.Value):
+            array = values if dtype is None else values.astype(dtype)
+            return constant(f"{table.name}.gbq_{name}", array.reshape(n, blocks, 1))
+        reshape = ir.node("Reshape", [values, constant(f"{table.name}.gbq_{name}_shape",
+                                                       np.array([n, blocks, 1], np.int64))],
+                          name=f"{table.name}.gbq_{name}")
+        graph.insert_before(graph[0], [reshape])
+        reshape.outputs[0].dtype, reshape.outputs[0].shape = values.dtype, ir.Shape([n, blocks, 1])
+        return reshape.outputs[0]
+
+    scale = per_block("scales", scales)
+    zero = None if zeros is None else per_block("zero_points", zeros, np.uint8)
     for number, lookup in enumerate(lookups):
         out = lookup.outputs[0]
         rank = len(out.shape) if out.shape is not None else 3

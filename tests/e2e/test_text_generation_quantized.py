@@ -147,6 +147,8 @@ def test_a_tied_head_and_embedding_share_one_8bit_table(trained, tmp_path):
     assert ops(folder / "model.onnx").get("GatherBlockQuantized") == 1
     tables = {i.name for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT and list(i.dims) == [512, 128]}
     assert not tables  # no fp32 copy of the vocabulary's table left
+    # nor of its scales and zero points: the lookup reshapes the head's own in the graph
+    assert not [i.name for i in graph.initializer if len(i.dims) == 3 and i.dims[0] == 512 and i.dims[2] == 1]
     table_bytes = 512 * 128 * 4
     sizes = {m: manifests[m]["validation"]["generation"]["weights_bytes"] for m in manifests}
     assert sizes["float"] - sizes["shared"] > 0.8 * table_bytes
@@ -171,6 +173,21 @@ def test_int4_without_calibration_text_is_gptq_on_random_token_ids_at_q4_k_m_siz
     assert all(why.startswith("kept for 8 bits: its output error") for why in details["kept"].values())
     assert forced["top1"] >= 0.9 and forced["ppl_delta"] <= max(rtn["ppl_delta"], 0.004), (forced, rtn)
     assert manifest["validation"]["verdict"]["passed"] is True
+
+
+def test_the_same_int4_command_gives_the_same_bytes(trained, builds):
+    """Seeded random ids, a searched grid and an 8-bit choice judged on one rung: nothing in --int4 depends on the
+    run, so a second build writes the folder's model files byte for byte."""
+    import hashlib
+
+    built(trained, "int4-free-again", "--int4")
+
+    def digests(name: str) -> dict[str, str]:
+        folder = trained / name / "servers" / "onnxruntime-genai"
+        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("model.onnx*"))}
+
+    first = digests("int4-free")
+    assert len(first) >= 1 and digests("int4-free-again") == first
 
 
 def test_int4_rtn_is_on_searched_grids_and_keeps_perplexity(trained, builds):
