@@ -55,6 +55,7 @@ from tests.support.real_llm import (  # noqa: E402
     figures_against,
     judge_folder,
     judge_gguf,
+    prose_tail,
     prose_windows,
     reference_figures,
     rotated_folder,
@@ -270,6 +271,12 @@ def main() -> None:
     parser.add_argument("--rotated", type=int, default=None, metavar="SEED",
                         help="judge a copy of the model with its residual stream rotated by a random orthogonal matrix "
                              "of this seed (the same function, every weight off the GGUF's Q4_1 grid)")
+    parser.add_argument("--val", choices=("sentences", "prose"), default="sentences",
+                        help="infopt's --val text: the first 40 test sentences (the calibration text's kind), or prose "
+                             "paragraphs past the first 48 judged windows (another kind)")
+    parser.add_argument("--calib", type=Path, default=None,
+                        help="the calibration text of every calibrated row (default: the test sentences after the "
+                             "first 40)")
     parser.add_argument("--llama-cpp", type=Path, default=os.environ.get("LLAMA_CPP_DIR"),
                         help="llama.cpp's source tree with its tools built (benchmarks/install_llama_cpp.sh), for the "
                              "llama.cpp rows")
@@ -284,8 +291,8 @@ def main() -> None:
     if options.rotated is not None:
         folder = rotated_folder(folder, work / f"smollm2-rotated-{options.rotated}", seed=options.rotated)
     lines = [s for s in SENTENCES.read_text().splitlines() if s.strip()]
-    (work / "val.txt").write_text("\n".join(lines[:40]) + "\n")
-    (work / "calib.txt").write_text("\n".join(lines[40:]) + "\n")
+    (work / "val.txt").write_text(prose_tail() if options.val == "prose" else "\n".join(lines[:40]) + "\n")
+    (work / "calib.txt").write_text(options.calib.read_text() if options.calib else "\n".join(lines[40:]) + "\n")
     sequences = prose_windows(folder, options.windows)
     started = time.perf_counter()
     ref = reference_figures(folder, sequences)

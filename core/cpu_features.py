@@ -6,7 +6,7 @@
   ``session.x64quantprecision`` (``threads.ort_session_options`` sets it).
 - :func:`bf16_products_fast`: a bf16 matrix product is several times faster than a float32 one where the CPU has
   bf16 instructions (AVX512-BF16, AMX) or on a GPU; elsewhere it is emulated and several times slower, so
-  calibration multiplies in float32 there.
+  calibration and the reference's forwards multiply in float32 there (:mod:`infopt.core.bf16_compute`).
 """
 
 from __future__ import annotations

@@ -161,18 +161,3 @@ def _batch(rows: list[dict[str, np.ndarray]], spec: InputSpec, size: int) -> lis
 
 def _digest(batches: list[dict[str, np.ndarray]]) -> str:
     return data_sha256(batches)
-
-
-RANDOM_IDS = "random token ids"
-"""the source of :func:`random_token_calibration`'s set, as the build's notes and manifest name it"""
-
-
-def random_token_calibration(vocab: int, passages: int, length: int, seed: int = 0) -> CalibrationSet:
-    """``passages`` sequences of ``length`` token ids drawn uniformly from ``vocab`` (seeded: the same set each build),
-    as one-sample batches with their attention masks: calibration for an LM given no text. The model's own layers
-    make its activations' structure (the loud channels, each layer's input statistics) from any tokens; on the real
-    SmolLM2 GPTQ on them loses far less than rounding alone (``benchmarks/results/real_llm.md``)."""
-    rows = np.random.default_rng(seed).integers(0, vocab, (passages, length), dtype=np.int64)
-    batches = [{"input_ids": row[None], "attention_mask": np.ones((1, length), np.int64)} for row in rows]
-    return CalibrationSet(batches, passages, f"{passages} sequences of {length} {RANDOM_IDS} (no --calib)",
-                          _digest(batches))

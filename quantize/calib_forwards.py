@@ -7,14 +7,10 @@ next block's inputs (:func:`block_outputs`), and the model's own forward where t
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from itertools import chain
-from typing import Iterator
-
 import torch
 from torch import nn
 
-from infopt.core.cpu_features import bf16_products_fast
+from infopt.core.bf16_compute import cast_values, float32_where_slow
 
 
 class _Stop(Exception):
@@ -120,26 +116,6 @@ def _real_rows(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return x[mask] if mask is not None and x.dim() == 3 and x.shape[:2] == mask.shape else x
 
 
-@contextmanager
-def float32_where_slow(block: nn.Module) -> Iterator:
-    """``block``'s bf16 weights held in float32 for the block, where bf16 products are emulated (an x86 CPU without
-    AVX512-BF16 or AMX: several times slower than float32 there); yields the cast for the block's floating inputs
-    (the identity elsewhere). One block at a time, so the model is never held in float32; its bf16 values come
-    back exactly, and its float32 buffers are left alone."""
-    held = [t for t in chain(block.parameters(), block.buffers()) if t.dtype == torch.bfloat16]
-    if not held or bf16_products_fast(held[0].device.type):
-        yield lambda value: value
-        return
-    for tensor in held:
-        tensor.data = tensor.data.float()
-    try:
-        yield lambda value: value.float() if isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16 \
-            else value
-    finally:
-        for tensor in held:
-            tensor.data = tensor.data.to(torch.bfloat16)
-
-
 def collect_block(work: nn.Module, block: nn.Module, members: list[str], stats: dict, inputs, masks) -> int:
     """The statistics of ``block``'s Linears from the block alone, run on its cached inputs: calibration then
     costs one block per block, not the model's way up to each one."""
@@ -149,7 +125,7 @@ def collect_block(work: nn.Module, block: nn.Module, members: list[str], stats: 
         with torch.no_grad(), float32_where_slow(block) as cast:
             for (args, kwargs), mask in zip(inputs, masks):
                 current["mask"] = mask
-                block(*_cast(cast, args), **_cast(cast, kwargs))
+                block(*cast_values(cast, args), **cast_values(cast, kwargs))
     finally:
         for handle in handles:
             handle.remove()
@@ -162,19 +138,10 @@ def block_outputs(block: nn.Module, inputs) -> list[tuple[tuple, dict]]:
     found = []
     with torch.no_grad(), float32_where_slow(block) as cast:
         for args, kwargs in inputs:
-            out = block(*_cast(cast, args), **_cast(cast, kwargs))
+            out = block(*cast_values(cast, args), **cast_values(cast, kwargs))
             hidden = out[0] if isinstance(out, (tuple, list)) else out
             found.append(((hidden.to(args[0].dtype), *args[1:]), kwargs))
     return found
-
-
-def _cast(cast, values):
-    """``values`` (a tuple of arguments or a dict of keyword arguments) with ``cast`` applied to each, and to each
-    tensor of a tuple among them (a decoder's rotary ``(cos, sin)``)."""
-    def one(value):
-        return tuple(cast(v) for v in value) if isinstance(value, tuple) else cast(value)
-
-    return {k: one(v) for k, v in values.items()} if isinstance(values, dict) else tuple(one(v) for v in values)
 
 
 def collect(work: nn.Module, block: nn.Module | None, members: list[str], stats: dict, batches, masks) -> int:

@@ -193,6 +193,8 @@ def _greedy_eager(model, prompts: list[list[int]], new_tokens: int, end_tokens: 
     import torch
     from transformers import GenerationConfig
 
+    from infopt.core.bf16_compute import float32_blocks
+
     stored = model.generation_config
     ends = list(end_tokens) if end_tokens else stored.eos_token_id
     neutral = GenerationConfig(bos_token_id=stored.bos_token_id, eos_token_id=ends, pad_token_id=_pad(model.config))
@@ -214,7 +216,7 @@ def _greedy_eager(model, prompts: list[list[int]], new_tokens: int, end_tokens: 
     hook = model.register_forward_hook(prefill) if figured else None
     model.generation_config = neutral  # what generate fills unset settings from: nothing of the checkpoint's
     try:
-        with torch.inference_mode(), tall_products(model):
+        with torch.inference_mode(), tall_products(model), float32_blocks(model):
             for batch in same_length_batches(prompts, GREEDY_BATCH):
                 ids = torch.tensor([prompts[i] for i in batch], dtype=torch.long)
                 pending[:] = [batch]
@@ -327,7 +329,9 @@ def eager_figures(model, sequences: list[list[int]]) -> tuple[list[np.ndarray], 
 def _eager_logits(model, sequences: list[list[int]]):
     import torch
 
-    with torch.inference_mode():
+    from infopt.core.bf16_compute import float32_blocks
+
+    with torch.inference_mode(), float32_blocks(model):
         for batch in same_length_batches(sequences, len(sequences), _logit_rows(model.get_output_embeddings().weight.shape[0])):
             ids = torch.tensor([sequences[i] for i in batch])
             logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits

@@ -57,9 +57,10 @@ from infopt.exporters.staging import check_output, staged_output
 from infopt.passes.decoder.quantize_int8_weights import QuantizeInt8WeightsDetails
 from infopt.passes.fx.quantize_int4 import Int4Details
 from infopt.passes.lower.onnx_int4 import BLOCK_SIZES
-from infopt.quantize.calib_data import CalibrationSet, random_token_calibration
+from infopt.quantize.calib_data import CalibrationSet
 from infopt.quantize.int4_config import Int4Config
 from infopt.quantize.layer_choice import ChoiceText, advice
+from infopt.quantize.sampled_text import sampled_calibration
 from infopt.runtime.loading import load_model
 from infopt.runtime.memory_estimate import check_fits
 from infopt.runtime.worker import Worker
@@ -89,8 +90,8 @@ HELD_OUT_TOKENS = 128
 """the longest held-out sequence (longer lines are cut)"""
 CALIB_PASSAGES, CALIB_TOKENS = 128, 256
 """--calib lines read for INT4 GPTQ/AWQ, and the longest kept"""
-RANDOM_PASSAGES = 16
-"""sequences of random token ids (:data:`CALIB_TOKENS` each) INT4 calibrates GPTQ on where no --calib is given"""
+SAMPLED_PASSAGES, SAMPLED_TOKENS = 16, 128
+"""sequences the model samples, and their length, that INT4 calibrates GPTQ on where no --calib is given"""
 CHOICE_TOKENS, CHOICE_WINDOW = 2048, 128
 """--calib text after :data:`CALIB_PASSAGES`' (a quarter of the lines where the file holds no more) that INT4's
 ``int8_share: auto`` chooses its 8-bit layers on: the lines joined, each ended by the end token, cut into windows
@@ -190,9 +191,7 @@ class GenerationFlow:
         reference_dtype = str(next(lm.parameters()).dtype).removeprefix("torch.")
         lm.source_dir = str(folder)  # where the INT4 checkpoint for vLLM takes the tokenizer and config from
         calibration, choice_windows = _calibration(calib, folder, lm.config) if calib else (None, [])
-        if calib is None and precision == "int4" and (self.settings.get("int4_method") or "auto") == "auto":
-            calibration = random_token_calibration(lm.config.vocab_size, RANDOM_PASSAGES,
-                                                   min(CALIB_TOKENS, context_length(lm.config)))
+        self.samples_text = calib is None and precision == "int4" and (self.settings.get("int4_method") or "auto") == "auto"
         if deploy.price_per_hour is not None:
             machine = machine.model_copy(update={"price_per_hour": deploy.price_per_hour})
         name = name or loaded.name or folder.name
@@ -228,6 +227,11 @@ class GenerationFlow:
         """The model's answers, before any pass rounds its weights in place: its greedy tokens on the prompts, its
         logits on the held-out text (a part of them past ``generation_share.JUDGED_PARAMETERS``), and INT4's choice text."""
         lm, folder, val, calib, budgets, say = self.lm, self.folder, self.val, self.calib, self.budgets, self.say
+        if self.samples_text:  # no --calib for GPTQ: the model's own text, before any pass rounds its weights
+            length = min(SAMPLED_TOKENS, context_length(lm.config))
+            say(f"no --calib: the model samples {SAMPLED_PASSAGES} sequences of {length} tokens to calibrate on")
+            with self.times.step("sample_calibration"):
+                self.calibration = sampled_calibration(lm, SAMPLED_PASSAGES, length)
         with self.times.step("reference"):
             vocab, context = cache_layout(lm).vocab, context_length(lm.config)
             bos, eos, pad = genai.special_tokens(lm.config, vocab, folder)

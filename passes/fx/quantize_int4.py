@@ -32,12 +32,12 @@ from infopt.core.pass_api import Pass, PassContext, PassDetails, PassOptions, Pa
 from infopt.exporters.int4_checkpoint import CheckpointSource, checkpoint_format
 from infopt.passes.fx.int4_eight_bit import choice_note, held_in_int4, int8_plan, mixed_rule
 from infopt.passes.fx.int4_sections import int4_sections
-from infopt.quantize.calib_data import RANDOM_IDS
 from infopt.quantize.int4_config import Int4Config, Int4MethodConfig, Method
 from infopt.quantize.int4_fallback import fall_back_to_budget
 from infopt.quantize.int4_format import conv1d_as_linear
 from infopt.quantize.layer_choice import INT8_BITS, EightBitLayers, checked_cap, stored_bits
 from infopt.quantize.method_names import CheckpointLayout
+from infopt.quantize.sampled_text import SAMPLED
 from infopt.quantize.sensitivity import Budget
 from infopt.quantize.weight_only import quantize_int4
 from infopt.runtime.backend import package_version
@@ -56,8 +56,8 @@ class QuantizeInt4Options(PassOptions, Int4Config):
                                           "act_order": "act_order", "checkpoint": "int4_checkpoint",
                                           "max_bits_per_weight": "max_bits_per_weight"}
     method: Literal["auto", Method] = Field(
-        "auto", description="auto: GPTQ with calibration data (for text generation, seeded random token ids "
-                        "where no --calib is given), else RTN; or rtn, gptq, awq")
+        "auto", description="auto: GPTQ with calibration data (for text generation, seeded sequences the "
+                        "model samples where no --calib is given), else RTN; or rtn, gptq, awq")
     fallback_budget: str | None = Field(
         None, description="drift budget METRIC=VALUE (as --max-drift, which wins) measured on the validation inputs "
                           "after quantizing; the most sensitive layers go back to float until it holds")
@@ -277,10 +277,9 @@ def run(artifact: Artifact, options: QuantizeInt4Options, context: PassContext) 
         notes.append(f"{len(conv1d)} transformers Conv1D layers quantized as the Linears they are (weight transposed)")
     if options.method == "auto" and method == "rtn":
         notes.append("no calibration data: round-to-nearest; pass --calib for GPTQ")
-    if context.calibration is not None and RANDOM_IDS in context.calibration.source and config.needs_data:
-        notes.append(f"no --calib: {method.upper()} on {context.calibration.source.removesuffix(' (no --calib)')}, "
-                     "whose activations the model's own layers shape; --calib with text like what the model will serve "
-                     "calibrates closer to it")
+    if context.calibration is not None and SAMPLED in context.calibration.source and config.needs_data:
+        notes.append(f"no --calib: {method.upper()} on {context.calibration.source.removesuffix(' (no --calib)')}; "
+                     "--calib with text like what the model will serve calibrates closer to it")
     if errors:
         notes.append(f"relative output error per layer on calibration data: mean {sum(errors) / len(errors):.2e}, "
                      f"worst {max(errors):.2e}")

@@ -1,0 +1,60 @@
+"""The model's own text, to calibrate an LM given none: sequences it samples from its start token.
+
+Where no ``--calib`` is given, what GPTQ needs is activations like those the model will serve. Text the model
+writes itself has them (its topics, its token statistics, the loud channels they drive); uniformly random token ids
+have only the structure the layers impose. On a rotated SmolLM2 (weights off any grid) GPTQ on 32 such sequences
+lost about as little as on real calibration text, half what it lost on random ids
+(``benchmarks/results/real_llm.md``). Sampling is plain (temperature 1, no top-k or top-p, nothing from the
+checkpoint's generation config) and seeded: the same model gives the same sequences, so the same bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from infopt.core.manifest import data_sha256
+from infopt.quantize.calib_data import CalibrationSet
+
+SAMPLED = "tokens the model sampled"
+"""the source of :func:`sampled_calibration`'s set, as the build's notes and manifest name it"""
+
+
+def start_token(config) -> int:
+    """The id a sequence starts from: the model's beginning-of-text token, else its end token (which precedes a new
+    document in its training text), else 0."""
+    for name in ("bos_token_id", "eos_token_id"):
+        value = getattr(config, name, None)
+        value = value[0] if isinstance(value, (list, tuple)) and value else value
+        if isinstance(value, int):
+            return value
+    return 0
+
+
+def sampled_calibration(lm, passages: int, length: int, seed: int = 0) -> CalibrationSet:
+    """``passages`` sequences of ``length`` tokens (the start token, then what ``lm`` samples), generated together, as
+    one-sample batches with their attention masks. Each step's few rows multiply as ``weight @ x.T``
+    (:func:`~infopt.validators.generation.tall_products`); where bf16 products are emulated, each layer multiplies
+    in float32 (:func:`~infopt.core.bf16_compute.float32_blocks`)."""
+    import torch
+    from transformers import GenerationConfig
+
+    from infopt.core.bf16_compute import float32_blocks
+    from infopt.validators.generation import tall_products
+
+    start = start_token(lm.config)
+    plain = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=length - 1,
+                             min_new_tokens=length - 1, bos_token_id=start, pad_token_id=start,
+                             eos_token_id=getattr(lm.config, "eos_token_id", None))
+    stored = lm.generation_config
+    ids = torch.full((passages, 1), start, dtype=torch.long)
+    lm.generation_config = plain  # nothing of the checkpoint's (a chat model's repetition penalty, its top-p)
+    try:
+        with torch.random.fork_rng(devices=[]), torch.inference_mode(), tall_products(lm), float32_blocks(lm):
+            torch.manual_seed(seed)
+            rows = lm.generate(ids, attention_mask=torch.ones_like(ids), generation_config=plain).numpy()
+    finally:
+        lm.generation_config = stored
+    batches = [{"input_ids": row[None].astype(np.int64), "attention_mask": np.ones((1, row.shape[0]), np.int64)}
+               for row in rows]
+    return CalibrationSet(batches, passages, f"{passages} sequences of {length} {SAMPLED} (no --calib)",
+                          data_sha256(batches))
