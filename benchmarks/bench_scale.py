@@ -9,7 +9,8 @@ what was written before it is on disk (``os.sync``):
 - ``infopt build FOLDER --task text-generation --val held-out.txt [--int4]``, as the README's example runs it
   (``held-out.txt``: the test sentences six to a line, 40 lines of 162-345 tokens, each cut to the judging's 128;
   ``--val none`` leaves it out;
-  INT4: RTN, no calibration, as the builder's int4 is; no drift budget, random weights agreeing little);
+  INT4 without ``--calib``: GPTQ on 16 sequences of 128 tokens the model samples itself, where the builder's int4
+  is RTN; no drift budget, random weights agreeing little);
 - precision ``int4-calib``: ``--int4 --calib calib.txt`` (GPTQ and the INT4 choice; ``calib.txt``: the test
   sentences after the first 240, six to a line, none of them in ``held-out.txt``); the builder has no calibrated
   INT4, so its row of this precision is left out and infopt's is read against the builder's ``int4``;

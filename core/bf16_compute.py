@@ -4,19 +4,21 @@ a bf16 matrix product is several times slower there than a float32 one, :func:`~
 One block at a time (a decoder layer, the head), so a float32 copy of the whole model is never held: a block's bf16
 tensors are set aside as it starts, a float32 copy computes, and the same tensors come back as it ends (a copy back
 would turn a checkpoint's mapped pages into the process's own memory). The block's floating inputs are cast up,
-its outputs back to their dtype, so what flows between blocks keeps the model's own dtype.
+its outputs back to their dtype, so what flows between blocks keeps the model's own dtype. torch is imported where
+it is used: the judging's process imports the validators, which use this, without torch.
 """
 
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
 from itertools import chain
-from typing import Any, Callable, Iterator
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from infopt.core.cpu_features import bf16_products_fast
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 def _identity(value: Any) -> Any:
@@ -24,6 +26,8 @@ def _identity(value: Any) -> Any:
 
 
 def _to_float32(value: Any) -> Any:
+    import torch
+
     return value.float() if isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16 else value
 
 
@@ -31,6 +35,8 @@ def _to_float32(value: Any) -> Any:
 def float32_where_slow(block: nn.Module) -> Iterator[Callable[[Any], Any]]:
     """``block``'s bf16 parameters and buffers held in float32 for the context where bf16 products are emulated;
     yields the cast for the block's floating inputs (the identity elsewhere). Its float32 buffers are left alone."""
+    import torch
+
     held = [t for t in chain(block.parameters(), block.buffers()) if t.dtype == torch.bfloat16]
     if not held or bf16_products_fast(held[0].device.type):
         yield _identity
@@ -57,6 +63,8 @@ def cast_values(cast: Callable[[Any], Any], values):
 def blocks_of(model: nn.Module) -> list[nn.Module]:
     """The blocks a forward runs one after another: the largest ``ModuleList``'s members (a decoder's layers) and
     the output head where the model has one."""
+    from torch import nn
+
     lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
     largest = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()), default=None)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -67,6 +75,8 @@ def blocks_of(model: nn.Module) -> list[nn.Module]:
 def float32_blocks(model: nn.Module) -> Iterator[None]:
     """Each of :func:`blocks_of` ``model`` computed in float32 while it runs (:func:`float32_where_slow`), through
     hooks: nothing changes where bf16 products are fast or the model holds no bf16 weights."""
+    import torch
+
     held = next((t for t in model.parameters() if t.dtype == torch.bfloat16), None)
     if held is None or bf16_products_fast(held.device.type):
         yield

@@ -2,18 +2,19 @@
 
 Where no ``--calib`` is given, what GPTQ needs is activations like those the model will serve. Text the model
 writes itself has them (its topics, its token statistics, the loud channels they drive); uniformly random token ids
-have only the structure the layers impose. On a rotated SmolLM2 (weights off any grid) GPTQ on 32 such sequences
-lost about as little as on real calibration text, half what it lost on random ids
-(``benchmarks/results/real_llm.md``). Sampling is plain (temperature 1, no top-k or top-p, nothing from the
-checkpoint's generation config) and seeded: the same model gives the same sequences, so the same bytes.
+have only the structure the layers impose (what each cost the real SmolLM2: ``benchmarks/results/real_llm.md``).
+Sampling is plain (temperature 1, no top-k or top-p, nothing from the checkpoint's generation config) and seeded:
+the same model gives the same sequences, so the same bytes.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from infopt.core.bf16_compute import float32_blocks
 from infopt.core.manifest import data_sha256
 from infopt.quantize.calib_data import CalibrationSet
+from infopt.validators.generation import tall_products
 
 SAMPLED = "tokens the model sampled"
 """the source of :func:`sampled_calibration`'s set, as the build's notes and manifest name it"""
@@ -37,9 +38,6 @@ def sampled_calibration(lm, passages: int, length: int, seed: int = 0) -> Calibr
     in float32 (:func:`~infopt.core.bf16_compute.float32_blocks`)."""
     import torch
     from transformers import GenerationConfig
-
-    from infopt.core.bf16_compute import float32_blocks
-    from infopt.validators.generation import tall_products
 
     start = start_token(lm.config)
     plain = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=length - 1,

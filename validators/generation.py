@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from infopt.core.bf16_compute import float32_blocks
 from infopt.core.errors import UsageError
 from infopt.core.threads import thread_cap
 from infopt.runtime.worker import Worker, huge_pages_env
@@ -193,8 +194,6 @@ def _greedy_eager(model, prompts: list[list[int]], new_tokens: int, end_tokens: 
     import torch
     from transformers import GenerationConfig
 
-    from infopt.core.bf16_compute import float32_blocks
-
     stored = model.generation_config
     ends = list(end_tokens) if end_tokens else stored.eos_token_id
     neutral = GenerationConfig(bos_token_id=stored.bos_token_id, eos_token_id=ends, pad_token_id=_pad(model.config))
@@ -328,8 +327,6 @@ def eager_figures(model, sequences: list[list[int]]) -> tuple[list[np.ndarray], 
 
 def _eager_logits(model, sequences: list[list[int]]):
     import torch
-
-    from infopt.core.bf16_compute import float32_blocks
 
     with torch.inference_mode(), float32_blocks(model):
         for batch in same_length_batches(sequences, len(sequences), _logit_rows(model.get_output_embeddings().weight.shape[0])):

@@ -441,7 +441,7 @@ def _check_int4(settings: Settings, calib) -> None:
         raise UsageError(f"--group-size {group_size}: ONNX Runtime's MatMulNBits takes "
                          f"{', '.join(map(str, BLOCK_SIZES))}", fix="pass --group-size 32, 64 or 128")
     method = settings.get("int4_method") or "auto"
-    if method == "auto":  # GPTQ, on random token ids where no --calib is given
+    if method == "auto":  # GPTQ, on the model's own samples where no --calib is given
         return
     given = {k: settings[k] for k in ("group_size", "act_order") if k in settings}
     if Int4Config(method=method, **given).method_config().needs_data and not calib:
