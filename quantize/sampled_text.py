@@ -44,12 +44,12 @@ def sampled_calibration(lm, passages: int, length: int, seed: int = 0) -> Calibr
                              min_new_tokens=length - 1, bos_token_id=start, pad_token_id=start,
                              eos_token_id=getattr(lm.config, "eos_token_id", None))
     stored = lm.generation_config
-    ids = torch.full((passages, 1), start, dtype=torch.long)
+    ids = torch.full((passages, 1), start, dtype=torch.long, device=next(lm.parameters()).device)
     lm.generation_config = plain  # nothing of the checkpoint's (a chat model's repetition penalty, its top-p)
     try:
         with torch.random.fork_rng(devices=[]), torch.inference_mode(), tall_products(lm), float32_blocks(lm):
             torch.manual_seed(seed)
-            rows = lm.generate(ids, attention_mask=torch.ones_like(ids), generation_config=plain).numpy()
+            rows = lm.generate(ids, attention_mask=torch.ones_like(ids), generation_config=plain).cpu().numpy()
     finally:
         lm.generation_config = stored
     batches = [{"input_ids": row[None].astype(np.int64), "attention_mask": np.ones((1, row.shape[0]), np.int64)}
