@@ -14,7 +14,7 @@ import numpy as np
 from infopt.core.bf16_compute import float32_blocks
 from infopt.core.manifest import data_sha256
 from infopt.quantize.calib_data import CalibrationSet
-from infopt.validators.generation import tall_products
+from infopt.validators.generation import first_token_id, generation_settings, tall_products
 
 SAMPLED = "tokens the model sampled"
 """the source of :func:`sampled_calibration`'s set, as the build's notes and manifest name it"""
@@ -23,12 +23,7 @@ SAMPLED = "tokens the model sampled"
 def start_token(config) -> int:
     """The id a sequence starts from: the model's beginning-of-text token, else its end token (which precedes a new
     document in its training text), else 0."""
-    for name in ("bos_token_id", "eos_token_id"):
-        value = getattr(config, name, None)
-        value = value[0] if isinstance(value, (list, tuple)) and value else value
-        if isinstance(value, int):
-            return value
-    return 0
+    return first_token_id(config, "bos_token_id", "eos_token_id")
 
 
 def sampled_calibration(lm, passages: int, length: int, seed: int = 0) -> CalibrationSet:
@@ -43,15 +38,11 @@ def sampled_calibration(lm, passages: int, length: int, seed: int = 0) -> Calibr
     plain = GenerationConfig(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=length - 1,
                              min_new_tokens=length - 1, bos_token_id=start, pad_token_id=start,
                              eos_token_id=getattr(lm.config, "eos_token_id", None))
-    stored = lm.generation_config
     ids = torch.full((passages, 1), start, dtype=torch.long, device=next(lm.parameters()).device)
-    lm.generation_config = plain  # nothing of the checkpoint's (a chat model's repetition penalty, its top-p)
-    try:
-        with torch.random.fork_rng(devices=[]), torch.inference_mode(), tall_products(lm), float32_blocks(lm):
-            torch.manual_seed(seed)
-            rows = lm.generate(ids, attention_mask=torch.ones_like(ids), generation_config=plain).cpu().numpy()
-    finally:
-        lm.generation_config = stored
+    with (generation_settings(lm, plain), torch.random.fork_rng(devices=[]), torch.inference_mode(),
+          tall_products(lm), float32_blocks(lm)):
+        torch.manual_seed(seed)
+        rows = lm.generate(ids, attention_mask=torch.ones_like(ids), generation_config=plain).cpu().numpy()
     batches = [{"input_ids": row[None].astype(np.int64), "attention_mask": np.ones((1, row.shape[0]), np.int64)}
                for row in rows]
     return CalibrationSet(batches, passages, f"{passages} sequences of {length} {SAMPLED} (no --calib)",

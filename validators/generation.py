@@ -213,9 +213,8 @@ def _greedy_eager(model, prompts: list[list[int]], new_tokens: int, end_tokens: 
                 top1[i], nlls[i] = figures(logits[row, :len(prompts[i])].float().numpy(), prompts[i])
 
     hook = model.register_forward_hook(prefill) if figured else None
-    model.generation_config = neutral  # what generate fills unset settings from: nothing of the checkpoint's
     try:
-        with torch.inference_mode(), tall_products(model), float32_blocks(model):
+        with generation_settings(model, neutral), torch.inference_mode(), tall_products(model), float32_blocks(model):
             for batch in same_length_batches(prompts, GREEDY_BATCH):
                 ids = torch.tensor([prompts[i] for i in batch], dtype=torch.long)
                 pending[:] = [batch]
@@ -224,7 +223,6 @@ def _greedy_eager(model, prompts: list[list[int]], new_tokens: int, end_tokens: 
                 for row, i in enumerate(batch):
                     out[i] = seq[row, ids.shape[1]:].tolist()
     finally:
-        model.generation_config = stored
         if hook is not None:
             hook.remove()
     return out, top1, nlls
@@ -263,13 +261,31 @@ def tall_products(model):
             del layer.forward
 
 
-def _pad(config) -> int:
-    for value in (getattr(config, "pad_token_id", None), getattr(config, "eos_token_id", None), 0):
+def first_token_id(config, *names: str) -> int:
+    """The first of ``config``'s token ids ``names`` that is set (of a list, its first), else 0."""
+    for name in names:
+        value = getattr(config, name, None)
         if isinstance(value, (list, tuple)):
             value = value[0] if value else None
         if value is not None:
             return int(value)
     return 0
+
+
+def _pad(config) -> int:
+    return first_token_id(config, "pad_token_id", "eos_token_id")
+
+
+@contextmanager
+def generation_settings(model, config):
+    """``model.generation_config`` (what ``generate`` fills unset settings from) set to ``config`` for the block, so
+    nothing of the checkpoint's (a chat model's sampling, its repetition penalty) applies; the checkpoint's after."""
+    stored = model.generation_config
+    model.generation_config = config
+    try:
+        yield
+    finally:
+        model.generation_config = stored
 
 
 def compare_tokens(got: list[list[int]], want: list[list[int]]) -> dict:

@@ -87,7 +87,7 @@ def run(artifact: Artifact, options: QuantizeInt4HeadOptions, context: PassConte
         if table is not None and table.uses():  # tied: the lookup reads the table too
             embedding = "float"
             if options.tied_embedding == "shared":
-                shared = share_table(model.graph, table, nbits, packed.scales.numpy(), packed.zeros.numpy(), size)
+                shared = share_table(model.graph, table, nbits, size, zeros=packed.zeros.numpy())
                 if shared:
                     embedding = "shared"
                     notes.append(f"the tied embedding's lookup reads the head's INT4 table ({shared} "
@@ -113,14 +113,17 @@ def reads_transposed(node) -> bool:
             and not attributes.get("transBatchB"))
 
 
-def share_table(graph, table, nbits, scales, zeros, group_size: int, bits: int = 4) -> int:
+def share_table(graph, table, nbits, group_size: int, bits: int = 4, zeros=None) -> int:
     """Each ``Gather(table, ids)`` (the embedding's lookup) made to read the ``MatMulNBits`` node's weight
     (:func:`block_quantized_lookups`): the tied head's table, stored once; returns how many. The lookup reads the
-    node's own scales too (and its zero points at 8 bits, where their layout is the same), reshaped in the graph, so
-    they are stored once as well (ONNX Runtime folds the reshape when the session starts)."""
-    has_zeros = len(nbits.inputs) >= 4 and nbits.inputs[3] is not None
-    stored_zeros = nbits.inputs[3] if has_zeros and bits == 8 else (zeros if has_zeros else None)
-    return block_quantized_lookups(graph, table, nbits.inputs[1], nbits.inputs[2], stored_zeros, group_size, bits)
+    node's own scales too, and at 8 bits its zero points, reshaped in the graph, so they are stored once as well
+    (ONNX Runtime folds the reshape when the session starts). ``zeros``: at 4 bits, the zero points unpacked
+    ``[N, G]`` (the node packs two to a byte, the lookup takes one a byte)."""
+    if len(nbits.inputs) < 4 or nbits.inputs[3] is None:
+        zeros = None
+    elif bits == 8:
+        zeros = nbits.inputs[3]
+    return block_quantized_lookups(graph, table, nbits.inputs[1], nbits.inputs[2], zeros, group_size, bits)
 
 
 def block_quantized_lookups(graph, table, weight, scales, zeros, group_size: int, bits: int) -> int:

@@ -104,8 +104,7 @@ def run(artifact: Artifact, options: QuantizeInt8WeightsOptions, context: PassCo
         if is_head:
             details.head = label
         if table is not None and table.uses():  # tied: the embedding's lookup reads the same table
-            shared = options.tied_embedding == "shared" and share_table(graph, table, nbits, scales.numpy(),
-                                                                         zeros.numpy(), block, bits=8)
+            shared = options.tied_embedding == "shared" and share_table(graph, table, nbits, block, bits=8)
             details.embedding = "shared" if shared else "float"
     if not details.layers:
         return PassOutcome(artifact, False, ["no MatMul with a stored float weight: the graph is left as it is"], details)
