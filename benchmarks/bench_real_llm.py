@@ -70,9 +70,10 @@ ROWS = {
     # label: (tool, arguments)
     "fp32": ("infopt", []),
     "int8": ("infopt", ["--int8"]),
+    "int8 float32 scales": ("infopt", ["--int8", "--float32-scales"]),
     **{f"int8 block {b}{' sym' if sym else ''}": ("infopt", ["--int8", "--recipe", f"RECIPE:int8-block{b}{'-sym' if sym else ''}"])
        for b in (32, 64, 128) for sym in (False, True)},
-    # --int4 without --calib: GPTQ on random token ids, the 8-bit layers filling Q4_K_M's size
+    # --int4 without --calib: GPTQ on sequences the model samples itself, the 8-bit layers filling Q4_K_M's size
     "int4 no data": ("infopt", ["--int4", "--max-drift", "top1=0,ppl_delta=100"]),
     "int4 rtn g128": ("infopt", ["--int4", "--int4-method", "rtn", "--max-drift", "top1=0,ppl_delta=100"]),
     "int4 rtn g32": ("infopt", ["--int4", "--int4-method", "rtn", "--group-size", "32", "--max-drift",

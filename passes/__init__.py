@@ -10,6 +10,7 @@ from infopt.core.pass_api import register
 from infopt.passes.decoder import (
     capture_kv_decoder,
     fuse_decoder,
+    half_scales,
     quantize_embedding,
     quantize_int4_head,
     quantize_int8_weights,
@@ -39,7 +40,8 @@ from infopt.passes.onnx import (
 BUNDLED = (capture, remove_noops, fold_batchnorm, cast_precision, quantize_int4, int4_kernels, onnx_export,
            aoti_compile, tensorrt_build, ort_optimize, transformer_fusion, attention_mask_fill, quantize_int4_graph,
            smoothquant, fuse_matmuls, quantize_int8, quantize_fp8, capture_kv_decoder, fuse_decoder, quantize_int4_head,
-           quantize_int8_weights, quantize_embedding, write_genai_folder, quantize_linear_8bit)
+           quantize_int8_weights, quantize_embedding, half_scales, write_genai_folder,
+           quantize_linear_8bit)
 
 for _module in BUNDLED:
     register(_module.PASS)

@@ -33,10 +33,10 @@ def magnitude_weights(groups: torch.Tensor) -> torch.Tensor:
 
 
 def weighted_grid(groups: torch.Tensor, importance: torch.Tensor | None = None, maxq: int = 15,
-                  symmetric: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  symmetric: bool = False, steps: tuple[float, ...] = STEPS) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale and zero point per row of ``groups`` ``[rows, g]`` (float32) minimizing the weighted squared rounding
-    error, ``importance`` ``[rows, g]`` or ``[g]`` (None: :func:`magnitude_weights`). Symmetric: the zero point is
-    ``(maxq + 1) / 2`` and only the scale is searched."""
+    error, ``importance`` ``[rows, g]`` or ``[g]`` (None: :func:`magnitude_weights`), over the rungs ``steps``.
+    Symmetric: the zero point is ``(maxq + 1) / 2`` and only the scale is searched."""
     scales, zeros = [], []
     for start in range(0, groups.shape[0], SEARCH_ROWS):
         rows = groups[start:start + SEARCH_ROWS]
@@ -46,13 +46,14 @@ def weighted_grid(groups: torch.Tensor, importance: torch.Tensor | None = None, 
             weights = importance[None, :].expand_as(rows)
         else:
             weights = importance[start:start + SEARCH_ROWS]
-        scale, zero = _search(rows, weights, maxq, symmetric)
+        scale, zero = _search(rows, weights, maxq, symmetric, steps)
         scales.append(scale)
         zeros.append(zero)
     return torch.cat(scales), torch.cat(zeros)
 
 
-def _search(x: torch.Tensor, w: torch.Tensor, maxq: int, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _search(x: torch.Tensor, w: torch.Tensor, maxq: int, symmetric: bool,
+            steps: tuple[float, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     low, high = x.amin(dim=1).clamp(max=0), x.amax(dim=1).clamp(min=0)
     if symmetric:
         span = torch.maximum(-low, high) * 2
@@ -66,7 +67,7 @@ def _search(x: torch.Tensor, w: torch.Tensor, maxq: int, symmetric: bool) -> tup
     best_scale = torch.ones_like(span)
     best_zero = zero.clone() if symmetric else torch.zeros_like(span)
     codes, product = torch.empty_like(x), torch.empty_like(x)
-    for delta in STEPS:
+    for delta in steps:
         inverse = (maxq + delta) / span
         if not symmetric:
             zero = torch.round(-low * inverse).clamp_(0, maxq)

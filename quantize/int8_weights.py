@@ -5,15 +5,20 @@ mean magnitude), so one INT8 scale per activation tensor rounds nearly every val
 such outliers: 256 levels per block of ``g`` input features keep them within a fraction of a percent, and the
 activations are never quantized. ONNX Runtime computes the result with ``MatMulNBits`` (``bits=8``).
 
-For ``N`` outputs, ``K`` inputs and ``G = K // g`` blocks: codes uint8 ``[N, K]``, scales float32 ``[N, G]``,
-zero points uint8 ``[N, G]``, and ``W[n, k] = (code - zero) * scale``. Asymmetric:
-``scale = (max - min) / 255`` over the block's range widened to hold 0, ``zero = round(-min / scale)``;
-symmetric: ``scale = max|w| / 127``, ``zero = 128``.
+For ``N`` outputs, ``K`` inputs and ``G = K // g`` blocks: codes uint8 ``[N, K]``, scales ``[N, G]`` (float32
+holding float16 values, as the folder stores them: ``passes/decoder/half_scales.py``), zero points uint8 ``[N, G]``,
+and ``W[n, k] = (code - zero) * scale``. The default grid is llama.cpp Q8_0's size, symmetric (``zero = 128``, the
+op's default, so no zero points are stored: 8.5 bits a weight), its scale searched for the least squared error
+(``grid_search.weighted_grid``): on the rotated SmolLM2 it lost what the asymmetric grid's 8.75 bits lost, where
+``scale = max|w| / 127`` lost twice that (``benchmarks/results/real_llm.md``). Asymmetric:
+``scale = (max - min) / 255`` over the block's range widened to hold 0, ``zero = round(-min / scale)``.
 """
 
 from __future__ import annotations
 
 import torch
+
+from infopt.quantize.grid_search import weighted_grid
 
 MAXQ = 255
 SYMMETRIC_ZERO = 128
@@ -22,8 +27,19 @@ BLOCK_ELEMENTS = 1 << 20
 """weights rounded at a time (4 MB in float32), so the temporaries stay small beside a large head"""
 
 
-def block_grid(blocks: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scale and zero point per row of ``blocks`` ``[rows, g]`` (float32)."""
+EIGHT_BIT_STEPS = (-2.0, -1.0, 0.0)
+"""the rungs searched at 8 bits (levels added to 255 over the block's span): on the rotated SmolLM2's weights these
+three found grids as good as :data:`grid_search.STEPS`' eleven, in a quarter of the time"""
+HALF_TINY = 2.0 ** -24
+"""float16's smallest step: a scale below it would be stored as 0"""
+
+
+def block_grid(blocks: torch.Tensor, symmetric: bool, search: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale (rounded to float16) and zero point per row of ``blocks`` ``[rows, g]`` (float32)."""
+    if symmetric and search:
+        scale, zero = weighted_grid(blocks, torch.ones(blocks.shape[1]), MAXQ, symmetric=True, steps=EIGHT_BIT_STEPS)
+        scale = torch.where(blocks.abs().amax(dim=1) == 0, torch.ones_like(scale), scale)
+        return scale.clamp(min=HALF_TINY).half().float(), zero  # the search clamps its codes: any scale will do
     if symmetric:
         scale = blocks.abs().amax(dim=1) / (SYMMETRIC_ZERO - 1)
         zero = torch.full_like(scale, SYMMETRIC_ZERO)
@@ -31,15 +47,23 @@ def block_grid(blocks: torch.Tensor, symmetric: bool) -> tuple[torch.Tensor, tor
         low, high = blocks.amin(dim=1).clamp(max=0), blocks.amax(dim=1).clamp(min=0)
         scale = (high - low) / MAXQ
         zero = None
-    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    scale = half_at_least(torch.where(scale == 0, torch.ones_like(scale), scale).clamp(min=HALF_TINY))
     if zero is None:
         zero = torch.round(-low / scale).clamp(0, MAXQ)
     return scale, zero
 
 
-def quantize_8bit(weight: torch.Tensor, group_size: int, symmetric: bool = False):
+def half_at_least(scale: torch.Tensor) -> torch.Tensor:
+    """The least float16 value at or above each of ``scale``, as float32: the block's range still fits its codes."""
+    half = scale.half()
+    up = torch.nextafter(half, torch.full_like(half, float("inf")))
+    return torch.where(half.float() < scale, up, half).float()
+
+
+def quantize_8bit(weight: torch.Tensor, group_size: int, symmetric: bool = True, search: bool = True):
     """Codes uint8 ``[N, K]``, scales float32 ``[N, K // g]`` and zero points uint8 ``[N, K // g]`` of ``weight``
-    ``[N, K]`` (any float dtype; widened a block of rows at a time)."""
+    ``[N, K]`` (any float dtype; widened a block of rows at a time); ``search``: the symmetric grid's scale searched
+    (the default), else ``max|w| / 127``."""
     rows, cols = weight.shape
     if cols % group_size:
         raise ValueError(f"group size {group_size} does not divide the {cols} input features")
@@ -51,7 +75,7 @@ def quantize_8bit(weight: torch.Tensor, group_size: int, symmetric: bool = False
     for start in range(0, rows, step):
         part = slice(start, start + step)
         blocks = weight[part].detach().float().reshape(-1, group_size)
-        scale, zero = block_grid(blocks, symmetric)
+        scale, zero = block_grid(blocks, symmetric, search)
         code = torch.round(blocks / scale[:, None]).add_(zero[:, None]).clamp_(0, MAXQ)
         codes[part] = code.to(torch.uint8).reshape(-1, cols)
         scales[part] = scale.reshape(-1, groups)

@@ -8,8 +8,9 @@ with the first units of that ranking back in float (8 bits downstream) up to eac
 ``max_bits_per_weight`` where one is given. A budget no share under the cap holds is recorded with the cap that
 would hold it, so a failed verdict can say what to pass next.
 
-Bits per weight count what ONNX Runtime's ``MatMulNBits`` stores: the codes, a float32 scale per group and, on the
-asymmetric grid, a zero point per group (4 bits for 4-bit codes, 8 for 8-bit ones).
+Bits per weight count what ONNX Runtime's ``MatMulNBits`` stores in the folder: the codes, a float16 scale per group
+(``half_scales``) and, on the asymmetric grid, a zero point per group (4 bits for 4-bit codes; the 8-bit grid is
+symmetric and stores none).
 """
 
 from __future__ import annotations
@@ -40,19 +41,24 @@ TOP1_MARGIN = 0.01
 EIGHT_BIT_BLOCK = 32
 
 
+SCALE_BITS = 16
+"""a block's scale as the folder stores it: float16 (``passes/decoder/half_scales.py``; ``--float32-scales`` stores
+32 bits, and the folder is then larger than these counts)"""
+
+
 def stored_bits(bits: int, group_size: int, symmetric: bool = False) -> float:
-    """Bits per weight ``MatMulNBits`` stores at ``bits`` per code: the codes, a float32 scale per group, a zero
+    """Bits per weight ``MatMulNBits`` stores at ``bits`` per code: the codes, a float16 scale per group, a zero
     point per group on the asymmetric grid."""
-    return bits + (32 + (0 if symmetric else bits)) / group_size
+    return bits + (SCALE_BITS + (0 if symmetric else bits)) / group_size
 
 
-INT8_BITS = stored_bits(8, EIGHT_BIT_BLOCK)
-"""``quantize_int8_weights``' grid: 8-bit codes per block of 32, asymmetric"""
+INT8_BITS = stored_bits(8, EIGHT_BIT_BLOCK, symmetric=True)
+"""the 8-bit grid (``quantize/int8_weights.py``): codes per block of 32, symmetric, llama.cpp Q8_0's 8.5 bits"""
 HEAD_BITS = INT8_BITS
 """the output head's (and a tied embedding's) bits per weight in an INT4 text-generation build (``quantize_int8_weights``)"""
-EMBEDDING_BITS = 4 + (32 + 8) / 32
+EMBEDDING_BITS = 4 + (SCALE_BITS + 8) / 32
 """an untied embedding's bits per entry in an INT4 text-generation build (``quantize_embedding``: 4-bit codes, a
-float32 scale and a byte's zero point per block of 32)"""
+float16 scale and a byte's zero point per block of 32)"""
 
 
 @dataclass
@@ -250,7 +256,7 @@ def checked_cap(max_bits: float | None, int4_bits: float) -> None:
     """A cap below the INT4 grid's own bits is bad input."""
     if max_bits is not None and max_bits < int4_bits - 1e-9:
         raise UsageError(f"--max-bits-per-weight {max_bits:g} is below the INT4 grid's own {int4_bits:.3f} bits per "
-                         "weight (4-bit codes, a float32 scale and a zero point per group)",
+                         "weight (4-bit codes, a float16 scale and a zero point per group)",
                          fix=f"pass at least {int4_bits:.2f}, or a larger --group-size")
 
 

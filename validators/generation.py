@@ -288,11 +288,17 @@ def generation_settings(model, config):
         model.generation_config = stored
 
 
+def first_difference(got: list[int], want: list[int]) -> int:
+    """The first position where the two token lists differ; where one is the other's start (a folder that stopped
+    early, at an end token), the shorter one's length."""
+    return next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+
+
 def compare_tokens(got: list[list[int]], want: list[list[int]]) -> dict:
     """How many prompts' tokens ``got`` equal those ``want``, every token; the first few that differ, and where."""
     new_tokens = len(want[0]) if want else 0
-    differ = [{"prompt": i, "at_token": next(j for j, (a, b) in enumerate(zip(g, w)) if a != b) if g[:len(w)] != w
-               else len(w), "eager": w, "deployed": g} for i, (g, w) in enumerate(zip(got, want)) if g != w]
+    differ = [{"prompt": i, "at_token": first_difference(g, w), "eager": w, "deployed": g}
+              for i, (g, w) in enumerate(zip(got, want)) if g != w]
     return {"prompts": len(want), "new_tokens": new_tokens, "equal": len(want) - len(differ),
             "differences": differ[:3]}
 

@@ -160,6 +160,27 @@ def evaluate(folder: Path, samples: GenerationSamples, budgets: GenerationBudget
             "verdict": {"passed": not reasons, "reasons": reasons, "checks": checks}}
 
 
+NOT_TIMED = "its logits are not finite, so it stops generating at once"
+
+
+def finite(judged: dict) -> bool:
+    """Whether the folder's teacher-forced perplexity is a finite number. A folder whose logits are not (an overflow
+    in its ops) stops generating at its first token, and has no speed to time."""
+    return bool(np.isfinite(judged["teacher_forced"]["ppl"]))
+
+
+OVERFLOW = ("the folder's figures are not finite: an activation beyond float16's range (65,504) overflows the quantized "
+            "ops, which compute in float16 with float16 scales; --float32-scales keeps them in float32")
+"""the reason a failed verdict adds where the folder's ops compute in float16 (``half_scales``) and :func:`finite` is
+not"""
+
+
+def not_timed(new_tokens: int) -> dict:
+    """The timing figures of a folder that cannot be timed (:func:`finite`): none, and why."""
+    return {"ttft": [], "tpot": [], "new_tokens": new_tokens, "tpot_prompt_tokens": 0, "left_out": [],
+            "not_timed": NOT_TIMED}
+
+
 def evaluate_in(worker, folder: Path, samples: GenerationSamples, budgets: GenerationBudgets) -> dict:
     """:func:`evaluate` in ``worker`` (``generation.judging_worker``), the folder opened there first."""
     worker.call(generation.hold_open, folder, doing="opening the GenAI folder with onnxruntime_genai")

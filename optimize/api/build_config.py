@@ -56,6 +56,10 @@ class DeploySection(Section):
         None, "USD per hour of the machine you deploy on, for the report's cost per million predictions, or output "
               "tokens with --task text-generation (replaces the target's).", "--price-per-hour")
     attention: str | None = setting(None, "A decoder's attention: fused or unfused.", generation_only=True)
+    float32_scales: bool = setting(
+        False, "Text generation with --int8 or --int4: keep the quantized blocks' scales in float32 (default float16, "
+               "as llama.cpp's blocks; the quantized ops then compute in float16, which an activation beyond 65,504 "
+               "would overflow).", "--float32-scales", generation_only=True)
 
 
 class SourceSection(Section):

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from infopt.api.generation_flow import time_folder
+from infopt.api.generation_flow import overflowed, time_folder
 from infopt.core.errors import UsageError, first_line
 from infopt.core.recipe import Recipe
 from infopt.runtime.worker import RunnerCrashed
@@ -38,10 +38,13 @@ def validate_generation(root: Path, manifest, result: dict[str, Any]) -> dict[st
             except RuntimeError as exc:  # onnxruntime_genai's errors are RuntimeErrors
                 raise UsageError(f"onnxruntime_genai cannot generate from {folder}: {first_line(exc)}",
                                  where=str(folder), fix="rebuild the output") from exc
-            timing = time_folder(judge, folder, config["vocab_size"], config["context_length"])
+            timing = (time_folder(judge, folder, config["vocab_size"], config["context_length"])
+                      if evaluator.finite(judged) else evaluator.not_timed(samples.new_tokens))
     except RunnerCrashed as exc:  # its native code ended the worker that ran it: a failed check, as for other models
         result["verdict"] = {"passed": False, "reasons": [f"the model crashed: {exc}"], "checks": []}
         return result
+    if not judged["verdict"]["passed"] and overflowed(judged, manifest.passes):
+        judged["verdict"]["reasons"].append(evaluator.OVERFLOW)
     result.update({"generation": {"greedy": judged["greedy"], "teacher_forced": judged["teacher_forced"], **timing,
                                   "budgets": evaluator.describe(budgets)},
                    "verdict": judged["verdict"]})

@@ -54,6 +54,7 @@ from infopt.exporters.int4_checkpoint import CheckpointSource
 from infopt.exporters.kv_decoder import KvDecoder, cache_layout, context_length, decoder_outputs
 from infopt.exporters.servers import onnxruntime_genai as genai_server
 from infopt.exporters.staging import check_output, staged_output
+from infopt.passes.decoder.half_scales import HalfScalesDetails
 from infopt.passes.decoder.quantize_int8_weights import QuantizeInt8WeightsDetails
 from infopt.passes.fx.quantize_int4 import Int4Details
 from infopt.passes.lower.onnx_int4 import BLOCK_SIZES
@@ -298,6 +299,8 @@ class GenerationFlow:
         self.quantization = quantization = _quantization(self.final.lineage, self.calibration)
         if not judged["verdict"]["passed"] and quantization and quantization.get("choice"):
             judged["verdict"]["reasons"].append(advice(quantization["choice"]))
+        if not judged["verdict"]["passed"] and overflowed(judged, self.final.lineage):
+            judged["verdict"]["reasons"].append(evaluator.OVERFLOW)
         greedy = judged["greedy"]
         if self.budgets.greedy_equal and greedy["equal"] != greedy["prompts"]:
             first = greedy["differences"][0]
@@ -310,6 +313,10 @@ class GenerationFlow:
         """TTFT and TPOT of the folder in the judging's process, within :data:`TIMING_SHARE` of the build's time so
         far; the process then closed, its decoder's memory given back before the output is written."""
         times = self.times
+        if not evaluator.finite(self.judged):
+            self.timing = evaluator.not_timed(self.new_tokens)
+            self.judge_worker.close()
+            return
         with times.step("latency"):
             budget = TIMING_SHARE * (time.perf_counter() - times.started)
             self.say(f"timing TTFT and TPOT (about {budget:.0f} s)")
@@ -484,6 +491,12 @@ def _quantization(lineage, calibration: CalibrationSet | None) -> dict | None:
                     "format": "MatMulNBits (com.microsoft), 8-bit weights"}
     return None
 
+
+
+def overflowed(judged: dict, lineage) -> bool:
+    """Whether the judged figures are not finite in a folder whose quantized ops compute in float16 (``half_scales``)."""
+    halved = any(isinstance(d, HalfScalesDetails) and d.nodes for d in typed_details(lineage))
+    return halved and not evaluator.finite(judged)
 
 
 def in_background(function, *args):

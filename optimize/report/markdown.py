@@ -80,17 +80,23 @@ def latency_section(manifest: Manifest) -> Section | None:
     return Section("Latency (ms)", ["batch", "runner", "p50", "p90", "p99", "mean", "samples/s", "speedup"], rows, notes)
 
 
+def _figure(value, fmt: str) -> str:
+    """A figure formatted, or as the manifest holds a non-finite one ("nan", "inf")."""
+    return format(value, fmt) if isinstance(value, (int, float)) else str(value)
+
+
 def top1_text(forced: dict) -> str:
     """Teacher-forced top-1 agreement with its 95 % interval (builds before the interval was recorded: without)."""
     interval = " (95 %: {:.4f}-{:.4f})".format(*forced["top1_interval"]) if "top1_interval" in forced else ""
-    return f"{forced['top1']:.4f}{interval} over {forced['tokens']} tokens"
+    return f"{_figure(forced['top1'], '.4f')}{interval} over {forced['tokens']} tokens"
 
 
 def ppl_text(forced: dict) -> str:
     """The perplexity change with its 95 % interval (builds before the interval was recorded: without)."""
     interval = forced.get("ppl_delta_interval")
-    around = " (95 %: {:+.2%} to {:+.2%})".format(*interval) if interval and interval[1] != float("inf") else ""
-    return f"{forced['ppl_delta']:+.2%}{around}"
+    finite = interval and all(isinstance(v, (int, float)) for v in interval) and interval[1] != float("inf")
+    around = " (95 %: {:+.2%} to {:+.2%})".format(*interval) if finite else ""
+    return f"{_figure(forced['ppl_delta'], '+.2%')}{around}"
 
 
 def generation_section(manifest: Manifest) -> Section | None:
@@ -105,7 +111,7 @@ def generation_section(manifest: Manifest) -> Section | None:
     if forced:
         rows += [[f"top-1 agreement with {reference}, teacher-forced",
                   top1_text(forced)],
-                 [f"perplexity ({reference})", f"{forced['ppl']:.4g} ({forced['ppl_reference']:.4g}): "
+                 [f"perplexity ({reference})", f"{_figure(forced['ppl'], '.4g')} ({forced['ppl_reference']:.4g}): "
                                                f"{ppl_text(forced)}"]]
     if quantized:
         rows.append(["quantization", f"{quantized['precision'].upper()} {quantized['method']}, {quantized['layers']} "
@@ -117,6 +123,8 @@ def generation_section(manifest: Manifest) -> Section | None:
                                                     if r.get("usd_per_million_tokens") else "")] for r in gen["tpot"]]
     rows += [["model file (weights as stored)", size_text(gen["weights_bytes"])],
              ["KV cache per token of one sequence", size_text(gen["kv_cache_bytes_per_token"])]]
+    if gen.get("not_timed"):
+        return Section("Text generation", ["", ""], rows, [f"not timed: {gen['not_timed']}"])
     notes = [f"timed with onnxruntime_genai from servers/onnxruntime-genai/: TTFT is the prompt's pass and the first "
              f"token picked; TPOT each of the next {gen['new_tokens'] - 1} tokens after a {gen['tpot_prompt_tokens']}-token "
              "prompt; "

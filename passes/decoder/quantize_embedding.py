@@ -3,7 +3,7 @@
 A head tied to the embedding already shares its quantized table with the lookup (``quantize_int8_weights``,
 ``quantize_int4_head``). An untied embedding, as most LLMs from 7B up have (Llama-3-8B's is 525 M parameters, 2.1 GB
 in float32), was left in float: this pass rounds each float table read only by ``Gather`` lookups, in blocks of
-``block_size`` along a row, on the searched grid at 4 bits (``rtn.rtn_quantize``) or the min/max grid at 8
+``block_size`` along a row, on the searched grid at 4 bits (``rtn.rtn_quantize``) or the searched symmetric grid at 8
 (``int8_weights.quantize_8bit``), and has every lookup read the codes (``GatherBlockQuantized``). A lookup rounds one
 row per token, so the table costs the model little accuracy: what it costs on the real SmolLM2 is in
 ``benchmarks/results/real_llm.md``.
@@ -38,7 +38,8 @@ class QuantizeEmbeddingDetails(PassDetails):
     bits: int | None = None
     block_size: int | None = None
     bits_per_weight: float | None = None
-    """the rounded tables' bytes (codes, scales, zero points) over their entries, in bits"""
+    """the rounded tables' bytes (codes, float16 scales as ``half_scales`` stores them, zero points) over their
+    entries, in bits"""
 
 
 def run(artifact: Artifact, options: QuantizeEmbeddingOptions, context: PassContext) -> PassOutcome:
@@ -71,6 +72,8 @@ def run(artifact: Artifact, options: QuantizeEmbeddingOptions, context: PassCont
         weight = ir.Value(name=f"{table.name}.quantized", type=ir.TensorType(tensor.dtype), shape=tensor.shape,
                           const_value=tensor)
         model.graph.register_initializer(weight)
+        if np.all(zeros == 1 << (options.bits - 1)):  # the op's default zero point: none stored
+            zeros = None
         block_quantized_lookups(model.graph, table, weight, scales.astype(table.dtype.numpy()), zeros, block,
                                 options.bits)
         if not table.uses():
@@ -78,7 +81,7 @@ def run(artifact: Artifact, options: QuantizeEmbeddingOptions, context: PassCont
         details.tables[table.name] = [rows, width]
         details.block_size = block
         entries += rows * width
-        stored += data.size + scales.size * table.dtype.itemsize + zeros.size
+        stored += data.size + scales.size * 2 + (0 if zeros is None else zeros.size)
     if not details.tables:
         return PassOutcome(artifact, False, ["no float table read only by Gather lookups: the graph is left as it is"],
                            details)

@@ -32,7 +32,10 @@ from infopt.quantize.int8_weights import quantize_8bit
 class QuantizeInt8WeightsOptions(PassOptions):
     block_size: int = Field(32, description="input features per scale and zero point (the largest of this, 64, 32 "
                                             "and 16 that divides a layer's inputs)")
-    symmetric: bool = Field(False, description="symmetric grid (zero point 128) instead of each block's min/max")
+    symmetric: bool = Field(True, description="symmetric grid (zero point 128, none stored) instead of each block's "
+                                              "min/max")
+    search: bool = Field(True, description="the symmetric grid's scale searched for the least squared error, not "
+                                           "max|w| / 127")
     accuracy_level: int = Field(4, ge=0, le=4, description="MatMulNBits accuracy_level: 4 quantizes each block of "
                                                            "the activations to int8 inside the op (ONNX Runtime's "
                                                            "8-bit CPU kernels); 0 dequantizes the weight every call, "
@@ -54,7 +57,8 @@ class QuantizeInt8WeightsDetails(PassDetails):
     kept: dict[str, str] = Field(default_factory=dict)
     """MatMuls left in float, with the reason"""
     bits_per_weight: float | None = None
-    """the rounded weights' bytes (codes, scales, zero points) over their count, in bits"""
+    """the rounded weights' bytes (codes, float16 scales as ``half_scales`` stores them, zero points) over their
+    count, in bits"""
 
 
 def run(artifact: Artifact, options: QuantizeInt8WeightsOptions, context: PassContext) -> PassOutcome:
@@ -92,14 +96,15 @@ def run(artifact: Artifact, options: QuantizeInt8WeightsOptions, context: PassCo
             continue
         if number % 20 == 0 or is_head:
             context.say(f"INT8 weights: MatMul {number}/{len(nodes)}" + (f" (the output head, {n} x {k})" if is_head else ""))
-        codes, scales, zeros = quantize_8bit(torch.from_numpy(np.ascontiguousarray(rows)), block, options.symmetric)
+        codes, scales, zeros = quantize_8bit(torch.from_numpy(np.ascontiguousarray(rows)), block, options.symmetric,
+                                            options.search)
         bias = node.inputs[2].const_value.numpy() if has_bias else None
         graph = node.graph
         nbits = replace_with_nbits(graph, node, node.inputs[0], codes.numpy(), scales.numpy(), zeros.numpy(), bias,
                                    block, options.accuracy_level, (node.inputs[1].name or label), bits=8)
         sizes.add(block)
         weights += n * k
-        stored_bytes += codes.numel() + scales.numel() * 4 + (zeros.numel() if len(nbits.inputs) > 3 else 0)
+        stored_bytes += codes.numel() + scales.numel() * 2 + (zeros.numel() if len(nbits.inputs) > 3 else 0)
         details.layers += 1
         if is_head:
             details.head = label
@@ -114,7 +119,7 @@ def run(artifact: Artifact, options: QuantizeInt8WeightsOptions, context: PassCo
     details.bits_per_weight = round(8 * stored_bytes / weights, 3)
     (context.workdir / "int8-weights").mkdir(parents=True, exist_ok=True)
     dst = save_ir(model, context.workdir / "int8-weights" / "model.onnx")
-    grid = "symmetric" if options.symmetric else "asymmetric"
+    grid = ("symmetric, searched" if options.search else "symmetric") if options.symmetric else "asymmetric"
     notes = [f"{details.layers} MatMuls to weight-only INT8 (MatMulNBits, 8 bits, block "
              f"{'/'.join(map(str, details.block_sizes))}, {grid}; {details.bits_per_weight:g} bits per weight with the "
              "scales): activations stay in float, so their outliers are not rounded"]

@@ -165,7 +165,7 @@ def _lower_8bit(graph, node, x, float_weight, bias, prefix: str) -> None:
 
     weight, _ = float_weight
     block = block_size_for(weight.shape[1], EIGHT_BIT_BLOCK)
-    codes, scales, zeros = quantize_8bit(weight.to(torch.float32), block, False)
+    codes, scales, zeros = quantize_8bit(weight.to(torch.float32), block)
     drop_file_pages(weight, file_mappings())  # read once: a mapped checkpoint's pages go back, as after INT4
     replace_with_nbits(graph, node, x, codes.numpy(), scales.numpy(), zeros.numpy(), bias, block, EIGHT_BIT_LEVEL,
                        prefix, bits=8)

@@ -32,3 +32,12 @@ def test_a_check_without_an_interval_reads_as_before():
     check = _check(0.2, (0, 0))
     check["interval"] = None
     assert "interval" not in _reason(check, 100)
+
+
+def test_a_folder_that_stopped_early_differs_where_its_tokens_end():
+    from infopt.validators.generation import compare_tokens
+
+    # a folder whose logits are not finite stops at once (its argmax is the end token): no tokens at all
+    found = compare_tokens([[], [4, 5], [4, 5, 6, 7], [4, 9, 6]], [[4, 5, 6]] * 4)
+    assert found["equal"] == 0 and [d["at_token"] for d in found["differences"]] == [0, 2, 3]
+    assert compare_tokens([[4, 5, 6]], [[4, 5, 6]])["equal"] == 1
