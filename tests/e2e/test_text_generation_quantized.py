@@ -434,7 +434,7 @@ def test_quantized_generation_refuses_what_it_cannot_do(trained, tmp_path):
         (("--int4", "--int4-method", "hqq"), "unknown --int4-method 'hqq'"),
         (("--int4", "--calib", str(trained / "lm" / "config.json")), "is a text file, one passage per line"),
         (("--bf16",), "builds fp32, --int8 and --int4 for the cpu target"),
-        (("--int4", "--max-bits-per-weight", "4.1"), "below the INT4 grid's own 4.281 bits per weight"),
+        (("--int4", "--max-bits-per-weight", "4.1"), "below the INT4 grid's own 4.156 bits per weight"),
         (("--int8", "--max-bits-per-weight", "6"), "--max-bits-per-weight apply to --int4"),
     ]
     for flags, message in cases:
