@@ -29,7 +29,7 @@ BLOCK_ELEMENTS = 1 << 20
 
 EIGHT_BIT_STEPS = (-2.0, -1.0, 0.0)
 """the rungs searched at 8 bits (levels added to 255 over the block's span): on the rotated SmolLM2's weights these
-three found grids as good as :data:`grid_search.STEPS`' eleven, in a quarter of the time"""
+three found grids of the same squared error as :data:`grid_search.STEPS`' eleven, in under a third of the time"""
 HALF_TINY = 2.0 ** -24
 """float16's smallest step: a scale below it would be stored as 0"""
 
@@ -38,7 +38,6 @@ def block_grid(blocks: torch.Tensor, symmetric: bool, search: bool = False) -> t
     """Scale (rounded to float16) and zero point per row of ``blocks`` ``[rows, g]`` (float32)."""
     if symmetric and search:
         scale, zero = weighted_grid(blocks, torch.ones(blocks.shape[1]), MAXQ, symmetric=True, steps=EIGHT_BIT_STEPS)
-        scale = torch.where(blocks.abs().amax(dim=1) == 0, torch.ones_like(scale), scale)
         return scale.clamp(min=HALF_TINY).half().float(), zero  # the search clamps its codes: any scale will do
     if symmetric:
         scale = blocks.abs().amax(dim=1) / (SYMMETRIC_ZERO - 1)

@@ -314,18 +314,17 @@ class GenerationFlow:
         far; the process then closed, its decoder's memory given back before the output is written."""
         times = self.times
         if not evaluator.finite(self.judged):
-            self.timing = evaluator.not_timed(self.new_tokens)
-            self.judge_worker.close()
-            return
-        with times.step("latency"):
-            budget = TIMING_SHARE * (time.perf_counter() - times.started)
-            self.say(f"timing TTFT and TPOT (about {budget:.0f} s)")
-            # a larger model's TPOT runs generate the greedy check's share of tokens (8 at 0.2B and up: 7 samples a
-            # run, 8 tokens fewer at 0.22 s each at 1.5B in float32), after no warm-up: the judging has just run the
-            # folder there
-            self.timing = timing = time_folder(self.judge_worker, self.prepared, self.decoder.layout.vocab,
-                                               self.decoder.context, budget, every_row=False,
-                                               new_tokens=self.new_tokens, warm=True)
+            self.timing = timing = evaluator.not_timed(self.new_tokens)
+        else:
+            with times.step("latency"):
+                budget = TIMING_SHARE * (time.perf_counter() - times.started)
+                self.say(f"timing TTFT and TPOT (about {budget:.0f} s)")
+                # a larger model's TPOT runs generate the greedy check's share of tokens (8 at 0.2B and up: 7 samples
+                # a run, 8 tokens fewer at 0.22 s each at 1.5B in float32), after no warm-up: the judging has just
+                # run the folder there
+                self.timing = timing = time_folder(self.judge_worker, self.prepared, self.decoder.layout.vocab,
+                                                   self.decoder.context, budget, every_row=False,
+                                                   new_tokens=self.new_tokens, warm=True)
         self.judge_worker.close()
         for row in timing["tpot"]:
             row["usd_per_million_tokens"] = generation.usd_per_million(self.machine.price_per_hour, row["tokens_per_s"])

@@ -21,6 +21,7 @@ from infopt.core.pass_api import Pass, PassContext, PassDetails, PassOptions, Pa
 from infopt.passes.decoder.quantize_int4_head import block_quantized_lookups
 from infopt.passes.lower.onnx_int4 import block_size_for
 from infopt.quantize.int8_weights import quantize_8bit
+from infopt.quantize.layer_choice import SCALE_BITS
 from infopt.quantize.rtn import rtn_quantize
 
 FLOAT_TYPES = ("FLOAT", "FLOAT16", "BFLOAT16")
@@ -81,7 +82,7 @@ def run(artifact: Artifact, options: QuantizeEmbeddingOptions, context: PassCont
         details.tables[table.name] = [rows, width]
         details.block_size = block
         entries += rows * width
-        stored += data.size + scales.size * 2 + (0 if zeros is None else zeros.size)
+        stored += data.size + scales.size * SCALE_BITS // 8 + (0 if zeros is None else zeros.size)
     if not details.tables:
         return PassOutcome(artifact, False, ["no float table read only by Gather lookups: the graph is left as it is"],
                            details)

@@ -27,6 +27,7 @@ from infopt.passes.lower.onnx_int4 import block_size_for, replace_with_nbits
 from infopt.passes.onnx.quantize_int4_graph import weight_of
 from infopt.quantize.int4_format import HEAD_NAMES
 from infopt.quantize.int8_weights import quantize_8bit
+from infopt.quantize.layer_choice import SCALE_BITS
 
 
 class QuantizeInt8WeightsOptions(PassOptions):
@@ -104,7 +105,7 @@ def run(artifact: Artifact, options: QuantizeInt8WeightsOptions, context: PassCo
                                    block, options.accuracy_level, (node.inputs[1].name or label), bits=8)
         sizes.add(block)
         weights += n * k
-        stored_bytes += codes.numel() + scales.numel() * 2 + (zeros.numel() if len(nbits.inputs) > 3 else 0)
+        stored_bytes += codes.numel() + scales.numel() * SCALE_BITS // 8 + (zeros.numel() if len(nbits.inputs) > 3 else 0)
         details.layers += 1
         if is_head:
             details.head = label

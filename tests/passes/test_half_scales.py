@@ -10,7 +10,7 @@ from infopt.core.artifact import Artifact
 from infopt.core.inputspec import InputSpec
 from tests.support.passes import run_pass
 
-VOCAB, WIDTH, HIDDEN = 96, 64, 128
+VOCAB, WIDTH = 96, 64
 
 
 def quantized_decoder(path):
@@ -49,16 +49,16 @@ def quantized_decoder(path):
     replace_with_nbits(graph, hidden, lookup.outputs[0], packed.qweight.numpy(), packed.scales.numpy(),
                        packed.zeros.numpy(), bias, 32, 4, "body")
     codes, scales, zeros = quantize_8bit(table, 32)
-    head_node = next(n for n in graph if n.name == "head")
-    nbits = replace_with_nbits(graph, head_node, head_node.inputs[0], codes.numpy(), scales.numpy(), zeros.numpy(),
-                               None, 32, 4, "head", bits=8)
+    nbits = replace_with_nbits(graph, head, head.inputs[0], codes.numpy(), scales.numpy(), zeros.numpy(), None, 32, 4,
+                               "head", bits=8)
     assert share_table(graph, table_value, nbits, 32, bits=8) == 1
     for name in ("table", "body", "head"):
         graph.initializers.pop(name)
     ir.save(ir.Model(graph, ir_version=10), str(path))
     rows = dequantize_8bit(codes, scales, zeros)
     hidden_weight = dequantize_int4(packed.qweight, packed.scales, packed.zeros, None, 32)
-    return path, lambda ids: (rows[ids].double() @ hidden_weight.double().T + torch.from_numpy(bias).double()) @ rows.double().T
+    rows, hidden_weight = rows.double(), hidden_weight.double()
+    return path, lambda ids: (rows[ids] @ hidden_weight.T + torch.from_numpy(bias).double()) @ rows.T
 
 
 def run(path, ids):
