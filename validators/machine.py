@@ -59,14 +59,14 @@ def fp32_peak_tflops() -> float:
     return 2 * MATMUL_N**3 / seconds / 1e12
 
 
-def measured_roof() -> tuple[float, float, str]:
+def measured_roof(fresh: bool = False) -> tuple[float, float, str]:
     """(bandwidth GB/s, fp32 peak TFLOP/s, how they were measured): from the cache when this machine
-    measured them within ``ROOF_MAX_AGE_S``, else measured now and kept."""
+    measured them within ``ROOF_MAX_AGE_S``, else (or with ``fresh``) measured now and kept."""
     key = _machine_key()
     path = cache_dir("machine") / "roof.json"
     try:
         kept = json.loads(path.read_text())
-        if kept["key"] == key and 0 <= time.time() - kept["when"] <= ROOF_MAX_AGE_S:
+        if not fresh and kept["key"] == key and 0 <= time.time() - kept["when"] <= ROOF_MAX_AGE_S:
             when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(kept["when"]))
             return kept["bandwidth"], kept["peak"], f"{kept['how']} at {when} (kept for a day)"
     except (OSError, ValueError, KeyError, TypeError):

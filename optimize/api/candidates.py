@@ -28,7 +28,7 @@ from infopt.exporters.torch_export import exported_outputs
 from infopt.runtime import backends
 from infopt.runtime.runner import Runner
 from infopt.runtime.worker import RunnerCrashed
-from infopt.validators import timing
+from infopt.validators import machine, timing
 from infopt.validators.range_ends import RangeFailure
 from infopt.validators.roofline import count_work
 from infopt.validators.timing import Timings, mix_text, weighted_geomean
@@ -125,7 +125,9 @@ def roof_probe(first: Candidate, feed: dict, spec, module, target, built_in_s: f
     """Why the candidates after ``first`` are not worth building, or None: ``first``'s FLOP rate on ``feed`` (the
     fastest of ``PROBE_RUNS`` runs) against the target's fp32 peak, where the target is this CPU
     and the build is FP32, and ``first`` took ``PROBE_AFTER_S`` or more to build (``built_in_s``). FLOPs are counted
-    on the eager module on ``feed`` at batch 1 (the inputs whose first dim is the batch, sliced), times the batch."""
+    on the eager module on ``feed`` at batch 1 (the inputs whose first dim is the batch, sliced), times the batch. A
+    share past 1 of a peak measured on this machine means the peak was measured while something else ran (it is kept
+    for a day): it is measured again, and kept, before the share decides."""
     peak = (target.peak_tflops or {}).get("fp32")
     if (target.device != "cpu" or not peak or module is None or first.recipe.precision != "fp32"
             or built_in_s < PROBE_AFTER_S):
@@ -140,9 +142,12 @@ def roof_probe(first: Candidate, feed: dict, spec, module, target, built_in_s: f
     first.probe_run = feed, first.runner.run(feed)  # the drift check's outputs on this batch: not run again there
     clock = first.runner.clock or timing.host_timer
     seconds = min([time.perf_counter() - started] + [clock(first.runner.run, feed) for _ in range(PROBE_RUNS - 1)])
-    share = flops * batch / seconds / (peak * 1e12)
     if seconds < PROBE_MIN_RUN_S:
         return None
+    share = flops * batch / seconds / (peak * 1e12)
+    if share > 1 and target.measured:  # past the peak: that peak was measured on a busy machine, and kept
+        peak = machine.measured_roof(fresh=True)[1]
+        share = flops * batch / seconds / (peak * 1e12)
     first.probe_share = share
     if share < ROOF_SHARE:
         return None

@@ -5,6 +5,7 @@ dim names and batch range are tested on small models in tests/e2e/test_backends_
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 import infopt
+from infopt.api import candidates
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("transformers")
@@ -38,13 +40,16 @@ def cosines(got, want):
     return np.sum(got * want, 1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
 
 
-def test_auto_compares_three_backends_and_ships_the_fastest(minilm):
+def test_auto_compares_three_backends_and_ships_the_fastest(minilm, monkeypatch):
+    # the roof probe would skip the others where ONNX Runtime is near this machine's peak (MiniLM is, on an AMD EPYC)
+    # and the first build took 20 s or more: that rule is tested in tests/optimize/test_roof_probe.py
+    monkeypatch.setattr(candidates, "PROBE_AFTER_S", math.inf)
     encoder, folder, held_out, reference = minilm
     result = infopt.build(encoder, inputs=INPUTS, dims=DIMS, val=folder / "val.npz", batch_sizes=[1],
                           output=folder / "auto", progress=False)
     rows = {c["recipe"]: c for c in result.manifest.candidates}
     assert list(rows) == ["fp32-onnxruntime", "fp32-onnxruntime-fused", "fp32-inductor"]
-    assert all(c["status"] == "built" and c["passed"] and c["cosine_min"] >= 0.9999 for c in rows.values())
+    assert all(c["status"] == "built" and c["passed"] and c["cosine_min"] >= 0.9999 for c in rows.values()), rows
     chosen = [c for c in rows.values() if c["chosen"]]
     assert len(chosen) == 1 and chosen[0]["speedup"] == max(c["speedup"] for c in rows.values())
     assert result.manifest.recipe["name"] == chosen[0]["recipe"]

@@ -67,6 +67,21 @@ def test_far_from_the_peak_or_not_this_cpu_or_not_fp32_or_a_quick_build_builds_e
     assert cand.roof_probe(int8, feed, SPEC, mlp(), target, 600.0) is None  # the peak is fp32's
 
 
+def test_a_share_past_the_peak_measures_the_kept_peak_again_and_keeps_the_new_one(first, tmp_path, monkeypatch):
+    """A peak measured while something else ran is kept for a day: a share past 1 of it measures it again."""
+    monkeypatch.setenv("INFOPT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cand, "PROBE_MIN_RUN_S", 0.0)
+    feed = {"x": np.random.default_rng(0).standard_normal((BATCH, WIDTH)).astype(np.float32)}
+    declared = get_target("cpu").model_copy(update={"peak_tflops": {"fp32": 1e-6}})
+    assert cand.roof_probe(first, feed, SPEC, mlp(), declared, 600.0).startswith("not built")  # a datasheet's figure
+    assert not (tmp_path / "machine" / "roof.json").exists()
+    measured = declared.model_copy(update={"measured": "measured on this machine while a build ran beside it"})
+    cand.roof_probe(first, feed, SPEC, mlp(), measured, 600.0)
+    kept = json.loads((tmp_path / "machine" / "roof.json").read_text())
+    assert kept["peak"] > 1e-3  # measured again, and kept for the next build
+    assert first.probe_share < 100  # of the new peak: of 1 MFLOP/s it would be 10,000 or more (6 MFLOP a run)
+
+
 def test_a_build_skips_the_rest_once_the_first_is_at_the_roof_and_the_report_says_so(tmp_path, monkeypatch):
     for name in ("ROOF_SHARE", "PROBE_AFTER_S", "PROBE_MIN_RUN_S"):  # every first candidate is at the roof: the
         monkeypatch.setattr(cand, name, 0.0)                         # wiring is tested, not the timing
