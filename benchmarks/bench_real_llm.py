@@ -76,8 +76,10 @@ ROWS = {
     # --int4 without --calib: GPTQ on sequences the model samples itself, the 8-bit layers filling Q4_K_M's size
     "int4 no data": ("infopt", ["--int4", "--max-drift", "top1=0,ppl_delta=100"]),
     "int4 rtn g128": ("infopt", ["--int4", "--int4-method", "rtn", "--max-drift", "top1=0,ppl_delta=100"]),
-    "int4 rtn g32": ("infopt", ["--int4", "--int4-method", "rtn", "--group-size", "32", "--max-drift",
-                                "top1=0,ppl_delta=100"]),
+    **{f"int4 rtn g{g}": ("infopt", ["--int4", "--int4-method", "rtn", "--group-size", str(g), "--max-drift",
+                                     "top1=0,ppl_delta=100"]) for g in (32, 64)},
+    "int4 rtn g128 minmax": ("infopt", ["--int4", "--int4-method", "rtn", "--recipe", "RECIPE:int4-minmax",
+                                        "--max-drift", "top1=0,ppl_delta=100"]),
     "int4 gptq g128": ("infopt", ["--int4", "--calib", "calib.txt", "--max-drift", "top1=0,ppl_delta=100"]),
     "int4 gptq g32": ("infopt", ["--int4", "--calib", "calib.txt", "--group-size", "32",
                                  "--max-drift", "top1=0,ppl_delta=100"]),
@@ -144,6 +146,9 @@ def variant_recipe(work: Path, name: str) -> Path:
     elif name.startswith("int4-damp-"):  # GPTQ's damping, as a fraction of the Hessian's mean diagonal
         text = (bundled / "int4-onnxruntime-genai.yaml").read_text().replace(
             "      in_place: true\n", f"      in_place: true\n      damp: {float(name.split('-')[-1])}\n")
+    elif name == "int4-minmax":  # each group's grid its range, not searched
+        text = (bundled / "int4-onnxruntime-genai.yaml").read_text().replace(
+            "      in_place: true\n", "      in_place: true\n      grid: minmax\n")
     elif name == "int4-calib1":  # each calibration passage run alone, at its own length
         text = (bundled / "int4-onnxruntime-genai.yaml").read_text().replace(
             "      in_place: true\n", "      in_place: true\n      calibration_batch: 1\n")

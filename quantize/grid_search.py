@@ -62,20 +62,23 @@ def _search(x: torch.Tensor, w: torch.Tensor, maxq: int, symmetric: bool,
         span = high - low
     span = span.clamp(min=torch.finfo(x.dtype).tiny)
     weighted = w * x
-    energy = torch.linalg.vecdot(weighted, x)
+    codes, product = torch.empty_like(x), torch.empty_like(x)
+    energy = torch.mul(weighted, x, out=product).sum(dim=1)
     best = torch.full_like(span, float("inf"))
     best_scale = torch.ones_like(span)
     best_zero = zero.clone() if symmetric else torch.zeros_like(span)
-    codes, product = torch.empty_like(x), torch.empty_like(x)
+    # elementwise products summed, and maximum/minimum for the per-row bounds: on a 2-core AVX2 CPU each took a third
+    # to a fifth of vecdot's and a clamp to tensors' time (benchmarks/results/rules.md)
     for delta in steps:
         inverse = (maxq + delta) / span
         if not symmetric:
             zero = torch.round(-low * inverse).clamp_(0, maxq)
         # d = q - z: the rounded value clamped to the codes, less the zero point
         torch.mul(x, inverse[:, None], out=codes).round_()
-        torch.clamp(codes, (-zero)[:, None], (maxq - zero)[:, None], out=codes)
-        cross = torch.linalg.vecdot(codes, weighted)
-        square = torch.linalg.vecdot(torch.mul(codes, w, out=product), codes)
+        torch.maximum(codes, (-zero)[:, None], out=codes)
+        torch.minimum(codes, (maxq - zero)[:, None], out=codes)
+        cross = torch.mul(codes, weighted, out=product).sum(dim=1)
+        square = torch.mul(codes, w, out=product).mul_(codes).sum(dim=1)
         error = energy - cross * cross / square.clamp(min=1e-30)
         better = (error < best) & (square > 0) & (cross > 0)
         best = torch.where(better, error, best)

@@ -148,8 +148,9 @@ def as_method_config(config: Int4Config | Int4MethodConfig | None) -> Int4Method
 class Int4Section(Section):
     """INT4 weight-only quantization's build settings (``infopt.BuildConfig.int4``), with their flags."""
 
-    int4_method: str | None = setting(None, "INT4: auto, rtn, gptq, awq or awq-gptq (default: gptq with --calib, rtn "
-                                            "without).", "--int4-method")
+    int4_method: str | None = setting(None, "INT4: auto, rtn, gptq, awq or awq-gptq (default: gptq with --calib; "
+                                            "without, for text generation, gptq on text the model samples up to "
+                                            "250M parameters, else rtn).", "--int4-method")
     group_size: int | None = setting(None, "INT4: input features per scale group (default 128).", "--group-size")
     act_order: bool = setting(False, "INT4 GPTQ: quantize columns in order of activation size (checkpoint gets "
                                      "g_idx).", "--act-order")

@@ -58,6 +58,7 @@ from infopt.passes.decoder.half_scales import HalfScalesDetails
 from infopt.passes.decoder.quantize_int8_weights import QuantizeInt8WeightsDetails
 from infopt.passes.fx.quantize_int4 import Int4Details
 from infopt.passes.lower.onnx_int4 import BLOCK_SIZES
+from infopt.quantize import sampled_text
 from infopt.quantize.calib_data import CalibrationSet
 from infopt.quantize.int4_config import Int4Config
 from infopt.quantize.layer_choice import ChoiceText, advice
@@ -152,7 +153,7 @@ class GenerationFlow:
         machine = get_target(target)
         flags.check_choices(config)
         settings = config.pass_settings()
-        _check_int4(settings, calib)
+        _check_int4(settings)
         recipe = (chosen or recipes_for(machine, precision, "onnxruntime", task=TASK)[0]).with_pass_options(deploy.pass_options)
         recipe.preflight(machine, calib is not None, settings)
         budgets = evaluator.with_max_drift(recipe.validation.generation, max_drift)
@@ -192,7 +193,13 @@ class GenerationFlow:
         reference_dtype = str(next(lm.parameters()).dtype).removeprefix("torch.")
         lm.source_dir = str(folder)  # where the INT4 checkpoint for vLLM takes the tokenizer and config from
         calibration, choice_windows = _calibration(calib, folder, lm.config) if calib else (None, [])
-        self.samples_text = calib is None and precision == "int4" and (self.settings.get("int4_method") or "auto") == "auto"
+        method = self.settings.get("int4_method") or "auto"
+        self.parameters = sum(p.numel() for p in lm.parameters())
+        self.samples_text = calib is None and precision == "int4" and sampled_text.samples_own_text(
+            self.parameters, method, method == "auto" or Int4Config(method=method).method_config().needs_data)
+        self.rounds_for_size = calib is None and precision == "int4" and method == "auto" and not self.samples_text
+        if self.rounds_for_size:
+            self.say(_past_sampling(self.parameters))
         if deploy.price_per_hour is not None:
             machine = machine.model_copy(update={"price_per_hour": deploy.price_per_hour})
         name = name or loaded.name or folder.name
@@ -238,7 +245,7 @@ class GenerationFlow:
             bos, eos, pad = genai.special_tokens(lm.config, vocab, folder)
             special = {bos, pad, *eos}
             self.prompts, self.prompt_source = prompts, prompt_source = _prompts(val, folder, vocab, special)
-            self.parameters = parameters = sum(p.numel() for p in lm.parameters())
+            parameters = self.parameters
             self.new_tokens = new_tokens = share.judged_tokens(parameters)
             # past JUDGED_PARAMETERS the first teacher-forced figures come from the greedy check's own prefill, and
             # held-out lines after the prompts' make up the count a teacher-forced budget judges (float32 has none)
@@ -379,6 +386,8 @@ class GenerationFlow:
                                             judged["teacher_forced"]))
         if evaluator.describe(budgets, forced_only=True) and share.interval_note(judged["teacher_forced"]):
             notes.append(share.interval_note(judged["teacher_forced"]))
+        if self.rounds_for_size:
+            notes.append(_past_sampling(self.parameters))
         if self.reference_dtype != "float32":
             notes.append(f"the reference computed in {self.reference_dtype}, the checkpoint's dtype: the INT4 build keeps "
                          "the weights as stored until each layer is rounded, so no float32 copy of them is held")
@@ -439,20 +448,21 @@ def generation_passes() -> set[str]:
     return {step.name for p in PRECISIONS for step in recipes_for(machine, p, "onnxruntime", task=TASK)[0].passes}
 
 
-def _check_int4(settings: Settings, calib) -> None:
-    """The INT4 settings this task's folder cannot take, refused before any work: a group size MatMulNBits does not
-    take, a method that calibrates without --calib."""
+def _check_int4(settings: Settings) -> None:
+    """A group size MatMulNBits does not take, refused before any work. (A method that calibrates, given no --calib,
+    calibrates on the model's own samples.)"""
     group_size = settings.get("group_size")
     if group_size is not None and group_size not in BLOCK_SIZES:
         raise UsageError(f"--group-size {group_size}: ONNX Runtime's MatMulNBits takes "
                          f"{', '.join(map(str, BLOCK_SIZES))}", fix="pass --group-size 32, 64 or 128")
-    method = settings.get("int4_method") or "auto"
-    if method == "auto":  # GPTQ, on the model's own samples where no --calib is given
-        return
-    given = {k: settings[k] for k in ("group_size", "act_order") if k in settings}
-    if Int4Config(method=method, **given).method_config().needs_data and not calib:
-        raise UsageError(f"INT4 {method.upper()} calibrates on text, and no --calib was given",
-                         fix="pass --calib TEXT.txt (one passage per line), or --int4-method rtn")
+
+
+def _past_sampling(parameters: int) -> str:
+    """Why an INT4 build given no --calib rounded by RTN, and what else it could do."""
+    return (f"no --calib, and {parameters / 1e6:,.0f}M parameters: past the {sampled_text.SAMPLED_MAX_PARAMETERS / 1e6:,.0f}M up "
+            "to which --int4 calibrates GPTQ on text the model samples (about 0.7 s a million parameters on 2 cores), "
+            "its layers were rounded to the nearest points of their searched grids (RTN), which loses more; "
+            "--int4-method gptq samples anyway, and --calib TEXT.txt calibrates on text like what it will serve")
 
 
 def _calibration(calib, folder: Path, config) -> tuple[CalibrationSet, list[list[int]]]:

@@ -32,8 +32,9 @@ SHARED = {"inputs": o.Inputs, "dims": o.Dims, "val": o.Val, "model_class": o.Mod
 TEXT = {"recipe": Optional[Path], "output": Optional[Path], "calibration": Optional[str], "tokenizer": Optional[str]}
 """settings the command line reads as a path or text, whatever else the Python API takes"""
 HELP = {"calib_method": lambda: f"{_choices(calibrators.names())}.",
-        "int4_method": lambda: f"INT4: {_choices(['auto', *get_args(Int4MethodName)])} (default: gptq with --calib, "
-                               "rtn without)."}
+        "int4_method": lambda: f"INT4: {_choices(['auto', *get_args(Int4MethodName)])} (default: gptq with --calib; "
+                               "without, for text generation, gptq on text the model samples up to 250M parameters, "
+                               "else rtn)."}
 """help that names what is registered now (a plugin's calibration method too)"""
 CLI_ONLY = [
     *(inspect.Parameter(p, inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[bool, typer.Option(

@@ -11,6 +11,7 @@ row per token, so the table costs the model little accuracy: what it costs on th
 
 from __future__ import annotations
 
+import warnings
 from typing import Literal
 
 from pydantic import Field
@@ -62,7 +63,9 @@ def run(artifact: Artifact, options: QuantizeEmbeddingOptions, context: PassCont
         if block is None:
             continue
         context.say(f"the embedding table {table.name} ({rows} x {width}) to {options.bits} bits")
-        values = torch.from_numpy(np.ascontiguousarray(table.const_value.numpy()))
+        with warnings.catch_warnings():  # the table maps its file read-only; it is only read, never copied whole
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            values = torch.from_numpy(np.ascontiguousarray(table.const_value.numpy()))
         if options.bits == 4:
             packed = rtn_quantize(values, block, symmetric=False, read_only_file=True)
             codes, scales, zeros = packed.qweight.numpy(), packed.scales.numpy(), packed.zeros.numpy()

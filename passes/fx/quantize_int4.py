@@ -57,7 +57,7 @@ class QuantizeInt4Options(PassOptions, Int4Config):
                                           "max_bits_per_weight": "max_bits_per_weight"}
     method: Literal["auto", Method] = Field(
         "auto", description="auto: GPTQ with calibration data (for text generation, seeded sequences the "
-                        "model samples where no --calib is given), else RTN; or rtn, gptq, awq")
+                        "model samples where no --calib is given, up to 250M parameters), else RTN; or rtn, gptq, awq")
     fallback_budget: str | None = Field(
         None, description="drift budget METRIC=VALUE (as --max-drift, which wins) measured on the validation inputs "
                           "after quantizing; the most sensitive layers go back to float until it holds")

@@ -72,7 +72,9 @@ def llama():
 def test_a_decoder_runs_each_layer_and_its_head_in_float32_and_generates_the_same_way(llama, fast):
     assert blocks_of(llama) == [*llama.model.layers, llama.lm_head]
     before = {name: p.detach().clone() for name, p in llama.named_parameters()}
-    seen = []
+    seen, where = [], []
+    probes = [layer.mlp.register_forward_hook(lambda m, a, out: where.append(m.down_proj.weight.data_ptr()))
+              for layer in llama.model.layers]
     probe = llama.model.layers[1].mlp.register_forward_hook(lambda m, a, out: seen.append(m.down_proj.weight.dtype))
     ids = torch.arange(1, 17)[None]
     with torch.no_grad():
@@ -83,7 +85,11 @@ def test_a_decoder_runs_each_layer_and_its_head_in_float32_and_generates_the_sam
         exact = llama.float()(input_ids=ids).logits  # the same bf16 values, float32 products throughout
         llama.to(torch.bfloat16)
     probe.remove()
+    for one in probes:
+        one.remove()
     assert seen[1] == (torch.bfloat16 if fast else torch.float32)
+    # float32 copies in memory reused block after block (the same offset in one workspace), where there are copies
+    assert where[2:4] == where[:2] if fast else (where[2] == where[3] and where[2] not in where[:2])
     assert upcast.dtype == torch.bfloat16 and greedy.shape == (1, 20)
     # float32 products with a bf16 residual stream: closer to the float32 forward than bf16 products are, or the same
     error, plain_error = (upcast.float() - exact).abs().max(), (plain.float() - exact).abs().max()
