@@ -3,10 +3,9 @@ a bf16 matrix product is several times slower there than a float32 one, :func:`~
 
 One block at a time (a decoder layer, the head), so a float32 copy of the whole model is never held: a block's bf16
 tensors are set aside as it starts, a float32 copy computes (in memory reused block after block), and the same tensors
-come back as it ends (a copy back
-would turn a checkpoint's mapped pages into the process's own memory). The block's floating inputs are cast up,
-its outputs back to their dtype, so what flows between blocks keeps the model's own dtype. torch is imported where
-it is used: the judging's process imports the validators, which use this, without torch.
+come back as it ends (a copy back would turn a checkpoint's mapped pages into the process's own memory). The block's
+floating inputs are cast up, its outputs back to their dtype, so what flows between blocks keeps the model's own dtype.
+torch is imported where it is used: the judging's process imports the validators, which use this, without torch.
 """
 
 from __future__ import annotations

@@ -14,13 +14,14 @@ import numpy as np
 from infopt.core.bf16_compute import float32_blocks
 from infopt.core.manifest import data_sha256
 from infopt.quantize.calib_data import CalibrationSet
+from infopt.quantize.int4_config import METHOD_CONFIGS
 from infopt.validators.generation import first_token_id, generation_settings, tall_products
 
 SAMPLED_MAX_PARAMETERS = 250_000_000
 """the most parameters ``--int4`` without ``--calib`` samples its own text and calibrates GPTQ on it for. On 2 cores
-that cost about 0.7 s a million parameters over rounding by RTN (55 s more at SmolLM2's 135M, 990 s at Qwen2.5-1.5B's
-shape), and RTN alone lost several times more on the real SmolLM2 (``benchmarks/results/rules.md``); past this the
-build rounds by RTN in seconds, and ``--int4-method gptq`` samples anyway"""
+that cost 0.4-0.7 s a million parameters more than rounding by RTN (108 s against 53 s at SmolLM2's 135M; 1,039 s
+against 140 s at Qwen2.5-1.5B's shape), and RTN alone lost several times more on the real SmolLM2
+(``benchmarks/results/rules.md``); past this the build rounds by RTN, and ``--int4-method gptq`` samples anyway"""
 
 SAMPLED = "tokens the model sampled"
 """the source of :func:`sampled_calibration`'s set, as the build's notes and manifest name it"""
@@ -55,8 +56,10 @@ def sampled_calibration(lm, passages: int, length: int, seed: int = 0) -> Calibr
                           data_sha256(batches))
 
 
-def samples_own_text(parameters: int, method: str, needs_data: bool) -> bool:
+def samples_own_text(parameters: int, method: str) -> bool:
     """Whether an INT4 build given no ``--calib`` calibrates on the model's own samples: a method that needs data
     (``--int4-method gptq``) always; the default (``auto``) up to :data:`SAMPLED_MAX_PARAMETERS`, else it rounds by
     RTN."""
-    return needs_data if method != "auto" else parameters <= SAMPLED_MAX_PARAMETERS
+    if method == "auto":
+        return parameters <= SAMPLED_MAX_PARAMETERS
+    return METHOD_CONFIGS.named(method).needs_data

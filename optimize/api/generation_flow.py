@@ -60,7 +60,6 @@ from infopt.passes.fx.quantize_int4 import Int4Details
 from infopt.passes.lower.onnx_int4 import BLOCK_SIZES
 from infopt.quantize import sampled_text
 from infopt.quantize.calib_data import CalibrationSet
-from infopt.quantize.int4_config import Int4Config
 from infopt.quantize.layer_choice import ChoiceText, advice
 from infopt.quantize.sampled_text import sampled_calibration
 from infopt.runtime.loading import load_model
@@ -195,8 +194,8 @@ class GenerationFlow:
         calibration, choice_windows = _calibration(calib, folder, lm.config) if calib else (None, [])
         method = self.settings.get("int4_method") or "auto"
         self.parameters = sum(p.numel() for p in lm.parameters())
-        self.samples_text = calib is None and precision == "int4" and sampled_text.samples_own_text(
-            self.parameters, method, method == "auto" or Int4Config(method=method).method_config().needs_data)
+        self.samples_text = calib is None and precision == "int4" and sampled_text.samples_own_text(self.parameters,
+                                                                                                   method)
         self.rounds_for_size = calib is None and precision == "int4" and method == "auto" and not self.samples_text
         if self.rounds_for_size:
             self.say(_past_sampling(self.parameters))
@@ -460,7 +459,7 @@ def _check_int4(settings: Settings) -> None:
 def _past_sampling(parameters: int) -> str:
     """Why an INT4 build given no --calib rounded by RTN, and what else it could do."""
     return (f"no --calib, and {parameters / 1e6:,.0f}M parameters: past the {sampled_text.SAMPLED_MAX_PARAMETERS / 1e6:,.0f}M up "
-            "to which --int4 calibrates GPTQ on text the model samples (about 0.7 s a million parameters on 2 cores), "
+            "to which --int4 calibrates GPTQ on text the model samples (0.4-0.7 s a million parameters on 2 cores), "
             "its layers were rounded to the nearest points of their searched grids (RTN), which loses more; "
             "--int4-method gptq samples anyway, and --calib TEXT.txt calibrates on text like what it will serve")
 

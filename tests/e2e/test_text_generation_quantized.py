@@ -9,6 +9,7 @@ relative paths; its folder is then loaded by ``onnxruntime_genai`` in the test, 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -57,6 +58,12 @@ def built(folder: Path, name: str, *flags: str, code: int = 0) -> dict:
     assert proc.returncode == code, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "warning" not in proc.stderr.lower()
     return json.loads((folder / name / "manifest.json").read_text())
+
+
+def model_digests(build: Path) -> dict[str, str]:
+    """The sha256 of each model file of ``build``'s ONNX Runtime GenAI folder."""
+    folder = build / "servers" / "onnxruntime-genai"
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("model.onnx*"))}
 
 
 @pytest.fixture(scope="module")
@@ -180,11 +187,9 @@ def test_int4_without_calibration_text_is_gptq_on_the_models_own_samples_at_q4_k
 
 def test_past_the_sampled_size_int4_without_calibration_text_rounds_by_rtn_and_says_what_else_it_could_do(
         trained, builds, monkeypatch):
-    """Sampling and GPTQ cost about 0.7 s a million parameters on 2 cores: past ``SAMPLED_MAX_PARAMETERS`` an --int4
+    """Sampling and GPTQ cost 0.4-0.7 s a million parameters on 2 cores: past ``SAMPLED_MAX_PARAMETERS`` an --int4
     build given no --calib rounds by RTN (the limit lowered here, so that the small LM lies past it), and its notes
     name the flags that calibrate anyway. The folder is RTN's: the same bytes as --int4-method rtn."""
-    import hashlib
-
     import infopt
     from infopt.quantize import sampled_text
 
@@ -198,27 +203,15 @@ def test_past_the_sampled_size_int4_without_calibration_text_rounds_by_rtn_and_s
     assert "past the 0M up to which --int4 calibrates GPTQ on text the model samples" in note
     assert "--int4-method gptq samples anyway" in note and "--calib TEXT.txt" in note
     assert result.passed
-
-    def digests(name: str) -> dict[str, str]:
-        folder = trained / name / "servers" / "onnxruntime-genai"
-        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("model.onnx*"))}
-
-    assert digests("int4-past") == digests("int4-rtn")
+    assert model_digests(trained / "int4-past") == model_digests(trained / "int4-rtn")
 
 
 def test_the_same_int4_command_gives_the_same_bytes(trained, builds):
     """Seeded samples of the model's own, a searched grid and an 8-bit choice judged on one rung: nothing in --int4 depends on the
     run, so a second build writes the folder's model files byte for byte."""
-    import hashlib
-
     built(trained, "int4-free-again", "--int4")
-
-    def digests(name: str) -> dict[str, str]:
-        folder = trained / name / "servers" / "onnxruntime-genai"
-        return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("model.onnx*"))}
-
-    first = digests("int4-free")
-    assert len(first) >= 1 and digests("int4-free-again") == first
+    first = model_digests(trained / "int4-free")
+    assert len(first) >= 1 and model_digests(trained / "int4-free-again") == first
 
 
 def test_int4_rtn_is_on_searched_grids_and_keeps_perplexity(trained, builds):

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from infopt.quantize.sampled_text import SAMPLED, sampled_calibration, start_token
+from infopt.quantize.sampled_text import (
+    SAMPLED,
+    SAMPLED_MAX_PARAMETERS,
+    sampled_calibration,
+    samples_own_text,
+    start_token,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -59,3 +65,9 @@ def test_a_bf16_model_samples_and_keeps_its_bf16_weights(llama):
 def test_the_start_token_falls_back_to_the_end_token_then_zero():
     assert start_token(transformers.LlamaConfig(bos_token_id=None, eos_token_id=[7, 8])) == 7
     assert start_token(transformers.LlamaConfig(bos_token_id=None, eos_token_id=None)) == 0
+
+
+def test_without_calibration_text_the_default_samples_up_to_its_size_and_a_method_that_needs_data_always():
+    assert samples_own_text(SAMPLED_MAX_PARAMETERS, "auto") and not samples_own_text(SAMPLED_MAX_PARAMETERS + 1, "auto")
+    assert all(samples_own_text(10**10, method) for method in ("gptq", "awq", "awq-gptq"))
+    assert not samples_own_text(1000, "rtn")
