@@ -28,8 +28,16 @@ GGUF gave it, which flatters any quantizer working in blocks of 32. The llama.cp
 (``benchmarks/llama_cpp_row.py``) need its tools built once: ``benchmarks/install_llama_cpp.sh`` prints the
 directory to pass as ``--llama-cpp``.
 
+The ``openvino`` rows (``benchmarks/openvino_row.py``) are what an OpenVINO user builds: optimum-intel's export with
+NNCF's weight compression, INT8 with no data, or INT4_ASYM at group size 128 with AWQ and scale estimation on
+``calib.txt``, ``ratio`` of the layers in 4 bits. Their logits on the same windows are judged here as the GGUF's are;
+their TPOT is at batch 1, on 2 threads (``INFERENCE_NUM_THREADS``). They run in a virtualenv of their own, whose
+python ``--openvino-python`` (or ``OPENVINO_PYTHON``) names: ``benchmarks/install_openvino.sh DIR`` makes it and
+prints the path. Without it the rows are skipped, and say so.
+
     python benchmarks/bench_real_llm.py [--rows int8,llama.cpp Q4_K_M,...] [--windows 12] [--rotated 7]
-                                        [--llama-cpp DIR] [--rounds 3] [--markdown benchmarks/results/real_llm.md]
+                                        [--llama-cpp DIR] [--openvino-python PATH] [--rounds 3]
+                                        [--markdown benchmarks/results/real_llm.md]
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import llama_cpp_row  # noqa: E402
+from benchmarks import llama_cpp_row, openvino_row  # noqa: E402
 from benchmarks.bench_scale import INFOPT, model_bytes, run_measured, timed  # noqa: E402
 from benchmarks.common import environment, publish  # noqa: E402
 from tests.support.real_llm import (  # noqa: E402
@@ -126,9 +134,15 @@ ROWS = {
     # matrix from calib.txt; judged through llama-cpp-python
     **{f"llama.cpp {kind}{' imatrix' if imatrix else ''}": ("llama.cpp", [kind, *(["imatrix"] if imatrix else [])])
        for kind in ("Q4_K_M", "Q4_0", "Q8_0") for imatrix in (False, True)},
+    # OpenVINO's (benchmarks/openvino_row.py): NNCF's INT4_ASYM, group 128, AWQ and scale estimation on calib.txt, with
+    # that ratio of the layers in 4 bits (the rest INT8_ASYM); and its data-free INT8. Judged in OpenVINO
+    **{f"openvino int4 awq r{ratio}": ("openvino", ["--bits", "4", "--ratio", ratio, "--calib", "calib.txt"])
+       for ratio in ("0.8", "1.0")},
+    "openvino int8": ("openvino", ["--bits", "8"]),
 }
 DEFAULT_ROWS = ("int8,int4 gptq g128 auto,int4 no data,llama.cpp Q4_K_M,llama.cpp Q4_K_M imatrix,llama.cpp Q4_0,"
-                "llama.cpp Q4_0 imatrix,llama.cpp Q8_0,builder int4")
+                "llama.cpp Q4_0 imatrix,llama.cpp Q8_0,builder int4,openvino int4 awq r0.8,openvino int4 awq r1.0,"
+                "openvino int8")
 
 
 def variant_recipe(work: Path, name: str) -> Path:
@@ -184,9 +198,11 @@ def verdict_text(row: dict) -> str:
     return row.get("verdict", "") + ("" if share is None else f" ({share:.0%})")
 
 
-def build(label: str, work: Path, limit_s: float, model: str, llama_dir: Path | None) -> dict:
+def build(label: str, work: Path, limit_s: float, model: str, llama_dir: Path | None, openvino: Path | None) -> dict:
     tool, args = ROWS[label]
     out = work / label.replace(" ", "-")
+    if tool == "openvino":
+        return build_openvino(label, work, limit_s, model, openvino)
     if tool == "llama.cpp":
         print(f"building {label}", flush=True)
         gguf = out.parent / f"{out.name}.gguf"  # not with_suffix: "llama.cpp-Q4_0" has a suffix of its own
@@ -234,12 +250,31 @@ def build(label: str, work: Path, limit_s: float, model: str, llama_dir: Path | 
     return row
 
 
+def build_openvino(label: str, work: Path, limit_s: float, model: str, openvino: Path | None) -> dict:
+    """An ``openvino`` row built with the OpenVINO virtualenv's python; skipped, saying so, where none is named."""
+    row = {"label": label, "tool": "openvino", "precision": label, "folder": None}
+    if openvino is None:
+        print(f"skipping {label}: no --openvino-python (benchmarks/install_openvino.sh DIR makes one)", flush=True)
+        return {**row, "status": "skipped: no --openvino-python"}
+    out = work / label.replace(" ", "-")
+    args = [str(work / a) if a == "calib.txt" else a for a in ROWS[label][1]]
+    print(f"building {label}", flush=True)
+    os.sync()
+    row.update(openvino_row.build(openvino, work / model, out, args, limit_s))
+    written = row["code"] == 0
+    row.update(folder=out if written else None, bytes=openvino_row.files_bytes(out) if written else None)
+    print(f"  {row['status']}, {row['wall_s']:.0f} s, peak {row['peak_rss'] / 1e9:.2f} GB", flush=True)
+    if not written:
+        print(row["stderr"][-800:], flush=True)
+    return row
+
+
 def tpot(row: dict, key: str) -> str:
     """A TPOT cell: gptqmodel's checkpoints run in torch, not ONNX Runtime, so they are not timed beside the folders;
-    llama.cpp's at batch 1 only (llama-cpp-python decodes one sequence)."""
+    llama.cpp's and OpenVINO's at batch 1 only (each decodes one sequence here)."""
     if row["tool"] == "gptqmodel":
         return "not timed (torch)"
-    if row["tool"] == "llama.cpp" and key != "tpot1":
+    if row["tool"] in ("llama.cpp", "openvino") and key != "tpot1":
         return "-"
     return f"{row.get(key, float('nan')):.2f}"
 
@@ -286,11 +321,17 @@ def main() -> None:
     parser.add_argument("--llama-cpp", type=Path, default=os.environ.get("LLAMA_CPP_DIR"),
                         help="llama.cpp's source tree with its tools built (benchmarks/install_llama_cpp.sh), for the "
                              "llama.cpp rows")
+    parser.add_argument("--openvino-python", type=Path, default=os.environ.get("OPENVINO_PYTHON") or None,
+                        help="the python of the OpenVINO virtualenv (benchmarks/install_openvino.sh), for the openvino "
+                             "rows; without it they are skipped")
     options = parser.parse_args()
     labels = [r.strip() for r in options.rows.split(",") if r.strip()]
     unknown = [r for r in labels if r not in ROWS]
     if unknown:
         parser.error(f"unknown rows {unknown}; choose from {list(ROWS)}")
+    if options.openvino_python is not None and not options.openvino_python.is_file():
+        parser.error(f"--openvino-python {options.openvino_python}: no such file (benchmarks/install_openvino.sh DIR "
+                     "prints it)")
     work = (options.work or Path(os.environ.get("TMPDIR", "/tmp")) / "bench-real-llm").absolute()
     work.mkdir(parents=True, exist_ok=True)
     folder = smollm2_folder(work / "smollm2")
@@ -303,27 +344,37 @@ def main() -> None:
     started = time.perf_counter()
     ref = reference_figures(folder, sequences)
     print(f"reference: {len(sequences)} windows of {WINDOW} tokens in {time.perf_counter() - started:.0f} s", flush=True)
-    rows = [build(label, work, options.limit_s, folder.name, options.llama_cpp) for label in labels]
+    rows = [build(label, work, options.limit_s, folder.name, options.llama_cpp, options.openvino_python)
+            for label in labels]
     parameters = stored_parameters(folder)
     for row in rows:
         if row["folder"] is not None and row["tool"] == "gptqmodel":
             row.update(judge_checkpoint(row["folder"], sequences, ref, work))
         elif row["folder"] is not None and row["tool"] == "llama.cpp":
             row.update(judge_gguf(row["folder"], sequences, ref))
+        elif row["folder"] is not None and row["tool"] == "openvino":
+            row.update(openvino_row.judge(options.openvino_python, row["folder"], sequences, ref, work))
         elif row["folder"] is not None:
             row.update(judge_folder(row["folder"], sequences, ref))
     timed([r for r in rows if r["tool"] in ("infopt", "builder")], work, options.rounds, 49152)
     for row in rows:
         if row["folder"] is not None and row["tool"] == "llama.cpp":
             row["tpot1"] = float(np.median(llama_cpp_row.tpot(row["folder"], options.rounds))) * 1e3
+        elif row["folder"] is not None and row["tool"] == "openvino":
+            row["tpot1"] = float(np.median(openvino_row.tpot(options.openvino_python, row["folder"], options.rounds))) * 1e3
     header = ("| build | perplexity | change (95 %) | top-1 agreement | greedy prefix kept | model files | bits/param "
               "| build s | peak GB | TPOT b1 ms | TPOT b8 ms | own verdict (8-bit share chosen) |")
     which = "as shipped" if options.rotated is None else f"rotated (seed {options.rotated}: every weight off the grid)"
-    lines = [f"## The real SmolLM2-135M-Instruct, {which}: quantized builds against llama.cpp and the builder (CPU)", "",
-             *environment(), f"- held-out: {len(sequences)} windows of {WINDOW} tokens of tests/data/prose.txt; "
-             f"reference perplexity (float32 transformers) {float(np.exp(np.concatenate(ref[1]).mean())):.2f}", "",
-             header, "|" + " --- |" * (header.count("|") - 1)]
+    runtime = next((r["runtime"] for r in rows if "runtime" in r), None)
+    lines = [f"## The real SmolLM2-135M-Instruct, {which}: quantized builds against llama.cpp, OpenVINO and the builder "
+             "(CPU)", "", *environment(), f"- held-out: {len(sequences)} windows of {WINDOW} tokens of tests/data/prose.txt; "
+             f"reference perplexity (float32 transformers) {float(np.exp(np.concatenate(ref[1]).mean())):.2f}",
+             *([f"- OpenVINO rows, as compiled: {', '.join(f'{k} {v}' for k, v in runtime.items())}"] if runtime else []),
+             "", header, "|" + " --- |" * (header.count("|") - 1)]
     for r in rows:
+        if r["status"].startswith("skipped"):
+            lines.append(f"| {r['label']} | {r['status']} | | | | | | | | | | |")
+            continue
         if r["folder"] is None:
             lines.append(f"| {r['label']} | {r['status']} | | | | | | {r['wall_s']:.0f} | {r['peak_rss'] / 1e9:.2f} | | | |")
             continue

@@ -14,7 +14,14 @@ if [ ! -d "llama_cpp_python-$VERSION" ]; then
     tar xzf "llama_cpp_python-$VERSION.tar.gz"
 fi
 LLAMA="$DEST/llama_cpp_python-$VERSION/vendor/llama.cpp"
-cmake -S "$LLAMA" -B "$LLAMA/build" -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF \
+# ggml's AMX matmul (compiled in by GGML_NATIVE on a CPU with AMX) crashed in llama_decode on an Intel Xeon VM with
+# amx_int8: there, the same native ISA is named one extension at a time, AMX left out
+ISA=(-DGGML_NATIVE=ON)
+if grep -qw amx_int8 /proc/cpuinfo; then
+    ISA=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=ON
+         -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON)
+fi
+cmake -S "$LLAMA" -B "$LLAMA/build" -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF "${ISA[@]}" -DLLAMA_BUILD_TESTS=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DCMAKE_BUILD_TYPE=Release > /dev/null
 cmake --build "$LLAMA/build" -j"$(nproc)" --target llama-quantize llama-imatrix > /dev/null
 cd "$OLDPWD"
