@@ -22,9 +22,11 @@ import json
 import math
 import sys
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
+from safetensors import safe_open
 
 STORED = {"BF16": np.uint16, "F16": np.float16, "F32": np.float32}
 """safetensors dtypes read as they are (bf16 as its raw 16 bits: numpy has no bfloat16)"""
@@ -43,8 +45,6 @@ def shards(folder: Path) -> list[Path]:
 def entries(folder: Path) -> Iterator[tuple[str, str, tuple[int, ...], Path]]:
     """Every tensor of the folder's shards, from their headers alone (``safetensors.safe_open``): name, dtype,
     shape, shard."""
-    from safetensors import safe_open
-
     for shard in shards(folder):
         with safe_open(shard, framework="pt") as f:
             for name in f.keys():
@@ -142,13 +142,12 @@ def planned(folder: Path, config: dict, gguf) -> list[tuple[str, str, tuple[int,
     return out
 
 
-def read(config: dict, hf_name: str, dtype: str, shard: Path) -> np.ndarray:
-    """One tensor as written: its stored values (bf16 as their raw 16 bits), 1-D ones as F32, Llama's q/k permuted."""
+def read(config: dict, hf_name: str, dtype: str, shard) -> np.ndarray:
+    """One tensor as written from its open shard (``safe_open``): its stored values (bf16 as their raw 16 bits), 1-D
+    ones as F32, Llama's q/k permuted."""
     import torch
-    from safetensors import safe_open
 
-    with safe_open(shard, framework="pt") as f:
-        tensor = f.get_tensor(hf_name)
+    tensor = shard.get_tensor(hf_name)
     data = tensor.view(torch.int16).numpy().view(np.uint16) if dtype == "BF16" else tensor.numpy()
     if data.ndim == 1:
         return (data.astype(np.uint32) << 16).view(np.float32) if dtype == "BF16" else data.astype(np.float32)
@@ -167,8 +166,7 @@ def convert(folder: Path, out: Path) -> int:
     if config.get("model_type") not in ARCHES:
         raise SystemExit(f"model_type {config.get('model_type')!r}: only {', '.join(ARCHES)}")
     tensors = planned(folder, config, gguf)
-    raw = {"BF16": gguf.GGMLQuantizationType.BF16, "F16": gguf.GGMLQuantizationType.F16,
-           "F32": gguf.GGMLQuantizationType.F32}
+    raw = {kind: gguf.GGMLQuantizationType[kind] for kind in STORED}
     kinds = {dtype for _, dtype, shape, *_ in tensors if len(shape) > 1}
     ftype = (gguf.LlamaFileType.MOSTLY_BF16 if "BF16" in kinds else gguf.LlamaFileType.MOSTLY_F16 if "F16" in kinds
              else gguf.LlamaFileType.ALL_F32)
@@ -185,10 +183,12 @@ def convert(folder: Path, out: Path) -> int:
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
-    for _, dtype, _, shard, hf_name in tensors:
-        data = read(config, hf_name, dtype, shard)
-        writer.write_tensor_data(data)
-        del data
+    with ExitStack() as stack:  # each shard opened once, its tensors read one at a time
+        opened = {shard: stack.enter_context(safe_open(shard, framework="pt")) for shard in shards(folder)}
+        for _, dtype, _, shard, hf_name in tensors:
+            data = read(config, hf_name, dtype, opened[shard])
+            writer.write_tensor_data(data)
+            del data
     if factors is not None:
         writer.write_tensor_data(factors)
     writer.close()
